@@ -1,0 +1,3 @@
+"""mpifl: MPI-native experiment runner for personalized and decentralized FL."""
+
+__version__ = "0.1.0"

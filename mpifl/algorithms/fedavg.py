@@ -1,0 +1,58 @@
+"""FedAvg (McMahan et al., 2017): a fraction C of clients per round trains E
+local epochs from the global model; the global model becomes the average of
+their models weighted by p_i (training-set size). One Allreduce per round.
+
+    mpiexec -n 2 python -m mpifl.main jobs/quickstart.yaml algorithm.name=fedavg algorithm.fraction=0.5
+
+Every client is evaluated with the global model on its own val/test split; the
+mixing row of every client is p over that round's sampled clients.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..comm import F32
+from .base import Context, Round, own_rows_metrics
+
+
+@dataclass
+class State:
+    model: torch.Tensor  # [P] the global model, identical on every rank
+
+
+def init(ctx: Context) -> State:
+    return State(model=ctx.clients.init.clone())
+
+
+def local_update(ctx: Context, start: torch.Tensor, sampled: np.ndarray, t: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sampled local clients download ``start`` ([P], or [n_local, P] per client)
+    and train E epochs from a fresh optimizer; returns (local positions, losses)."""
+    c = ctx.clients
+    mine = ctx.local_of(sampled)
+    if len(mine):
+        idx = torch.as_tensor(mine, device=c.device)
+        c.params[idx] = start if start.dim() == 1 else start[idx]
+        c.opt.reset(idx)
+        ctx.comm.count(mine, recv=c.P * F32, models=1)
+    loss = np.full(ctx.comm.n_local, np.nan)
+    loss[mine] = c.train(mine, ctx.cfg.train.local_epochs, t)
+    return mine, loss
+
+
+def round(ctx: Context, state: State, t: int) -> Round:
+    sampled = ctx.sample(t, ctx.cfg.algorithm.fraction)
+    mine, loss = local_update(ctx, state.model, sampled, t)
+    row = np.zeros(ctx.N)
+    row[sampled] = ctx.p[sampled] / ctx.p[sampled].sum()
+    w = np.zeros(ctx.comm.n_local)
+    w[mine] = row[ctx.comm.local_ids[mine]]
+    state.model = ctx.comm.weighted_sum(ctx.clients.params, w)
+    return Round(train_loss=loss, mixing_row=row)
+
+
+def evaluate(ctx: Context, state: State, t: int) -> dict[str, np.ndarray]:
+    return own_rows_metrics(ctx, state.model)

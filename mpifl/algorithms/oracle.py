@@ -1,0 +1,58 @@
+"""Oracle: FedAvg run separately inside each ground-truth cluster. The upper
+bound of any clustering method; needs a partition that records true clusters.
+
+    mpiexec -n 2 python -m mpifl.main jobs/quickstart.yaml algorithm.name=oracle
+
+One Allreduce of ``[K, P]`` per round (``grouped_sum``). A cluster none of whose
+clients was sampled keeps its model for that round.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .base import Context, Round, own_rows_metrics
+from .fedavg import local_update
+
+
+@dataclass
+class State:
+    models: torch.Tensor  # [K, P] one model per true cluster
+
+
+def init(ctx: Context) -> State:
+    k = int(ctx.data.cluster.max()) + 1
+    return State(models=ctx.clients.init.repeat(k, 1))
+
+
+def round(ctx: Context, state: State, t: int) -> Round:
+    cl = ctx.data.cluster
+    sampled = ctx.sample(t, ctx.cfg.algorithm.fraction)
+    mine_cluster = torch.as_tensor(cl[ctx.comm.local_ids], device=state.models.device)
+    mine, loss = local_update(ctx, state.models[mine_cluster], sampled, t)
+
+    w = np.zeros(ctx.N)  # p normalised within (cluster, sampled)
+    for k in np.unique(cl[sampled]):
+        s = sampled[cl[sampled] == k]
+        w[s] = ctx.p[s] / ctx.p[s].sum()
+    wl = np.zeros(ctx.comm.n_local)
+    wl[mine] = w[ctx.comm.local_ids[mine]]
+    sums = ctx.comm.grouped_sum(ctx.clients.params, wl, cl[ctx.comm.local_ids], len(state.models))
+    hit = torch.as_tensor(np.isin(np.arange(len(state.models)), cl[sampled]), device=sums.device)
+    state.models = torch.where(hit[:, None], sums, state.models)
+
+    mixing = np.zeros((ctx.comm.n_local, ctx.N), np.float32)
+    for r, i in enumerate(ctx.comm.local_ids):
+        mixing[r] = np.where(cl == cl[i], w, 0.0)
+        if mixing[r].sum() == 0:  # cluster not sampled: the client keeps what it had
+            mixing[r, i] = 1.0
+    return Round(train_loss=loss, mixing=mixing)
+
+
+def evaluate(ctx: Context, state: State, t: int) -> dict[str, np.ndarray]:
+    c = ctx.clients
+    c.params[:] = state.models[torch.as_tensor(ctx.data.cluster[ctx.comm.local_ids], device=c.device)]
+    return own_rows_metrics(ctx)

@@ -1,0 +1,446 @@
+"""Everything MPI: placement of clients on ranks, device and thread choice, and
+the communication verbs the algorithms use. The only module that imports mpi4py.
+
+Models travel as contiguous float32 rows through the buffer-based (uppercase)
+calls; the pickle-based calls carry small metadata only (request lists, sizes).
+
+Byte accounting is *logical*, per client, as a real deployment would see it: a
+client that receives a neighbour's model counts ``P*4`` bytes received even when
+the neighbour happens to live on the same rank. Algorithms' budgets (DPFL's B_c,
+FedeRiCo's k models per round) are checked against these counters. The bytes that
+actually crossed MPI are counted per rank in ``wire_sent``/``wire_recv``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+F32 = 4  # bytes per model coordinate on the wire
+
+
+def _timed(fn):
+    """Add the verb's wall time to ``self.seconds`` (the round's comm time)."""
+
+    @functools.wraps(fn)
+    def wrapper(self, *a, **k):
+        t0 = time.perf_counter()
+        try:
+            return fn(self, *a, **k)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+    return wrapper
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Clients in contiguous blocks: rank r hosts ids [starts[r], starts[r+1])."""
+
+    n_clients: int
+    n_ranks: int
+
+    @property
+    def starts(self) -> np.ndarray:
+        return np.array([r * self.n_clients // self.n_ranks for r in range(self.n_ranks + 1)])
+
+    def owner(self, client: int | np.ndarray) -> np.ndarray | int:
+        return np.searchsorted(self.starts, client, side="right") - 1
+
+    def local_ids(self, rank: int) -> np.ndarray:
+        s = self.starts
+        return np.arange(s[rank], s[rank + 1])
+
+    def counts(self) -> np.ndarray:
+        return np.diff(self.starts)
+
+
+class Comm:
+    """A communicator plus the clients placed on it and their traffic counters."""
+
+    def __init__(self, n_clients: int, mpi_comm: MPI.Comm | None = None):
+        self.mpi = mpi_comm if mpi_comm is not None else MPI.COMM_WORLD
+        self.rank = self.mpi.Get_rank()
+        self.size = self.mpi.Get_size()
+        self.is_writer = self.rank == 0
+        self.placement = Placement(n_clients, self.size)
+        self.local_ids = self.placement.local_ids(self.rank)
+        self.n_local = len(self.local_ids)
+        self.first = int(self.local_ids[0]) if self.n_local else 0
+        self.reset_counters()
+
+    # ------------------------------------------------------------------ counters
+    def reset_counters(self) -> None:
+        self.bytes_sent = np.zeros(self.n_local, np.int64)
+        self.bytes_recv = np.zeros(self.n_local, np.int64)
+        self.models_recv = np.zeros(self.n_local, np.int64)
+        self.wire_sent = 0
+        self.wire_recv = 0
+        self.seconds = 0.0
+
+    def count(self, local: np.ndarray | slice | int, *, sent: int = 0, recv: int = 0, models: int = 0) -> None:
+        """Charge logical traffic to local clients (indices into this rank's block)."""
+        np.add.at(self.bytes_sent, local, sent)
+        np.add.at(self.bytes_recv, local, recv)
+        np.add.at(self.models_recv, local, models)
+
+    def to_local(self, ids: np.ndarray) -> np.ndarray:
+        return np.asarray(ids) - self.first
+
+    # ------------------------------------------------------------------ small metadata
+    def barrier(self) -> None:
+        self.mpi.Barrier()
+
+    def bcast(self, obj, root: int = 0):
+        return self.mpi.bcast(obj, root=root)
+
+    def allgather(self, obj) -> list:
+        return self.mpi.allgather(obj)
+
+    def allreduce_max(self, x: float) -> float:
+        return self.mpi.allreduce(x, op=MPI.MAX)
+
+    def allreduce_sum(self, x: float) -> float:
+        return self.mpi.allreduce(x, op=MPI.SUM)
+
+    def abort(self, code: int = 1) -> None:
+        self.mpi.Abort(code)
+
+    # ------------------------------------------------------------------ collectives
+    @_timed
+    def weighted_sum(self, rows: torch.Tensor, weights: torch.Tensor | np.ndarray) -> torch.Tensor:
+        """sum_i w_i * rows_i over every client of every rank: one Allreduce of P floats.
+
+        ``rows`` is this rank's ``[n_local, P]`` block, ``weights`` its ``[n_local]``
+        weights. Clients with non-zero weight are charged one model sent.
+        """
+        w = torch.as_tensor(weights, dtype=rows.dtype, device=rows.device)
+        local = (w @ rows) if rows.shape[0] else torch.zeros(rows.shape[1], dtype=rows.dtype, device=rows.device)
+        out = self._allreduce(local)
+        nz = np.flatnonzero(w.cpu().numpy())
+        self.count(nz, sent=rows.shape[1] * F32)
+        return out
+
+    @_timed
+    def grouped_sum(self, rows: torch.Tensor, weights, groups, n_groups: int) -> torch.Tensor:
+        """Per-group weighted sums ``[n_groups, P]``: sum over clients i with groups[i] == g."""
+        w = torch.as_tensor(weights, dtype=rows.dtype, device=rows.device)
+        g = torch.as_tensor(np.asarray(groups), dtype=torch.long, device=rows.device)
+        local = torch.zeros(n_groups, rows.shape[1], dtype=rows.dtype, device=rows.device)
+        local.index_add_(0, g, rows * w[:, None])
+        out = self._allreduce(local)
+        nz = np.flatnonzero(w.cpu().numpy())
+        self.count(nz, sent=rows.shape[1] * F32)
+        return out
+
+    def _allreduce(self, t: torch.Tensor) -> torch.Tensor:
+        buf = _host(t)
+        res = np.empty_like(buf)
+        self.mpi.Allreduce(buf, res, op=MPI.SUM)
+        self.wire_sent += buf.nbytes
+        self.wire_recv += buf.nbytes
+        return torch.from_numpy(res).to(t.device)
+
+    @_timed
+    def gather_rows(self, local: np.ndarray | torch.Tensor, root: int = 0) -> np.ndarray | None:
+        """Stack every rank's ``[n_local, ...]`` rows in client order on ``root``."""
+        arr = np.ascontiguousarray(local.detach().cpu().numpy() if torch.is_tensor(local) else local)
+        trailing = arr.shape[1:]
+        per = int(np.prod(trailing)) if trailing else 1
+        counts = self.placement.counts() * per
+        out = np.empty((self.placement.n_clients, *trailing), arr.dtype) if self.rank == root else None
+        mpitype = MPI._typedict[arr.dtype.char]
+        recv = [out, (counts, np.concatenate([[0], np.cumsum(counts)[:-1]])), mpitype] if self.rank == root else None
+        self.mpi.Gatherv([arr, mpitype], recv, root=root)
+        return out
+
+    @_timed
+    def allgather_rows(self, local: np.ndarray | torch.Tensor) -> np.ndarray:
+        """Every rank gets the ``[N, ...]`` stack of every client's small row."""
+        arr = np.ascontiguousarray(local.detach().cpu().numpy() if torch.is_tensor(local) else local)
+        trailing = arr.shape[1:]
+        per = int(np.prod(trailing)) if trailing else 1
+        counts = self.placement.counts() * per
+        out = np.empty((self.placement.n_clients, *trailing), arr.dtype)
+        mpitype = MPI._typedict[arr.dtype.char]
+        self.mpi.Allgatherv([arr, mpitype], [out, (counts, np.concatenate([[0], np.cumsum(counts)[:-1]])), mpitype])
+        return out
+
+    # ------------------------------------------------------------------ point to point
+    @_timed
+    def pull(self, rows: torch.Tensor, wanted: dict[int, list[int]] | list[list[int]]) -> dict[int, torch.Tensor]:
+        """Fetch other clients' rows.
+
+        ``rows``: this rank's ``[n_local, P]`` block (what others may pull).
+        ``wanted``: for each local client (index into the block) the global ids whose
+        rows it needs. Returns ``{global id: row}`` covering every id any local client
+        asked for. One small alltoall of requests, then one Isend/Irecv per rank pair
+        carrying each needed row once, however many local clients want it.
+        """
+        wanted = _as_wanted(wanted, self.n_local)
+        P = rows.shape[1]
+        askers: dict[int, int] = {}
+        for js in wanted.values():
+            for j in js:
+                askers[j] = askers.get(j, 0) + 1
+        need = sorted(askers)
+        owners = self.placement.owner(np.array(need, dtype=np.int64)) if need else np.array([], np.int64)
+        req = [[j for j, o in zip(need, owners) if o == r] for r in range(self.size)]
+        # asked[r]: (id, number of asking clients) that rank r needs from us
+        asked_n = self.mpi.alltoall([[(j, askers[j]) for j in ids] for ids in req])
+        asked = [[j for j, _ in pairs] for pairs in asked_n]
+
+        host = _host(rows)
+        out: dict[int, torch.Tensor] = {}
+        recv_bufs, reqs = {}, []
+        for r in range(self.size):
+            if r == self.rank or not req[r]:
+                continue
+            buf = np.empty((len(req[r]), P), np.float32)
+            recv_bufs[r] = buf
+            reqs.append(self.mpi.Irecv([buf, MPI.FLOAT], source=r, tag=11))
+        send_keep = []
+        for r in range(self.size):
+            if r == self.rank or not asked[r]:
+                continue
+            sb = np.ascontiguousarray(host[self.to_local(asked[r])])
+            send_keep.append(sb)
+            reqs.append(self.mpi.Isend([sb, MPI.FLOAT], dest=r, tag=11))
+            self.wire_sent += sb.nbytes
+        MPI.Request.Waitall(reqs)
+        for r, buf in recv_bufs.items():
+            self.wire_recv += buf.nbytes
+            t = torch.from_numpy(buf).to(rows.device)
+            for k, j in enumerate(req[r]):
+                out[j] = t[k]
+        for j in req[self.rank]:
+            out[j] = rows[j - self.first]
+
+        # logical accounting: every (asking client, id) pair is one model moved
+        for i, js in wanted.items():
+            self.count(i, recv=len(js) * P * F32, models=len(js))
+        # owners are charged one model sent per asking client
+        for pairs in asked_n:
+            for j, n in pairs:
+                self.count(j - self.first, sent=n * P * F32)
+        return out
+
+    @_timed
+    def push(self, contributions: dict[int, dict[int, torch.Tensor]], P: int, device=None) -> torch.Tensor:
+        """Reverse of :meth:`pull`: local client i sends tensor ``contributions[i][j]``
+        to the owner of client j; returns ``[n_local, P]`` sums of what each local
+        client received (zeros where nothing arrived).
+
+        Contributions from one rank to the same client are summed before sending,
+        so each (source rank, destination rank, client) row travels once.
+        """
+        device = device or "cpu"
+        per_target: dict[int, torch.Tensor] = {}
+        senders: dict[int, int] = {}
+        for i, cs in contributions.items():
+            for j, g in cs.items():
+                j = int(j)
+                per_target[j] = per_target[j] + g if j in per_target else g.clone()
+                senders[j] = senders.get(j, 0) + 1
+                self.count(i, sent=P * F32)
+        ids = sorted(per_target)
+        owners = self.placement.owner(np.array(ids, dtype=np.int64)) if ids else np.array([], np.int64)
+        send_ids = [[j for j, o in zip(ids, owners) if o == r] for r in range(self.size)]
+        recv_n = self.mpi.alltoall([[(j, senders[j]) for j in js] for js in send_ids])
+        recv_ids = [[j for j, _ in pairs] for pairs in recv_n]
+
+        out = torch.zeros(self.n_local, P, dtype=torch.float32)
+        reqs, keep, recv_bufs = [], [], {}
+        for r in range(self.size):
+            if r == self.rank or not recv_ids[r]:
+                continue
+            buf = np.empty((len(recv_ids[r]), P), np.float32)
+            recv_bufs[r] = buf
+            reqs.append(self.mpi.Irecv([buf, MPI.FLOAT], source=r, tag=12))
+        for r in range(self.size):
+            if r == self.rank or not send_ids[r]:
+                continue
+            sb = np.ascontiguousarray(np.stack([_host(per_target[j]) for j in send_ids[r]]))
+            keep.append(sb)
+            reqs.append(self.mpi.Isend([sb, MPI.FLOAT], dest=r, tag=12))
+            self.wire_sent += sb.nbytes
+        MPI.Request.Waitall(reqs)
+        for j in send_ids[self.rank]:
+            out[j - self.first] += per_target[j].detach().cpu()
+        for r, buf in recv_bufs.items():
+            self.wire_recv += buf.nbytes
+            out.index_add_(0, torch.as_tensor(self.to_local(recv_ids[r])), torch.from_numpy(buf))
+
+        # owners are charged one model received per contributing client
+        for pairs in recv_n:
+            for j, n in pairs:
+                self.count(j - self.first, recv=n * P * F32)
+        return out.to(device)
+
+    @_timed
+    def ring(self, rows: torch.Tensor, visit: Callable[[np.ndarray, torch.Tensor], None],
+             count_as_models: bool = True) -> None:
+        """Rotate every rank's block of rows around the ranks; ``visit(ids, rows)`` is
+        called once per block (this rank's own block first), so each rank sees all N
+        rows while holding at most its own block and one incoming block.
+
+        Each local client is charged the models of foreign blocks as received, and
+        each client's model is charged as sent once per client on the visiting rank
+        (that is, the N-1 copies a real all-to-all exchange would send).
+        """
+        P = rows.shape[1]
+        counts = self.placement.counts()
+        starts = self.placement.starts
+        host = np.ascontiguousarray(_host(rows))
+        cur = host
+        maxn = int(counts.max())
+        bufs = [np.empty((maxn, P), np.float32), np.empty((maxn, P), np.float32)]
+        for step in range(self.size):
+            if step == 0:
+                visit(self.local_ids, rows)
+            else:
+                src = (self.rank - step) % self.size  # origin of the block arriving now
+                n = int(counts[src])
+                t = torch.from_numpy(cur[:n]).to(rows.device)
+                visit(np.arange(starts[src], starts[src + 1]), t)
+                if count_as_models:
+                    self.count(np.arange(self.n_local), recv=n * P * F32, models=n)
+                dest = (self.rank + step) % self.size
+                self.count(np.arange(self.n_local), sent=int(counts[dest]) * P * F32)
+            if step == self.size - 1:
+                break
+            # pass what we hold to the right, receive from the left
+            send_n = int(counts[(self.rank - step) % self.size])
+            recv_src = (self.rank - step - 1) % self.size
+            recv_n = int(counts[recv_src])
+            nxt = bufs[step % 2]
+            self.mpi.Sendrecv([np.ascontiguousarray(cur[:send_n]), MPI.FLOAT], dest=(self.rank + 1) % self.size,
+                              sendtag=13, recvbuf=[nxt[:recv_n], MPI.FLOAT], source=(self.rank - 1) % self.size,
+                              recvtag=13)
+            self.wire_sent += send_n * P * F32
+            self.wire_recv += recv_n * P * F32
+            cur = nxt
+        # own clients' models seen by the other local clients count as exchanged too
+        if count_as_models and self.n_local > 1:
+            self.count(np.arange(self.n_local), recv=(self.n_local - 1) * P * F32, models=self.n_local - 1,
+                       sent=(self.n_local - 1) * P * F32)
+
+
+def agree(comm: "Comm | MPI.Comm", fn: Callable):
+    """Run ``fn`` on every rank; if it raised a user error (ConfigError) on any
+    rank, raise it on all, so that a setup mistake seen by one rank cannot leave
+    the others waiting in a collective."""
+    from .config import ConfigError
+
+    mpi = comm.mpi if isinstance(comm, Comm) else comm
+    try:
+        result, err = fn(), None
+    except ConfigError as e:
+        result, err = None, str(e)
+    errs = mpi.allgather(err)
+    first = next((e for e in errs if e is not None), None)
+    if first is not None:
+        raise ConfigError(first)
+    return result
+
+
+def _as_wanted(wanted, n_local: int) -> dict[int, list[int]]:
+    if isinstance(wanted, dict):
+        return {int(i): [int(j) for j in js] for i, js in wanted.items()}
+    assert len(wanted) == n_local, "one list of wanted ids per local client"
+    return {i: [int(j) for j in js] for i, js in enumerate(wanted)}
+
+
+def _host(t: torch.Tensor) -> np.ndarray:
+    """A float32 numpy view (CPU) or copy (GPU) of a tensor for MPI buffers."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if t.dtype != torch.float32:
+        t = t.float()
+    return np.ascontiguousarray(t.numpy())
+
+
+# --------------------------------------------------------------------------- process setup
+
+
+def world() -> MPI.Comm:
+    return MPI.COMM_WORLD
+
+
+def node_local_rank(mpi_comm: MPI.Comm) -> tuple[int, int]:
+    """(rank among the ranks on this node, ranks on this node)."""
+    node = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return node.Get_rank(), node.Get_size()
+    finally:
+        node.Free()
+
+
+def pick_device(choice: str, mpi_comm: MPI.Comm) -> torch.device:
+    """The one place a device is chosen: node-local rank -> GPU, else CPU."""
+    from .config import ConfigError
+
+    has_cuda = torch.cuda.is_available() and torch.cuda.device_count() > 0
+    if choice == "cpu" or (choice == "auto" and not has_cuda):
+        return torch.device("cpu")
+    if not has_cuda:
+        raise ConfigError("run.device='cuda' is not allowed; no CUDA device is visible (use auto or cpu)")
+    local, _ = node_local_rank(mpi_comm)
+    return torch.device("cuda", local % torch.cuda.device_count())
+
+
+def cores_for_rank(mpi_comm: MPI.Comm) -> int:
+    """Cores this rank may use without oversubscribing its node."""
+    env = os.environ.get("SLURM_CPUS_PER_TASK")
+    if env and env.isdigit() and int(env) > 0:
+        return int(env)
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        affinity = os.cpu_count() or 1
+    _, per_node = node_local_rank(mpi_comm)
+    total = os.cpu_count() or affinity
+    # a launcher that binds ranks already gave us our share; one that does not
+    # leaves every rank the whole node, which we split evenly
+    if affinity < total:
+        return max(1, affinity)
+    return max(1, affinity // per_node)
+
+
+def set_threads(mpi_comm: MPI.Comm, threads: int = 0) -> int:
+    n = threads or cores_for_rank(mpi_comm)
+    torch.set_num_threads(n)
+    return n
+
+
+def versions() -> dict[str, str]:
+    import mpi4py
+
+    return {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "mpi4py": mpi4py.__version__,
+        "mpi": MPI.Get_library_version().splitlines()[0].strip(),
+        "numpy": np.__version__,
+    }
+
+
+def report_crash(mpi_comm: MPI.Comm, exc: BaseException) -> None:
+    """Print the error once, naming the rank, then take every rank down: a
+    crash on one rank must never leave the others waiting in a collective."""
+    import traceback
+
+    rank = mpi_comm.Get_rank()
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    sys.stderr.write(f"mpifl: rank {rank} of {mpi_comm.Get_size()} failed:\n{tb}")
+    sys.stderr.flush()
+    mpi_comm.Abort(1)

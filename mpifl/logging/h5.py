@@ -1,0 +1,184 @@
+"""The run log: one HDF5 file written by rank 0, one row per round.
+
+Layout (rows are rounds, columns clients)::
+
+    attrs: mpifl_version, algorithm, seed, n_clients, n_ranks, config_yaml,
+           versions, hostname, started_at
+    /clients/{cluster, rank, n_train, n_val, n_test, label_hist}
+    /rounds/{round, wall_s, comm_s, compute_s}
+    /metrics/{train_loss, val_loss, val_acc, test_loss, test_acc}   [R, N]
+    /comm/{bytes_sent, bytes_recv, models_recv}                     [R, N]
+    /graph/mixing                                                   [R, N, N]
+    /<algorithm>/<extra>                                            [R, N, ...]
+
+The writer opens, appends and closes the file every round, so between rounds the
+file is complete and any reader (h5py, h5dump, ``open_run``) can open it while
+the run goes on. ``/rounds/round`` is written last: its length is the number of
+complete rounds, and readers ignore rows past it.
+
+Above ``dense_max`` clients an N x N matrix per round stops fitting; the mixing
+matrix is then stored compactly (``/graph`` attr ``mixing_format = compact``):
+rounds where all rows are equal keep one row (``mixing_shared``), other rounds
+keep their non-zeros (``mixing_coo/{row,col,val}`` with ``offsets``).
+``Run.mixing(t)`` hides which.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+ROUND_KEY = "rounds/round"
+
+
+def _append(f: h5py.File, path: str, row: np.ndarray, at: int) -> None:
+    """Write ``row`` as row ``at`` of the extensible dataset ``path``."""
+    row = np.asarray(row)
+    if path not in f:
+        chunk = (1, *row.shape) if row.ndim else (256,)
+        f.create_dataset(path, shape=(0, *row.shape), maxshape=(None, *row.shape), dtype=row.dtype,
+                         chunks=chunk, compression="gzip" if row.size > 64 else None,
+                         compression_opts=1 if row.size > 64 else None)
+    ds = f[path]
+    if ds.shape[0] < at + 1:
+        ds.resize(at + 1, axis=0)
+    ds[at] = row
+
+
+def _append_flat(f: h5py.File, path: str, values: np.ndarray) -> int:
+    """Extend a 1-D dataset by ``values``; returns its new length."""
+    values = np.asarray(values).ravel()
+    if path not in f:
+        f.create_dataset(path, shape=(0,), maxshape=(None,), dtype=values.dtype, chunks=(65536,),
+                         compression="gzip", compression_opts=1)
+    ds = f[path]
+    n = ds.shape[0]
+    ds.resize(n + len(values), axis=0)
+    ds[n:] = values
+    return n + len(values)
+
+
+class Writer:
+    """Rank 0's handle on ``run.h5``; every call opens, writes and closes."""
+
+    def __init__(self, path: Path, attrs: dict[str, Any], clients: dict[str, np.ndarray],
+                 n_clients: int, dense_max: int = 1024):
+        self.path = Path(path)
+        self.n = n_clients
+        self.compact = n_clients > dense_max
+        with h5py.File(self.path, "w", locking=False) as f:
+            for k, v in attrs.items():
+                f.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else v
+            for k, v in clients.items():
+                f.create_dataset(f"clients/{k}", data=np.asarray(v))
+            g = f.create_group("graph")
+            g.attrs["mixing_format"] = "compact" if self.compact else "dense"
+
+    def write_round(self, t: int, rounds: dict[str, float], rows: dict[str, np.ndarray],
+                    mixing: np.ndarray | None = None, mixing_row: np.ndarray | None = None) -> None:
+        """``rows``: ``{"metrics/val_acc": [N], "federico/client_weights": [N, N], ...}``."""
+        with h5py.File(self.path, "a", locking=False) as f:
+            for k, v in rows.items():
+                _append(f, k, v, t)
+            self._mixing(f, t, mixing, mixing_row)
+            for k, v in rounds.items():
+                _append(f, f"rounds/{k}", np.float64(v), t)
+            _append(f, ROUND_KEY, np.int64(t), t)  # last: marks the round complete
+            f.flush()
+
+    def _mixing(self, f: h5py.File, t: int, mixing, mixing_row) -> None:
+        if mixing is None and mixing_row is None:
+            return
+        if not self.compact:
+            m = mixing if mixing is not None else np.broadcast_to(mixing_row, (self.n, self.n))
+            _append(f, "graph/mixing", np.asarray(m, np.float32), t)
+            return
+        if mixing_row is not None:
+            _append(f, "graph/mixing_kind", np.int8(1), t)
+            _append(f, "graph/mixing_shared", np.asarray(mixing_row, np.float32), t)
+            rows = cols = vals = np.empty(0)
+        else:
+            _append(f, "graph/mixing_kind", np.int8(0), t)
+            _append(f, "graph/mixing_shared", np.zeros(self.n, np.float32), t)
+            rows, cols = np.nonzero(mixing)
+            vals = mixing[rows, cols]
+        _append_flat(f, "graph/mixing_coo/row", rows.astype(np.int32))
+        _append_flat(f, "graph/mixing_coo/col", cols.astype(np.int32))
+        end = _append_flat(f, "graph/mixing_coo/val", vals.astype(np.float32))
+        _append(f, "graph/mixing_coo/end", np.int64(end), t)
+
+    def set_attrs(self, **attrs: Any) -> None:
+        with h5py.File(self.path, "a", locking=False) as f:
+            for k, v in attrs.items():
+                f.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else v
+
+
+class Run:
+    """Read access to a run log, complete or still being written."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        if self.path.is_dir():
+            self.path = self.path / "run.h5"
+        if not self.path.is_file():
+            raise FileNotFoundError(f"no run log at {self.path}")
+
+    def _file(self) -> h5py.File:
+        return h5py.File(self.path, "r", locking=False)
+
+    @property
+    def attrs(self) -> dict[str, Any]:
+        with self._file() as f:
+            return {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
+
+    @property
+    def config(self) -> dict:
+        import yaml
+
+        return yaml.safe_load(self.attrs["config_yaml"])
+
+    @property
+    def n_rounds(self) -> int:
+        with self._file() as f:
+            return f[ROUND_KEY].shape[0] if ROUND_KEY in f else 0
+
+    def keys(self) -> list[str]:
+        out: list[str] = []
+        with self._file() as f:
+            f.visititems(lambda name, obj: out.append(name) if isinstance(obj, h5py.Dataset) else None)
+        return out
+
+    def get(self, path: str) -> np.ndarray:
+        """A dataset; per-round datasets are cut to the complete rounds."""
+        with self._file() as f:
+            ds = f[path]
+            if path.startswith("clients/") or path.startswith("graph/mixing_coo/") and not path.endswith("end"):
+                return ds[()]
+            n = f[ROUND_KEY].shape[0] if ROUND_KEY in f else 0
+            return ds[:n]
+
+    def metric(self, name: str) -> np.ndarray:
+        return self.get(f"metrics/{name}")
+
+    def mixing(self, t: int) -> np.ndarray:
+        with self._file() as f:
+            g = f["graph"]
+            if g.attrs.get("mixing_format", "dense") == "dense":
+                return g["mixing"][t]
+            n = f["clients/cluster"].shape[0]
+            if g["mixing_kind"][t] == 1:
+                return np.broadcast_to(g["mixing_shared"][t], (n, n)).copy()
+            end = g["mixing_coo/end"]
+            lo = int(end[t - 1]) if t > 0 else 0
+            hi = int(end[t])
+            m = np.zeros((n, n), np.float32)
+            m[g["mixing_coo/row"][lo:hi], g["mixing_coo/col"][lo:hi]] = g["mixing_coo/val"][lo:hi]
+            return m
+
+
+def open_run(path: str | Path) -> Run:
+    return Run(path)

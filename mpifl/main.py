@@ -1,0 +1,44 @@
+"""Entry point: ``python -m mpifl.main CONFIG.yaml [section.key=value ...]``.
+
+Launch with ``mpiexec -n R``/``srun -n R`` (or alone for one rank). User errors
+print one line and exit 2 on every rank; anything else aborts all ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def parse(argv: list[str]) -> tuple[str | None, list[str]]:
+    ap = argparse.ArgumentParser(prog="python -m mpifl.main", description=__doc__.splitlines()[0])
+    ap.add_argument("config", nargs="?", help="YAML config (defaults apply when omitted)")
+    ap.add_argument("overrides", nargs="*", help="section.key=value")
+    a = ap.parse_args(argv)
+    if a.config and "=" in a.config:  # only overrides were given
+        return None, [a.config, *a.overrides]
+    return a.config, a.overrides
+
+
+def main(argv: list[str] | None = None) -> int:
+    from . import config, runtime
+    from .comm import report_crash, world
+
+    path, overrides = parse(sys.argv[1:] if argv is None else argv)
+    mpi = world()
+    try:
+        cfg = config.load(path, overrides, n_ranks=mpi.Get_size())
+        runtime.run(cfg, mpi)
+    except config.ConfigError as e:
+        if mpi.Get_rank() == 0:
+            print(f"mpifl: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    except BaseException as e:  # noqa: BLE001 - any crash must take every rank down
+        if isinstance(e, SystemExit) and not e.code:
+            return 0
+        report_crash(mpi, e)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

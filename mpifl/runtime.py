@@ -1,0 +1,122 @@
+"""One run: config -> placement, device, data, clients -> rounds -> HDF5 log."""
+
+from __future__ import annotations
+
+import datetime as dt
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import __version__, algorithms, models
+from .algorithms.base import Context, Round
+from .clients import Clients
+from .comm import Comm, agree, pick_device, set_threads, versions
+from .config import Config
+from .data import build as build_data
+from .logging.h5 import Writer
+from .paths import RunDir, atomic_write_text
+
+METRICS = ("val_loss", "val_acc", "test_loss", "test_acc")
+
+
+@dataclass
+class Setup:
+    ctx: Context
+    algo: object
+    threads: int
+
+
+def setup(cfg: Config, mpi_comm) -> Setup:
+    """Everything before round 0; user errors surface on every rank together."""
+
+    def build() -> Setup:
+        comm = Comm(cfg.data.n_clients, mpi_comm)
+        threads = set_threads(mpi_comm, cfg.run.threads)
+        device = pick_device(cfg.run.device, mpi_comm)
+        data = build_data(cfg.data, cfg.run.seed, comm.local_ids)
+        model = models.build(cfg.model, data.in_shape, data.n_classes, cfg.run.seed)
+        clients = Clients(model, data, cfg.train, device, cfg.run.seed)
+        ctx = Context(cfg, comm, clients, data)
+        return Setup(ctx, algorithms.get(cfg.algorithm.name), threads)
+
+    return agree(mpi_comm, build)
+
+
+def _writer(cfg: Config, s: Setup) -> Writer | None:
+    ctx = s.ctx
+    if not ctx.comm.is_writer:
+        return None
+    rd = RunDir(cfg.run_dir)
+    rd.root.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(rd.config, cfg.to_yaml())
+    d = ctx.data
+    attrs = {
+        "mpifl_version": __version__, "algorithm": cfg.algorithm.name, "seed": cfg.run.seed,
+        "n_clients": d.n_clients, "n_ranks": ctx.comm.size, "config_yaml": cfg.to_yaml(),
+        "versions": versions(), "hostname": socket.gethostname(),
+        "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "threads_per_rank": s.threads, "device": str(ctx.clients.device), "n_params": ctx.clients.P,
+    }
+    clients = {
+        "cluster": d.cluster, "rank": ctx.comm.placement.owner(np.arange(d.n_clients)),
+        "n_train": d.sizes[:, 0], "n_val": d.sizes[:, 1], "n_test": d.sizes[:, 2], "label_hist": d.label_hist,
+    }
+    return Writer(rd.log, attrs, clients, d.n_clients)
+
+
+def _log_round(writer: Writer | None, ctx: Context, t: int, out: Round, metrics: dict[str, np.ndarray],
+               times: dict[str, float]) -> dict[str, np.ndarray] | None:
+    comm = ctx.comm
+    rows = {"metrics/train_loss": out.train_loss}
+    rows.update({f"metrics/{k}": v for k, v in metrics.items()})
+    rows.update({"comm/bytes_sent": comm.bytes_sent, "comm/bytes_recv": comm.bytes_recv,
+                 "comm/models_recv": comm.models_recv})
+    name = ctx.cfg.algorithm.name
+    rows.update({f"{name}/{k}": v for k, v in out.extras.items()})
+    gathered = {k: comm.gather_rows(np.asarray(v)) for k, v in rows.items()}
+    mixing = comm.gather_rows(np.asarray(out.mixing, np.float32)) if out.mixing is not None else None
+    if writer is not None:
+        writer.write_round(t, times, gathered, mixing=mixing, mixing_row=out.mixing_row)
+        return gathered
+    return None
+
+
+def run(cfg: Config, mpi_comm) -> Path:
+    s = setup(cfg, mpi_comm)
+    ctx, algo = s.ctx, s.algo
+    comm = ctx.comm
+    writer = agree(mpi_comm, lambda: _writer(cfg, s))
+    say = print if comm.is_writer else (lambda *a, **k: None)
+    say(f"mpifl {cfg.algorithm.name}: {ctx.N} clients on {comm.size} rank(s), {ctx.clients.P} parameters, "
+        f"{ctx.clients.device}, {s.threads} thread(s)/rank, batched={ctx.clients.batched} -> {cfg.run_dir}",
+        flush=True)
+    state = algo.init(ctx)
+    t_start = time.perf_counter()
+    R = cfg.run.rounds
+    last_acc = float("nan")
+    for t in range(R):
+        comm.reset_counters()
+        t0 = time.perf_counter()
+        out = algo.round(ctx, state, t)
+        if (t + 1) % cfg.run.eval_every == 0 or t == R - 1:
+            metrics = algo.evaluate(ctx, state, t)
+        else:
+            metrics = {k: np.full(comm.n_local, np.nan) for k in METRICS}
+        wall = comm.allreduce_max(time.perf_counter() - t0)
+        comm_s = comm.allreduce_max(comm.seconds)
+        times = {"wall_s": wall, "comm_s": comm_s, "compute_s": wall - comm_s}
+        gathered = _log_round(writer, ctx, t, out, metrics, times)
+        if gathered is not None:
+            acc = gathered["metrics/test_acc"]
+            if not np.all(np.isnan(acc)):
+                last_acc = float(np.nanmean(acc))
+            elapsed = time.perf_counter() - t_start
+            eta = elapsed / (t + 1) * (R - t - 1)
+            say(f"round {t + 1:>4}/{R}  test_acc {last_acc:.4f}  {wall:.2f}s/round  eta {eta:.0f}s", flush=True)
+    total = time.perf_counter() - t_start
+    say(f"done: {R} rounds in {total:.1f}s, final mean test_acc {last_acc:.4f}; log: {RunDir(cfg.run_dir).log}",
+        flush=True)
+    return RunDir(cfg.run_dir).log
