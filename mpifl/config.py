@@ -41,9 +41,9 @@ class RunConfig:
 class DataConfig:
     name: Literal["digits", "mnist1d", "synthetic"] = "mnist1d"
     root: str = ""  # folder of on-disk datasets (torchvision layout)
-    partition: Literal["iid", "clusters"] = "clusters"
+    partition: Literal["iid", "clusters", "feature_shift"] = "clusters"
     n_clients: int = 20
-    n_clusters: int = 4  # `clusters`: label groups (disjoint label sets)
+    n_clusters: int = 4  # clusters: label groups (disjoint label sets); feature_shift: domains
     n_samples: int = 5000  # size of generated datasets (mnist1d, synthetic)
     val_frac: float = 0.2  # of each client's samples
     test_frac: float = 0.2  # of each client's samples

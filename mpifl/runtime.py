@@ -74,12 +74,15 @@ def _log_round(writer: Writer | None, ctx: Context, t: int, out: Round, metrics:
     rows.update({f"metrics/{k}": v for k, v in metrics.items()})
     rows.update({"comm/bytes_sent": comm.bytes_sent, "comm/bytes_recv": comm.bytes_recv,
                  "comm/models_recv": comm.models_recv})
-    name = ctx.cfg.algorithm.name
-    rows.update({f"{name}/{k}": v for k, v in out.extras.items()})
+    group = ctx.cfg.algorithm.name
+    path = (lambda k: k if "/" in k else f"{group}/{k}")
+    rows.update({path(k): v for k, v in out.extras.items()})
     gathered = {k: comm.gather_rows(np.asarray(v)) for k, v in rows.items()}
+    once = {path(k): comm.gather_rows(np.asarray(v)) for k, v in out.once.items()}
     mixing = comm.gather_rows(np.asarray(out.mixing, np.float32)) if out.mixing is not None else None
     if writer is not None:
-        writer.write_round(t, times, gathered, mixing=mixing, mixing_row=out.mixing_row)
+        writer.write_round(t, times, gathered, mixing=mixing, mixing_row=out.mixing_row, once=once,
+                           attrs=out.attrs)
         return gathered
     return None
 

@@ -62,7 +62,13 @@ class Round:
     train_loss: np.ndarray  # [n_local], nan where a client did not train
     mixing: np.ndarray | None = None  # [n_local, N] row-stochastic
     mixing_row: np.ndarray | None = None  # [N] when every client's row is the same
-    extras: dict[str, np.ndarray] = field(default_factory=dict)  # name -> [n_local, ...]
+    # per-round logs: name -> [n_local, ...]; stored at /<algorithm>/<name> (a name
+    # holding "/" is a path from the root, e.g. "lia/influence")
+    extras: dict[str, np.ndarray] = field(default_factory=dict)
+    # logged once, the round they appear: name -> [n_local, ...], stored as [N, ...]
+    once: dict[str, np.ndarray] = field(default_factory=dict)
+    # scalars or small JSON-able values for the log's root attributes (rank 0's count)
+    attrs: dict[str, object] = field(default_factory=dict)
 
 
 def own_rows_metrics(ctx: Context, params: torch.Tensor | None = None) -> dict[str, np.ndarray]:

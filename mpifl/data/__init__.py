@@ -51,7 +51,8 @@ def client_splits(idx: np.ndarray, cfg: DataConfig, seed: int, client: int) -> l
 
 def build(cfg: DataConfig, seed: int, local_ids: np.ndarray) -> FederatedData:
     pool = datasets.load(cfg, seed)
-    parts, cluster = partition(pool.y, pool.n_classes, cfg, seed)
+    part = partition(pool.y, pool.n_classes, cfg, seed)
+    parts, cluster = part.parts, part.cluster
     N = cfg.n_clients
     sizes = np.zeros((N, 3), np.int64)
     hist = np.zeros((N, pool.n_classes), np.int64)
@@ -64,12 +65,13 @@ def build(cfg: DataConfig, seed: int, local_ids: np.ndarray) -> FederatedData:
         if sizes[c, 0] == 0:
             raise ConfigError(f"data.n_clients={N} is not allowed with data.name={cfg.name!r} and "
                               f"data.partition={cfg.partition!r}: client {c} gets no training sample")
-        hist[c] = np.bincount(pool.y[splits[0]], minlength=pool.n_classes)
+        labels = [pool.y[s] if part.y_fn is None else part.y_fn(c, pool.y[s]) for s in splits]
+        hist[c] = np.bincount(labels[0], minlength=pool.n_classes)
         if c in local:
             for s, split in enumerate(splits):
                 offsets[local[c], s] = pos
-                xs.append(pool.x[split])
-                ys.append(pool.y[split])
+                xs.append(pool.x[split] if part.x_fn is None else part.x_fn(c, pool.x[split]))
+                ys.append(labels[s])
                 pos += len(split)
     x = np.concatenate(xs) if xs else np.empty((0, *pool.shape), np.float32)
     y = np.concatenate(ys) if ys else np.empty(0, np.int64)

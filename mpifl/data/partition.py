@@ -6,15 +6,27 @@ notion does not apply); no sample goes to two clients.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import numpy as np
 
 from ..config import ConfigError, DataConfig
 from ..rng import GLOBAL, rng
 
 
-def iid(y: np.ndarray, n_classes: int, cfg: DataConfig, seed: int) -> tuple[list[np.ndarray], np.ndarray]:
+@dataclass
+class Partition:
+    parts: list[np.ndarray]  # per client: indices into the pool
+    cluster: np.ndarray  # [N] true cluster / domain, -1 when none
+    # per-client views of the data (feature shift, label flips): (client, array) -> array
+    x_fn: Callable[[int, np.ndarray], np.ndarray] | None = None
+    y_fn: Callable[[int, np.ndarray], np.ndarray] | None = None
+
+
+def iid(y: np.ndarray, n_classes: int, cfg: DataConfig, seed: int) -> Partition:
     perm = rng(seed, -1, GLOBAL, "partition").permutation(len(y))
-    return list(np.array_split(perm, cfg.n_clients)), np.full(cfg.n_clients, -1)
+    return Partition(list(np.array_split(perm, cfg.n_clients)), np.full(cfg.n_clients, -1))
 
 
 def label_groups(n_classes: int, k: int, seed: int) -> list[np.ndarray]:
@@ -23,7 +35,7 @@ def label_groups(n_classes: int, k: int, seed: int) -> list[np.ndarray]:
     return [np.sort(g) for g in np.array_split(labels, k)]
 
 
-def clusters(y: np.ndarray, n_classes: int, cfg: DataConfig, seed: int) -> tuple[list[np.ndarray], np.ndarray]:
+def clusters(y: np.ndarray, n_classes: int, cfg: DataConfig, seed: int) -> Partition:
     """K clusters with disjoint label sets; client c belongs to cluster c % K, and
     the samples of a cluster's labels are shared out evenly among its clients."""
     k, n = cfg.n_clusters, cfg.n_clients
@@ -41,11 +53,43 @@ def clusters(y: np.ndarray, n_classes: int, cfg: DataConfig, seed: int) -> tuple
         pool = g.permutation(np.flatnonzero(np.isin(y, labels)))
         for m, part in zip(members, np.array_split(pool, len(members))):
             parts[m] = np.sort(part)
-    return parts, cluster_of
+    return Partition(parts, cluster_of)
 
 
-PARTITIONS = {"iid": iid, "clusters": clusters}
+def _domain_transform(x: np.ndarray, k: int, seed: int) -> np.ndarray:
+    """Domain k's view of inputs: the same labels seen through a different input
+    transform (a stand-in for Digit-5's domains when they are not on disk)."""
+    if k == 0:
+        return x
+    flat = x.reshape(len(x), -1) if x.ndim > 1 else x
+    image = x.ndim >= 3  # [n, C, H, W]
+    kind = (k - 1) % 4
+    if kind == 0:  # mirror (images) / time reversal (signals)
+        out = x[..., ::-1] if image else x[:, ::-1]
+    elif kind == 1:  # inversion
+        out = flat.max() + flat.min() - flat
+    elif kind == 2:  # additive noise, fixed per domain
+        out = flat + np.random.default_rng([seed, 17, k]).normal(0, 0.5 * flat.std(), flat.shape)
+    else:  # blur: moving average along the last axis
+        out = (x + np.roll(x, 1, -1) + np.roll(x, -1, -1)) / 3.0
+    intensity = 1.0 + 0.1 * ((k - 1) // 4)  # domains past the fourth rescale too
+    return (np.ascontiguousarray(out).reshape(x.shape) * intensity).astype(np.float32)
 
 
-def partition(y: np.ndarray, n_classes: int, cfg: DataConfig, seed: int) -> tuple[list[np.ndarray], np.ndarray]:
+def feature_shift(y: np.ndarray, n_classes: int, cfg: DataConfig, seed: int) -> Partition:
+    """K domains share all labels; client c is in domain c % K and sees its
+    samples through domain c % K's input transform."""
+    k, n = cfg.n_clusters, cfg.n_clients
+    if k > n:
+        raise ConfigError(f"data.n_clusters={k} is not allowed; must be <= data.n_clients ({n})")
+    perm = rng(seed, -1, GLOBAL, "partition").permutation(len(y))
+    cluster_of = np.arange(n) % k
+    parts = [np.sort(p) for p in np.array_split(perm, n)]
+    return Partition(parts, cluster_of, x_fn=lambda c, x: _domain_transform(x, int(cluster_of[c]), seed))
+
+
+PARTITIONS = {"iid": iid, "clusters": clusters, "feature_shift": feature_shift}
+
+
+def partition(y: np.ndarray, n_classes: int, cfg: DataConfig, seed: int) -> Partition:
     return PARTITIONS[cfg.partition](y, n_classes, cfg, seed)

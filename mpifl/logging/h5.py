@@ -43,6 +43,7 @@ def _append(f: h5py.File, path: str, row: np.ndarray, at: int) -> None:
         f.create_dataset(path, shape=(0, *row.shape), maxshape=(None, *row.shape), dtype=row.dtype,
                          chunks=chunk, compression="gzip" if row.size > 64 else None,
                          compression_opts=1 if row.size > 64 else None)
+        f[path].attrs["per_round"] = True
     ds = f[path]
     if ds.shape[0] < at + 1:
         ds.resize(at + 1, axis=0)
@@ -79,11 +80,20 @@ class Writer:
             g.attrs["mixing_format"] = "compact" if self.compact else "dense"
 
     def write_round(self, t: int, rounds: dict[str, float], rows: dict[str, np.ndarray],
-                    mixing: np.ndarray | None = None, mixing_row: np.ndarray | None = None) -> None:
-        """``rows``: ``{"metrics/val_acc": [N], "federico/client_weights": [N, N], ...}``."""
+                    mixing: np.ndarray | None = None, mixing_row: np.ndarray | None = None,
+                    once: dict[str, np.ndarray] | None = None, attrs: dict[str, Any] | None = None) -> None:
+        """``rows``: ``{"metrics/val_acc": [N], "federico/client_weights": [N, N], ...}``;
+        ``once``: datasets written whole, with attr ``round`` = t (e.g. LIA's influence)."""
         with h5py.File(self.path, "a", locking=False) as f:
             for k, v in rows.items():
                 _append(f, k, v, t)
+            for k, v in (once or {}).items():
+                if k in f:
+                    del f[k]
+                f.create_dataset(k, data=v, compression="gzip" if np.size(v) > 64 else None)
+                f[k].attrs["round"] = t
+            for k, v in (attrs or {}).items():
+                f.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else v
             self._mixing(f, t, mixing, mixing_row)
             for k, v in rounds.items():
                 _append(f, f"rounds/{k}", np.float64(v), t)
@@ -156,7 +166,7 @@ class Run:
         """A dataset; per-round datasets are cut to the complete rounds."""
         with self._file() as f:
             ds = f[path]
-            if path.startswith("clients/") or path.startswith("graph/mixing_coo/") and not path.endswith("end"):
+            if not ds.attrs.get("per_round", False):
                 return ds[()]
             n = f[ROUND_KEY].shape[0] if ROUND_KEY in f else 0
             return ds[:n]
