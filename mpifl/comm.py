@@ -376,6 +376,11 @@ def world() -> MPI.Comm:
     return MPI.COMM_WORLD
 
 
+def solo() -> MPI.Comm:
+    """A communicator of this process alone (serial references in tests)."""
+    return MPI.COMM_SELF
+
+
 def node_local_rank(mpi_comm: MPI.Comm) -> tuple[int, int]:
     """(rank among the ranks on this node, ranks on this node)."""
     node = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED)
@@ -432,6 +437,17 @@ def versions() -> dict[str, str]:
         "mpi": MPI.Get_library_version().splitlines()[0].strip(),
         "numpy": np.__version__,
     }
+
+
+def exit_all(code: int) -> None:
+    """Every rank leaves together with ``code`` (a user error seen by all ranks).
+
+    Exiting past the interpreter keeps ``python -m mpi4py`` from turning the exit
+    into an MPI_Abort with its extra lines: the user sees only our one line."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    MPI.Finalize()
+    os._exit(code)
 
 
 def report_crash(mpi_comm: MPI.Comm, exc: BaseException) -> None:

@@ -169,6 +169,8 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
     origin = typing.get_origin(hint)
     if origin is Literal:
         choices = typing.get_args(hint)
+        if isinstance(value, bool) and {"on", "off"} <= set(choices):
+            value = "on" if value else "off"  # YAML 1.1 reads on/off as booleans
         if value not in choices:
             raise ConfigError(f"{key}={value!r} is not allowed; choose one of: {', '.join(map(str, choices))}")
         return value

@@ -22,7 +22,7 @@ def parse(argv: list[str]) -> tuple[str | None, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     from . import config, runtime
-    from .comm import report_crash, world
+    from .comm import exit_all, report_crash, world
 
     path, overrides = parse(sys.argv[1:] if argv is None else argv)
     mpi = world()
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     except config.ConfigError as e:
         if mpi.Get_rank() == 0:
             print(f"mpifl: error: {e}", file=sys.stderr, flush=True)
-        return 2
+        exit_all(2)
     except BaseException as e:  # noqa: BLE001 - any crash must take every rank down
         if isinstance(e, SystemExit) and not e.code:
             return 0

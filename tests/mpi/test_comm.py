@@ -1,0 +1,144 @@
+"""comm.py verbs against a serial reference computed from all rows, with the
+per-client byte counters; run under mpiexec -n 1, 2 and 4."""
+
+import numpy as np
+import pytest
+import torch
+
+from mpifl.comm import F32, Comm, Placement
+
+P = 37
+
+
+def all_rows(n: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1234)
+    return torch.randn(n, P, generator=g)
+
+
+def local_block(comm: Comm, rows: torch.Tensor) -> torch.Tensor:
+    return rows[comm.local_ids].clone()
+
+
+@pytest.mark.parametrize("n", [5, 8, 13])
+def test_placement_is_contiguous_and_complete(mpi, n):
+    if n < mpi.Get_size():
+        pytest.skip("more ranks than clients")
+    pl = Placement(n, mpi.Get_size())
+    ids = np.concatenate([pl.local_ids(r) for r in range(pl.n_ranks)])
+    assert np.array_equal(ids, np.arange(n))
+    assert all(pl.owner(c) == r for r in range(pl.n_ranks) for c in pl.local_ids(r))
+    assert pl.counts().max() - pl.counts().min() <= 1
+
+
+def test_weighted_sum_matches_serial_and_counts(mpi):
+    n = 11
+    comm = Comm(n, mpi)
+    rows = all_rows(n)
+    w = np.linspace(0.0, 1.0, n)  # client 0 has weight 0: it sends nothing
+    w = w / w.sum()
+    out = comm.weighted_sum(local_block(comm, rows), w[comm.local_ids])
+    ref = (torch.as_tensor(w, dtype=torch.float64) @ rows.double()).float()
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+    expect_sent = np.where(w[comm.local_ids] > 0, P * F32, 0)
+    assert np.array_equal(comm.bytes_sent, expect_sent)
+    assert comm.bytes_recv.sum() == 0
+
+
+def test_grouped_sum_matches_serial(mpi):
+    n, k = 10, 3
+    comm = Comm(n, mpi)
+    rows = all_rows(n)
+    groups = np.arange(n) % k
+    w = np.arange(1, n + 1, dtype=float)
+    out = comm.grouped_sum(local_block(comm, rows), w[comm.local_ids], groups[comm.local_ids], k)
+    ref = torch.stack([(rows[groups == g] * torch.as_tensor(w[groups == g], dtype=torch.float32)[:, None]).sum(0)
+                       for g in range(k)])
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    assert np.array_equal(comm.bytes_sent, np.full(comm.n_local, P * F32))
+
+
+def wanted_for(ids: np.ndarray, n: int) -> dict[int, list[int]]:
+    # each client wants the next two clients and client 0: crosses ranks, repeats ids
+    return {k: sorted({(int(c) + 1) % n, (int(c) + 2) % n, 0} - {int(c)}) for k, c in enumerate(ids)}
+
+
+def test_pull_returns_rows_and_counts_each_pair(mpi):
+    n = 9
+    comm = Comm(n, mpi)
+    rows = all_rows(n)
+    wanted = wanted_for(comm.local_ids, n)
+    got = comm.pull(local_block(comm, rows), wanted)
+    for js in wanted.values():
+        for j in js:
+            torch.testing.assert_close(got[j], rows[j], rtol=0, atol=0)
+    # logical counters: received = models asked for; sent = times others asked for me
+    all_wanted = wanted_for(np.arange(n), n)
+    asked_for = np.zeros(n, int)
+    for js in all_wanted.values():
+        for j in js:
+            asked_for[j] += 1
+    assert np.array_equal(comm.models_recv, [len(wanted[k]) for k in range(comm.n_local)])
+    assert np.array_equal(comm.bytes_recv, comm.models_recv * P * F32)
+    assert np.array_equal(comm.bytes_sent, asked_for[comm.local_ids] * P * F32)
+    # wire: each (source rank, destination rank, client) row once
+    pl = comm.placement
+    need = {j for js in wanted.values() for j in js if pl.owner(j) != comm.rank}
+    assert comm.wire_recv == len(need) * P * F32
+
+
+def test_push_sums_at_owner_and_counts(mpi):
+    n = 9
+    comm = Comm(n, mpi)
+    wanted = wanted_for(comm.local_ids, n)
+    # client i sends (i+1) * e_j-ish contributions to each j it wants
+    contrib = {k: {j: torch.full((P,), float(c + 1) + 0.001 * j) for j in wanted[k]}
+               for k, c in enumerate(comm.local_ids)}
+    out = comm.push(contrib, P)
+    ref = torch.zeros(n, P)
+    nrecv = np.zeros(n, int)
+    for i, js in wanted_for(np.arange(n), n).items():
+        for j in js:
+            ref[j] += float(i + 1) + 0.001 * j
+            nrecv[j] += 1
+    torch.testing.assert_close(out, ref[comm.local_ids], rtol=1e-6, atol=1e-5)
+    assert np.array_equal(comm.bytes_sent, [len(wanted[k]) * P * F32 for k in range(comm.n_local)])
+    assert np.array_equal(comm.bytes_recv, nrecv[comm.local_ids] * P * F32)
+
+
+def test_ring_visits_every_block_once(mpi):
+    n = 10
+    comm = Comm(n, mpi)
+    rows = all_rows(n)
+    seen = {}
+    held = []
+
+    def visit(ids, block):
+        held.append(len(ids))
+        for i, r in zip(ids, block):
+            assert int(i) not in seen
+            seen[int(i)] = r.clone()
+
+    comm.ring(local_block(comm, rows), visit)
+    assert sorted(seen) == list(range(n))
+    for i, r in seen.items():
+        torch.testing.assert_close(r, rows[i], rtol=0, atol=0)
+    assert max(held) <= comm.placement.counts().max()
+    # each client receives the other N-1 models and its model goes to the other N-1
+    assert np.array_equal(comm.models_recv, np.full(comm.n_local, n - 1))
+    assert np.array_equal(comm.bytes_recv, np.full(comm.n_local, (n - 1) * P * F32))
+    assert np.array_equal(comm.bytes_sent, np.full(comm.n_local, (n - 1) * P * F32))
+
+
+def test_gather_and_allgather_rows(mpi):
+    n = 7
+    comm = Comm(n, mpi)
+    local = np.stack([comm.local_ids * 10.0, comm.local_ids + 0.5], 1)
+    full = comm.gather_rows(local)
+    ref = np.stack([np.arange(n) * 10.0, np.arange(n) + 0.5], 1)
+    if comm.is_writer:
+        assert np.array_equal(full, ref)
+    else:
+        assert full is None
+    assert np.array_equal(comm.allgather_rows(local), ref)
+    ints = comm.allgather_rows(comm.local_ids.astype(np.int64))
+    assert np.array_equal(ints, np.arange(n))

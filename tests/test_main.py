@@ -1,0 +1,114 @@
+"""End to end through ``python -m mpifl.main`` under mpiexec, as users launch it."""
+
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+from mpifl.logging.h5 import open_run
+
+from helpers import MPIEXEC, REPO, launch
+
+SMALL = ["data.name=mnist1d", "data.n_samples=2000", "data.n_clients=8", "data.n_clusters=2",
+         "model.hidden=[32]", "run.threads=1"]
+
+
+def test_same_results_for_1_2_4_ranks(tmp_path):
+    args = [*SMALL, "algorithm.name=fedavg", "algorithm.fraction=0.5", "run.rounds=6", f"run.out_dir={tmp_path}"]
+    runs = {}
+    for n in (1, 2, 4):
+        res = launch([*args, f"run.name=n{n}"], n=n)
+        assert res.returncode == 0, res.stderr
+        runs[n] = open_run(tmp_path / f"n{n}")
+    ref = runs[1]
+    assert ref.n_rounds == 6
+    for n in (2, 4):
+        r = runs[n]
+        assert r.attrs["n_ranks"] == n
+        for key in ("clients/cluster", "clients/n_train", "clients/n_val", "clients/n_test", "clients/label_hist"):
+            assert np.array_equal(r.get(key), ref.get(key)), key  # identical partition
+        for t in range(6):  # identical sampled clients: the mixing rows' support
+            assert np.array_equal(r.mixing(t) > 0, ref.mixing(t) > 0)
+        final = np.nanmean(r.metric("test_acc")[-1])
+        assert abs(final - np.nanmean(ref.metric("test_acc")[-1])) <= 0.005
+        assert not np.array_equal(r.get("clients/rank"), ref.get("clients/rank"))
+
+
+BAD = {
+    "unknown section": ("bogus: {x: 1}\n", [], "unknown key 'bogus'"),
+    "unknown key": ("run: {roundz: 3}\n", [], "unknown key 'run.roundz'"),
+    "wrong type": ("run: {rounds: three}\n", [], "run.rounds='three' must be an integer"),
+    "bad choice": ("algorithm: {name: fedsgd}\n", [], "choose one of"),
+    "fraction out of range": ("", ["algorithm.fraction=1.5"], "algorithm.fraction=1.5"),
+    "negative lr": ("", ["train.lr=-0.1"], "train.lr=-0.1"),
+    "more ranks than clients": ("", ["data.n_clients=1"], "number of MPI ranks"),
+    "too many clusters": ("", ["data.n_clusters=11"], "at most 10 clusters"),
+    "oracle on iid": ("", ["algorithm.name=oracle", "data.partition=iid"], "oracle needs true clusters"),
+    "not yaml": ("run: [rounds: 3\n", [], "not valid YAML"),
+    "not a mapping": ("- 1\n- 2\n", [], "must hold a mapping"),
+    "malformed override": ("", ["rounds5"], "must look like section.key=value"),
+    "val+test too big": ("", ["data.val_frac=0.5", "data.test_frac=0.5"], "must be < 1"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_config_one_line_exit_2_on_every_rank(tmp_path, case):
+    text, over, needle = BAD[case]
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text(text)
+    res = launch([str(cfg), *over, f"run.out_dir={tmp_path}"], n=2, timeout=60)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.returncode == 2, res.stderr
+    assert len(lines) == 1 and lines[0].startswith("mpifl: error:"), res.stderr
+    assert needle in lines[0]
+    assert "Traceback" not in res.stdout + res.stderr
+    assert not (tmp_path / "run").exists()  # nothing was written
+
+
+def test_log_readable_during_and_after_run(tmp_path):
+    args = [*SMALL, "data.name=synthetic", "data.n_samples=400", "algorithm.name=local", "run.rounds=400",
+            "run.eval_every=50", f"run.out_dir={tmp_path}", "run.name=live"]
+    proc = subprocess.Popen([str(MPIEXEC), "-n", "2", sys.executable, "-m", "mpifl.main", *args], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "live" / "run.h5"
+    seen_mid = None
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None:
+            if log.exists():
+                try:
+                    n = open_run(log).n_rounds
+                except OSError:  # caught the writer mid-round; try again
+                    n = 0
+                if n >= 1:
+                    with h5py.File(log, "r", locking=False) as f:
+                        assert f["metrics/train_loss"].shape[1] == 8
+                    seen_mid = n
+                    break
+            time.sleep(0.05)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert seen_mid is not None and seen_mid < 400, "the log was not readable while the run went on"
+    run = open_run(log)
+    assert run.n_rounds == 400
+    keys = set(run.keys())
+    for k in ("clients/cluster", "clients/rank", "clients/n_train", "clients/n_val", "clients/n_test",
+              "clients/label_hist", "rounds/round", "rounds/wall_s", "rounds/comm_s", "rounds/compute_s",
+              "metrics/train_loss", "metrics/val_loss", "metrics/val_acc", "metrics/test_loss",
+              "metrics/test_acc", "comm/bytes_sent", "comm/bytes_recv", "comm/models_recv", "graph/mixing"):
+        assert k in keys, k
+    assert run.get("graph/mixing").shape == (400, 8, 8)
+    assert np.allclose(run.mixing(3), np.eye(8))
+    a = run.attrs
+    for k in ("mpifl_version", "algorithm", "seed", "n_clients", "n_ranks", "config_yaml", "versions",
+              "hostname", "started_at"):
+        assert k in a, k
+    assert run.config["run"]["rounds"] == 400
+    assert (tmp_path / "live" / "config.yaml").read_text() == a["config_yaml"]
+    assert "done: 400 rounds" in out
