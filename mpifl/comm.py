@@ -17,8 +17,8 @@ import functools
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch
@@ -334,7 +334,7 @@ class Comm:
                        sent=(self.n_local - 1) * P * F32)
 
 
-def agree(comm: "Comm | MPI.Comm", fn: Callable):
+def agree(comm: Comm | MPI.Comm, fn: Callable):
     """Run ``fn`` on every rank; if it raised a user error (ConfigError) on any
     rank, raise it on all, so that a setup mistake seen by one rank cannot leave
     the others waiting in a collective."""

@@ -16,5 +16,6 @@ def launch(args: list[str], n: int = 1, cwd: Path | None = None, timeout: float 
     if n:
         cmd = [str(MPIEXEC), "-n", str(n), *cmd]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run(cmd, cwd=cwd or REPO, capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(cmd, cwd=cwd or REPO, capture_output=True, text=True, timeout=timeout, env=env,
+                          check=False)
 

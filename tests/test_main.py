@@ -7,10 +7,9 @@ import time
 import h5py
 import numpy as np
 import pytest
+from helpers import MPIEXEC, REPO, launch
 
 from mpifl.logging.h5 import open_run
-
-from helpers import MPIEXEC, REPO, launch
 
 SMALL = ["data.name=mnist1d", "data.n_samples=2000", "data.n_clients=8", "data.n_clusters=2",
          "model.hidden=[32]", "run.threads=1"]

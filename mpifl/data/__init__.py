@@ -44,8 +44,8 @@ class FederatedData:
 def client_splits(idx: np.ndarray, cfg: DataConfig, seed: int, client: int) -> list[np.ndarray]:
     idx = rng(seed, -1, client, "split").permutation(idx)
     n = len(idx)
-    n_test = int(round(cfg.test_frac * n))
-    n_val = int(round(cfg.val_frac * n))
+    n_test = round(cfg.test_frac * n)
+    n_val = round(cfg.val_frac * n)
     return [idx[n_test + n_val:], idx[n_test:n_test + n_val], idx[:n_test]]
 
 

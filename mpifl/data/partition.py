@@ -6,8 +6,8 @@ notion does not apply); no sample goes to two clients.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
