@@ -27,6 +27,12 @@ from .rng import rng
 SPLIT_INDEX = {"train": 0, "val": 1, "test": 2}
 
 
+class NonFiniteError(RuntimeError):
+    """A client's loss or parameters became NaN/inf."""
+
+    one_line = True
+
+
 class Layout:
     """Where each parameter (and float buffer) of a model sits in a flat row."""
 
@@ -142,6 +148,7 @@ class Clients:
         self.params = init.repeat(self.n, 1)
         self.buffers = self.layout.flatten_buffers(model).to(device).repeat(self.n, 1)
         self.opt = RowOptimizer(cfg, self.n, self.P, device)
+        self.skipped = np.zeros(self.n, np.int64)  # updates dropped as non-finite (reset per round)
         bn = has_batchnorm(model)
         self.batched = (cfg.batched == "on") or (cfg.batched == "auto" and not bn)
         if bn and self.batched:
@@ -240,6 +247,11 @@ class Clients:
         if len(local) == 0 or epochs == 0:
             return np.full(len(local), np.nan)
         plan = self.plan(local, epochs, round, purpose)
+        skip = self.cfg.on_nonfinite == "skip"
+        if skip:
+            sel0 = _rows_selector(local, self.device)
+            start = (self.params[sel0].clone(), {k: v[sel0].clone() for k, v in self.opt.state.items()})
+        bad = np.zeros(len(local), bool)
         for s in range(plan.steps):
             idx = plan.idx[:, s]
             act = np.flatnonzero((idx >= 0).any(1))
@@ -250,8 +262,24 @@ class Clients:
             g, loss = self.grads(p, x, y, w, rows)
             self.params[sel] = self.opt.step(sel, p, g)
             nw = w.sum(1).cpu().numpy()
-            losses[act] += loss.detach().cpu().numpy() * nw
+            lv = loss.detach().cpu().numpy()
+            bad[act] |= ~np.isfinite(lv)
+            losses[act] += lv * nw
             seen[act] += nw
+        bad |= ~torch.isfinite(self.params[_rows_selector(local, self.device)]).all(1).cpu().numpy()
+        if bad.any():
+            if not skip:
+                k = int(np.flatnonzero(bad)[0])
+                raise NonFiniteError(f"client {int(self.ids[local[k]])} produced a non-finite loss or parameters "
+                                     f"in round {round} ({purpose}); lower train.lr or set train.on_nonfinite=skip")
+            # drop the update: the client keeps its rows from before this call
+            rows = torch.as_tensor(np.flatnonzero(bad), device=self.device)
+            at = torch.as_tensor(local[bad], device=self.device)
+            self.params[at] = start[0][rows]
+            for k, v in start[1].items():
+                self.opt.state[k][at] = v[rows]
+            self.skipped[local[bad]] += 1
+            losses[bad] = np.nan
         return losses / np.maximum(seen, 1)
 
     def set_rows(self, local: np.ndarray | slice, value: torch.Tensor) -> None:

@@ -456,7 +456,10 @@ def report_crash(mpi_comm: MPI.Comm, exc: BaseException) -> None:
     import traceback
 
     rank = mpi_comm.Get_rank()
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    sys.stderr.write(f"mpifl: rank {rank} of {mpi_comm.Get_size()} failed:\n{tb}")
+    if getattr(exc, "one_line", False):  # a known failure: its message says it all
+        sys.stderr.write(f"mpifl: rank {rank} of {mpi_comm.Get_size()}: error: {exc}\n")
+    else:
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        sys.stderr.write(f"mpifl: rank {rank} of {mpi_comm.Get_size()} failed:\n{tb}")
     sys.stderr.flush()
     mpi_comm.Abort(1)

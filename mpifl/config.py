@@ -35,6 +35,9 @@ class RunConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: node-local GPU if any
     eval_every: int = 1  # evaluate val/test every k rounds (and always the last)
     threads: int = 0  # torch threads per rank; 0 = cores this rank owns
+    checkpoint_every: int = 10  # rounds between checkpoints (0: only at the end and on a signal)
+    # auto: continue a run directory that has a checkpoint; never: start over; require: fail without one
+    resume: Literal["auto", "never", "require"] = "auto"
 
 
 @dataclass
@@ -67,6 +70,9 @@ class TrainConfig:
     local_epochs: int = 1
     # vmap all of a rank's clients at once; auto = when the model has no BatchNorm
     batched: Literal["auto", "on", "off"] = "auto"
+    # a NaN/inf loss or parameter: stop with an error naming client and round, or drop
+    # that client's update for the round (counted in /metrics/skipped)
+    on_nonfinite: Literal["error", "skip"] = "error"
 
 
 @dataclass
@@ -103,10 +109,14 @@ def load(path: str | Path | None, overrides: list[str] = (), n_ranks: int = 1) -
     raw: dict = {}
     if path is not None:
         p = Path(path)
-        if not p.is_file():
+        if not p.exists():
             raise ConfigError(f"config file {str(p)!r} not found")
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} is not a file")
         try:
             raw = yaml.safe_load(p.read_text()) or {}
+        except (UnicodeDecodeError, ValueError):
+            raise ConfigError(f"config file {str(p)!r} is not a YAML text file") from None
         except yaml.YAMLError as e:
             line = getattr(getattr(e, "problem_mark", None), "line", None)
             where = f" (line {line + 1})" if line is not None else ""
@@ -183,8 +193,12 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
             raise ConfigError(f"{key}={value!r} must be an integer")
         return value
     if hint is float:
-        if isinstance(value, str) and value.strip().lower() in ("inf", "+inf", ".inf"):
-            return math.inf
+        if isinstance(value, str):
+            # YAML 1.1 reads 1e-3 (no dot) and inf as strings
+            try:
+                return float(value.strip().lstrip("."))
+            except ValueError:
+                raise ConfigError(f"{key}={value!r} must be a number") from None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key}={value!r} must be a number")
         return float(value)
@@ -216,6 +230,7 @@ def validate(cfg: Config, n_ranks: int = 1) -> None:
     _check(r.seed >= 0, "run.seed", r.seed, "must be >= 0")
     _check(r.eval_every >= 1, "run.eval_every", r.eval_every, "must be >= 1")
     _check(r.threads >= 0, "run.threads", r.threads, "must be >= 0 (0 = automatic)")
+    _check(r.checkpoint_every >= 0, "run.checkpoint_every", r.checkpoint_every, "must be >= 0")
     _check(d.n_clients >= 1, "data.n_clients", d.n_clients, "must be >= 1")
     _check(d.n_clients >= n_ranks, "data.n_clients", d.n_clients,
            f"must be >= the number of MPI ranks ({n_ranks}); use fewer ranks or more clients")

@@ -33,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
         if mpi.Get_rank() == 0:
             print(f"mpifl: error: {e}", file=sys.stderr, flush=True)
         exit_all(2)
+    except runtime.Preempted:
+        exit_all(runtime.PREEMPTED)
     except BaseException as e:  # noqa: BLE001 - any crash must take every rank down
         if isinstance(e, SystemExit) and not e.code:
             return 0

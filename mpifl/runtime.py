@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
+import shutil
+import signal
 import socket
 import time
 from dataclasses import dataclass
@@ -10,16 +13,22 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__, algorithms, models
+from . import __version__, algorithms, checkpoint, models
 from .algorithms.base import Context, Round
 from .clients import Clients
 from .comm import Comm, agree, pick_device, set_threads, versions
-from .config import Config
+from .config import Config, ConfigError
 from .data import build as build_data
 from .logging.h5 import Writer
 from .paths import RunDir, atomic_write_text
 
 METRICS = ("val_loss", "val_acc", "test_loss", "test_acc")
+PREEMPTED = 75  # exit status after a signal-triggered checkpoint (EX_TEMPFAIL): requeue me
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class Preempted(Exception):
+    """A stop signal arrived; a checkpoint of the last complete round was written."""
 
 
 @dataclass
@@ -45,12 +54,29 @@ def setup(cfg: Config, mpi_comm) -> Setup:
     return agree(mpi_comm, build)
 
 
-def _writer(cfg: Config, s: Setup) -> Writer | None:
+def find_checkpoint(cfg: Config) -> Path | None:
+    """The checkpoint to resume from, per ``run.resume``; refuses another config's."""
+    rd = RunDir(cfg.run_dir)
+    ck = checkpoint.latest(rd) if cfg.run.resume != "never" else None
+    if cfg.run.resume == "require" and ck is None:
+        raise ConfigError(f"run.resume='require' is not allowed here: no checkpoint in {str(rd.checkpoint)!r}")
+    if ck is not None:
+        checkpoint.check_config(checkpoint.read_meta(ck), cfg.to_dict(), rd.root)
+    return ck
+
+
+def _writer(cfg: Config, s: Setup, keep_rounds: int | None) -> Writer | None:
     ctx = s.ctx
     if not ctx.comm.is_writer:
         return None
     rd = RunDir(cfg.run_dir)
-    rd.root.mkdir(parents=True, exist_ok=True)
+    try:
+        rd.root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"run.out_dir={cfg.run.out_dir!r} is not allowed: cannot create {str(rd.root)!r} "
+                          f"({e.strerror})") from None
+    if keep_rounds is None:  # a fresh start forgets any earlier run's checkpoints
+        shutil.rmtree(rd.checkpoint, ignore_errors=True)
     atomic_write_text(rd.config, cfg.to_yaml())
     d = ctx.data
     attrs = {
@@ -64,7 +90,7 @@ def _writer(cfg: Config, s: Setup) -> Writer | None:
         "cluster": d.cluster, "rank": ctx.comm.placement.owner(np.arange(d.n_clients)),
         "n_train": d.sizes[:, 0], "n_val": d.sizes[:, 1], "n_test": d.sizes[:, 2], "label_hist": d.label_hist,
     }
-    return Writer(rd.log, attrs, clients, d.n_clients)
+    return Writer(rd.log, attrs, clients, d.n_clients, keep_rounds=keep_rounds)
 
 
 def _log_round(writer: Writer | None, ctx: Context, t: int, out: Round, metrics: dict[str, np.ndarray],
@@ -73,7 +99,7 @@ def _log_round(writer: Writer | None, ctx: Context, t: int, out: Round, metrics:
     rows = {"metrics/train_loss": out.train_loss}
     rows.update({f"metrics/{k}": v for k, v in metrics.items()})
     rows.update({"comm/bytes_sent": comm.bytes_sent, "comm/bytes_recv": comm.bytes_recv,
-                 "comm/models_recv": comm.models_recv})
+                 "comm/models_recv": comm.models_recv, "metrics/skipped": ctx.clients.skipped})
     group = ctx.cfg.algorithm.name
     path = (lambda k: k if "/" in k else f"{group}/{k}")
     rows.update({path(k): v for k, v in out.extras.items()})
@@ -91,17 +117,30 @@ def run(cfg: Config, mpi_comm) -> Path:
     s = setup(cfg, mpi_comm)
     ctx, algo = s.ctx, s.algo
     comm = ctx.comm
-    writer = agree(mpi_comm, lambda: _writer(cfg, s))
+    rd = RunDir(cfg.run_dir)
+    ck = agree(mpi_comm, lambda: find_checkpoint(cfg))
+    state = algo.init(ctx)
+    first = 0
+    if ck is not None:
+        first = agree(mpi_comm, lambda: checkpoint.load(ck, ctx, state)) + 1
+    writer = agree(mpi_comm, lambda: _writer(cfg, s, first if ck is not None else None))
     say = print if comm.is_writer else (lambda *a, **k: None)
     say(f"mpifl {cfg.algorithm.name}: {ctx.N} clients on {comm.size} rank(s), {ctx.clients.P} parameters, "
-        f"{ctx.clients.device}, {s.threads} thread(s)/rank, batched={ctx.clients.batched} -> {cfg.run_dir}",
-        flush=True)
-    state = algo.init(ctx)
+        f"{ctx.clients.device}, {s.threads} thread(s)/rank, batched={ctx.clients.batched} -> {cfg.run_dir}"
+        + (f" (resumed after round {first})" if ck is not None else ""), flush=True)
+    stop = _StopFlag()
+    fault = _injected_fault(comm.rank)
     t_start = time.perf_counter()
     R = cfg.run.rounds
+    every = cfg.run.checkpoint_every
     last_acc = float("nan")
-    for t in range(R):
+    for t in range(first, R):
+        if fault == (t, "raise"):
+            raise RuntimeError(f"injected fault (MPIFL_FAULT) at round {t}")
+        if fault == (t, "kill"):
+            os.kill(os.getpid(), signal.SIGKILL)
         comm.reset_counters()
+        ctx.clients.skipped[:] = 0
         t0 = time.perf_counter()
         out = algo.round(ctx, state, t)
         if (t + 1) % cfg.run.eval_every == 0 or t == R - 1:
@@ -117,9 +156,42 @@ def run(cfg: Config, mpi_comm) -> Path:
             if not np.all(np.isnan(acc)):
                 last_acc = float(np.nanmean(acc))
             elapsed = time.perf_counter() - t_start
-            eta = elapsed / (t + 1) * (R - t - 1)
+            eta = elapsed / (t + 1 - first) * (R - t - 1)
             say(f"round {t + 1:>4}/{R}  test_acc {last_acc:.4f}  {wall:.2f}s/round  eta {eta:.0f}s", flush=True)
+        stopping = comm.allreduce_max(stop.signum) > 0
+        if stopping or t == R - 1 or (every and (t + 1) % every == 0):
+            checkpoint.save(rd, ctx, state, t, die_before_publish=fault == (t, "kill_in_checkpoint"))
+        if stopping and t < R - 1:
+            say(f"mpifl: stop signal after round {t + 1}/{R}; checkpoint written, resume by running the same "
+                f"command again (exit {PREEMPTED})", flush=True)
+            raise Preempted()
     total = time.perf_counter() - t_start
-    say(f"done: {R} rounds in {total:.1f}s, final mean test_acc {last_acc:.4f}; log: {RunDir(cfg.run_dir).log}",
-        flush=True)
-    return RunDir(cfg.run_dir).log
+    say(f"done: {R} rounds in {total:.1f}s, final mean test_acc {last_acc:.4f}; log: {rd.log}", flush=True)
+    return rd.log
+
+
+class _StopFlag:
+    """Remembers a SIGTERM/SIGUSR1 (SLURM's warning before a time limit or
+    preemption) so the round in progress can finish and be checkpointed."""
+
+    def __init__(self) -> None:
+        self.signum = 0
+        for sig in STOP_SIGNALS:
+            try:
+                signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread (embedded use): no handler
+                pass
+
+    def _handle(self, signum, frame) -> None:
+        self.signum = signum
+
+
+def _injected_fault(rank: int) -> tuple[int, str] | None:
+    """``MPIFL_FAULT=rank:round[:raise|kill|kill_in_checkpoint]``: fail that rank at
+    that round, for the reliability tests (raise an exception, SIGKILL itself at
+    the round's start, or SIGKILL itself in the middle of writing a checkpoint)."""
+    parts = os.environ.get("MPIFL_FAULT", "").split(":")
+    if len(parts) < 2:
+        return None
+    kind = parts[2] if len(parts) > 2 else "raise"
+    return (int(parts[1]), kind) if int(parts[0]) == rank else None

@@ -67,10 +67,16 @@ class Writer:
     """Rank 0's handle on ``run.h5``; every call opens, writes and closes."""
 
     def __init__(self, path: Path, attrs: dict[str, Any], clients: dict[str, np.ndarray],
-                 n_clients: int, dense_max: int = 1024):
+                 n_clients: int, dense_max: int = 1024, keep_rounds: int | None = None):
+        """A new log, or with ``keep_rounds`` the existing one cut to that many rounds
+        (resuming from a checkpoint: rounds logged after it are dropped)."""
         self.path = Path(path)
         self.n = n_clients
         self.compact = n_clients > dense_max
+        if keep_rounds is not None and self.path.is_file():
+            self.truncate(keep_rounds)
+            self.set_attrs(resumed_from_round=keep_rounds, n_ranks=attrs["n_ranks"])
+            return
         with h5py.File(self.path, "w", locking=False) as f:
             for k, v in attrs.items():
                 f.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else v
@@ -120,6 +126,32 @@ class Writer:
         _append_flat(f, "graph/mixing_coo/col", cols.astype(np.int32))
         end = _append_flat(f, "graph/mixing_coo/val", vals.astype(np.float32))
         _append(f, "graph/mixing_coo/end", np.int64(end), t)
+
+    def truncate(self, n: int) -> None:
+        with h5py.File(self.path, "a", locking=False) as f:
+            coo_end = None
+            if "graph/mixing_coo/end" in f and n > 0:
+                coo_end = int(f["graph/mixing_coo/end"][n - 1])
+            elif "graph/mixing_coo/end" in f:
+                coo_end = 0
+            per_round, once = [], []
+
+            def visit(name, obj):
+                if isinstance(obj, h5py.Dataset):
+                    if obj.attrs.get("per_round", False):
+                        per_round.append(name)
+                    elif "round" in obj.attrs and int(obj.attrs["round"]) >= n:
+                        once.append(name)
+
+            f.visititems(visit)
+            for name in per_round:
+                if f[name].shape[0] > n:
+                    f[name].resize(n, axis=0)
+            for name in once:
+                del f[name]
+            if coo_end is not None:
+                for k in ("row", "col", "val"):
+                    f[f"graph/mixing_coo/{k}"].resize(coo_end, axis=0)
 
     def set_attrs(self, **attrs: Any) -> None:
         with h5py.File(self.path, "a", locking=False) as f:

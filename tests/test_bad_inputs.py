@@ -1,0 +1,99 @@
+"""A corpus of malformed inputs: each gives one line `mpifl: error: ...`, exit
+status 2 on every rank, no traceback and no hang, under mpiexec -n 2."""
+
+import numpy as np
+import pytest
+import torch
+from helpers import launch
+
+from mpifl import config
+
+
+def write(path, text_or_bytes):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(text_or_bytes, bytes):
+        path.write_bytes(text_or_bytes)
+    else:
+        path.write_text(text_or_bytes)
+    return path
+
+
+def fake_checkpoint(tmp, name: str, cfg_args: list[str], meta: bytes | None = None, part: bytes = b"\x00junk"):
+    """A run directory whose checkpoint is damaged in a chosen way."""
+    ck = tmp / name / "checkpoint"
+    write(ck / "latest", "round-000001")
+    d = ck / "round-000001"
+    if meta is None:
+        cfg = config.load(None, cfg_args)
+        d.mkdir(parents=True, exist_ok=True)
+        torch.save({"round": 1, "config": cfg.to_dict(), "n_ranks": 2, "starts": np.array([0, 10, 20]),
+                    "algo": {"model": torch.zeros(3)}}, d / "meta.pt")
+    else:
+        write(d / "meta.pt", meta)
+    write(d / "part-0000.pt", part)
+    write(d / "part-0001.pt", part)
+
+
+# name -> (config text or bytes or None, overrides, expected fragment, setup(tmp) or None)
+CASES = {
+    "unknown section": ("bogus: {x: 1}\n", [], "unknown key 'bogus'"),
+    "unknown key": ("run: {roundz: 3}\n", [], "unknown key 'run.roundz'"),
+    "unknown override key": ("", ["train.learning_rate=0.1"], "unknown key 'train.learning_rate'"),
+    "wrong type": ("data: {n_clients: three}\n", [], "data.n_clients='three' must be an integer"),
+    "float for int": ("", ["run.rounds=2.5"], "run.rounds=2.5 must be an integer"),
+    "bool for int": ("", ["run.seed=true"], "run.seed=True must be an integer"),
+    "bad choice": ("algorithm: {name: fedsgd}\n", [], "choose one of"),
+    "bad batched choice": ("", ["train.batched=maybe"], "train.batched='maybe'"),
+    "fraction out of range": ("", ["algorithm.fraction=1.5"], "algorithm.fraction=1.5"),
+    "zero fraction": ("", ["algorithm.fraction=0"], "must be in (0, 1]"),
+    "negative lr": ("", ["train.lr=-0.1"], "train.lr=-0.1"),
+    "zero rounds": ("", ["run.rounds=0"], "run.rounds=0"),
+    "more ranks than clients": ("", ["data.n_clients=1"], "number of MPI ranks"),
+    "too many clusters": ("", ["data.n_clusters=11"], "at most 10 clusters"),
+    "oracle on iid": ("", ["algorithm.name=oracle", "data.partition=iid"], "oracle needs true clusters"),
+    "val+test too big": ("", ["data.val_frac=0.5", "data.test_frac=0.5"], "must be < 1"),
+    "tiny dataset": ("", ["data.n_samples=5"], "data.n_samples=5"),
+    "hidden not ints": ("model: {hidden: [a, b]}\n", [], "model.hidden"),
+    "run name with slash": ("", ["run.name=a/b"], "run.name='a/b'"),
+    "section not a mapping": ("model: 5\n", [], "model must be a mapping"),
+    "not yaml": ("run: [rounds: 3\n", [], "not valid YAML"),
+    "not a mapping": ("- 1\n- 2\n", [], "must hold a mapping"),
+    "binary file": (b"\x89HDF\r\n\x1a\n\x00\xff\xfe" * 20, [], "is not a YAML text file"),
+    "malformed override": ("", ["rounds5"], "must look like section.key=value"),
+    "missing config file": (None, ["missing.yaml"], "not found"),
+    "config is a directory": (None, ["DIR"], "is not a file"),
+    "cuda without gpu": ("", ["run.device=cuda"], "run.device='cuda'"),
+    "out_dir is a file": ("", ["run.out_dir=FILE"], "cannot create"),
+    "resume required, none": ("", ["run.resume=require"], "no checkpoint"),
+    "resume other config": ("", ["run.name=other", "train.lr=0.2"], "different config: train.lr"),
+    "checkpoint meta garbage": ("", ["run.name=badmeta"], "is unreadable"),
+    "checkpoint part garbage": ("", ["run.name=badpart"], "is unreadable"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_input_one_line_exit_2(tmp_path, case):
+    text, over, needle = CASES[case]
+    over = [o.replace("DIR", str(tmp_path)).replace("FILE", str(write(tmp_path / "afile", "x"))) for o in over]
+    out = tmp_path / "out"
+    common = [f"run.out_dir={out}", "data.name=synthetic", "data.n_samples=200", "run.rounds=2"]
+    if case == "resume other config":
+        fake_checkpoint(out, "other", [*common, "run.name=other"])
+    if case == "checkpoint meta garbage":
+        fake_checkpoint(out, "badmeta", [], meta=b"not a pickle")
+    if case == "checkpoint part garbage":
+        fake_checkpoint(out, "badpart", [*common, "run.name=badpart"])
+    # overrides after the common ones: the later value of a key wins
+    if text is None:
+        args = [over[0], *common, *over[1:]]
+    else:
+        args = [str(write(tmp_path / "bad.yaml", text)), *common, *over]
+    if case == "cuda without gpu" and torch.cuda.is_available():
+        pytest.skip("a GPU is visible here")
+    res = launch(args, n=2, timeout=90)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.returncode == 2, res.stderr
+    assert len(lines) == 1 and lines[0].startswith("mpifl: error:"), res.stderr
+    assert needle in lines[0], lines[0]
+    assert "Traceback" not in res.stdout + res.stderr
+    assert not (out / "run" / "run.h5").exists()

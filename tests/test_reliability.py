@@ -1,0 +1,126 @@
+"""Kill, preempt, crash and resume: a run never hangs, never loses finished
+rounds, and resumes to the same result."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from helpers import MPIEXEC, REPO, launch
+
+from mpifl.logging.h5 import open_run
+
+BASE = ["data.name=synthetic", "data.n_samples=480", "data.n_clients=8", "data.n_clusters=2",
+        "model.hidden=[16]", "run.rounds=6", "run.checkpoint_every=2", "run.threads=1", "algorithm.fraction=0.5"]
+TIMING = {"rounds/wall_s", "rounds/comm_s", "rounds/compute_s"}
+
+
+def assert_same_logs(a, b):
+    ka, kb = set(a.keys()) - TIMING, set(b.keys()) - TIMING
+    assert ka == kb
+    assert a.n_rounds == b.n_rounds
+    for k in sorted(ka):
+        x, y = a.get(k), b.get(k)
+        assert x.shape == y.shape and np.array_equal(x, y, equal_nan=True), k  # bitwise
+
+
+@pytest.mark.parametrize(("algo", "fault"), [
+    ("local", "1:3:kill"), ("fedavg", "1:3:kill"), ("fedavg_ft", "1:3:kill"), ("oracle", "1:3:kill"),
+    ("fedavg", "0:3:kill_in_checkpoint"),  # killed between writing its part and publishing
+])
+def test_sigkill_then_resume_is_identical(tmp_path, algo, fault):
+    args = [*BASE, f"algorithm.name={algo}", f"run.out_dir={tmp_path}"]
+    ref = launch([*args, "run.name=ref"], n=2)
+    assert ref.returncode == 0, ref.stderr
+    env_kill = {**os.environ, "MPIFL_FAULT": fault, "PYTHONPATH": str(REPO)}
+    cmd = [str(MPIEXEC), "-n", "2", sys.executable, "-m", "mpifl.main", *args, "run.name=cut"]
+    killed = subprocess.run(cmd, cwd=REPO, env=env_kill, capture_output=True, text=True, timeout=300, check=False)
+    assert killed.returncode != 0
+    cut = open_run(tmp_path / "cut")
+    assert cut.n_rounds in (3, 4)  # rounds 0-2 complete (+3 when killed inside its checkpoint)
+    assert (tmp_path / "cut" / "checkpoint" / "latest").read_text() == "round-000001"
+    resumed = launch([*args, "run.name=cut"], n=2)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed after round 2" in resumed.stdout
+    assert_same_logs(open_run(tmp_path / "ref"), open_run(tmp_path / "cut"))
+
+
+def test_sigterm_checkpoints_exits_75_and_resumes_identically(tmp_path):
+    args = [*BASE, "algorithm.name=fedavg", "run.rounds=40", "run.checkpoint_every=0", f"run.out_dir={tmp_path}"]
+    ref = launch([*args, "run.name=ref"], n=2)
+    assert ref.returncode == 0, ref.stderr
+    proc = subprocess.Popen([str(MPIEXEC), "-n", "2", sys.executable, "-m", "mpifl.main", *args, "run.name=term"],
+                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    log = tmp_path / "term" / "run.h5"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            if log.exists() and open_run(log).n_rounds >= 2:
+                break
+        except OSError:
+            pass
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGTERM)  # as SLURM signals every task of a step
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 75, err
+    assert "stop signal" in out
+    n_done = open_run(log).n_rounds
+    assert 2 <= n_done < 40
+    resumed = launch([*args, "run.name=term"], n=2)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resumed after round {n_done}" in resumed.stdout
+    assert_same_logs(open_run(tmp_path / "ref"), open_run(log))
+
+
+def test_exception_on_rank_1_of_4_aborts_fast_and_names_it(tmp_path):
+    args = [*BASE, "algorithm.name=fedavg", f"run.out_dir={tmp_path}", "run.name=boom"]
+    env = {**os.environ, "MPIFL_FAULT": "1:3", "PYTHONPATH": str(REPO)}
+    t0 = time.time()
+    res = subprocess.run([str(MPIEXEC), "-n", "4", sys.executable, "-m", "mpifl.main", *args], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=120, check=False)
+    started = res.stdout.count("round")  # sanity: it did train before failing
+    assert res.returncode != 0
+    assert time.time() - t0 < 60 and started >= 3
+    assert "mpifl: rank 1 of 4 failed" in res.stderr
+    assert res.stderr.count("Traceback") == 1  # once, from the failing rank only
+    run = open_run(tmp_path / "boom")
+    assert run.n_rounds == 3
+    assert run.metric("test_acc").shape == (3, 8)
+
+
+def test_resume_on_a_different_rank_count(tmp_path):
+    args = [*BASE, "algorithm.name=fedavg", f"run.out_dir={tmp_path}"]
+    ref = launch([*args, "run.name=ref"], n=4)
+    assert ref.returncode == 0, ref.stderr
+    env = {**os.environ, "MPIFL_FAULT": "2:4:kill", "PYTHONPATH": str(REPO)}
+    cut = subprocess.run([str(MPIEXEC), "-n", "4", sys.executable, "-m", "mpifl.main", *args, "run.name=cut"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert cut.returncode != 0
+    resumed = launch([*args, "run.name=cut"], n=2)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed after round 4" in resumed.stdout
+    a, b = open_run(tmp_path / "ref"), open_run(tmp_path / "cut")
+    assert b.attrs["n_ranks"] == 2
+    assert abs(np.nanmean(a.metric("test_acc")[-1]) - np.nanmean(b.metric("test_acc")[-1])) <= 0.005
+    assert np.array_equal(a.mixing(5) > 0, b.mixing(5) > 0)
+
+
+def test_nonfinite_error_names_client_and_round(tmp_path):
+    res = launch([*BASE, "algorithm.name=local", "train.lr=1e30", f"run.out_dir={tmp_path}"], n=2, timeout=120)
+    assert res.returncode != 0
+    assert "non-finite" in res.stderr and "round 0" in res.stderr and "client " in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_nonfinite_skip_drops_updates_and_counts_them(tmp_path):
+    res = launch([*BASE, "algorithm.name=local", "train.lr=1e30", "train.on_nonfinite=skip",
+                  f"run.out_dir={tmp_path}", "run.name=skip"], n=2, timeout=120)
+    assert res.returncode == 0, res.stderr
+    run = open_run(tmp_path / "skip")
+    skipped = run.metric("skipped")
+    assert skipped.shape == (6, 8) and skipped.sum() > 0
+    assert np.all(np.isfinite(run.metric("val_loss")[-1]))  # dropped updates left the models usable
