@@ -84,6 +84,9 @@ class FedericoConfig:
     temperature: float = 1.0  # client weights w = softmax(-Lhat / temperature)
     loss_scale: Literal["mean", "sum"] = "mean"  # sum: Lhat times n_i^train, as in the likelihood
     estep_batches: str = "1"  # local train batches of the E-step loss: a count, or all
+    # Lhat before any measurement: first = the loss a client measures in round 0 for its
+    # own model (all models start from one init, so it is every model's); zero = optimistic
+    loss_init: Literal["first", "zero"] = "first"
 
 
 @dataclass

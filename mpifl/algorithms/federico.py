@@ -25,8 +25,14 @@ No rank ever holds more than its clients' models and the rows they pulled;
 rank 0 only writes the log.
 
 Choices where the paper is silent or ALGORITHMS.md is our reading (stated there):
-- ``Lhat`` starts at 0 for every j, so a client not yet measured looks good and
-  top-k picks it: optimistic exploration on top of the eps draws.
+- ``Lhat`` before any measurement (ALGORITHMS.md allows 0 or the first measured
+  loss): ``loss_init: first`` (default) fills client i's row, in round 0, with
+  the loss it measures for its own model; every model starts from the same init,
+  so that is the loss of every model and w starts uniform. ``zero`` makes every
+  unmeasured model look better than any measured one: in round 1 top-k then
+  picks only unmeasured models and a client's weight on its own model collapses
+  (exp(-beta L / T) against 1), which, with small temperatures, hands its model
+  over to other clients' gradients.
 - ``w = softmax(-s Lhat / temperature)`` with s = 1 (``loss_scale: mean``) or
   s = n_i^train (``sum``, the likelihood of the whole local set).
 - The E-step loss and the M-step gradient come from the same draw: batch 0 of
@@ -158,6 +164,8 @@ def round(ctx: Context, state: State, t: int) -> Round:
     losses = (loss_sum / np.maximum(seen, 1)).reshape(n, f.k + 1)
 
     scales = _scales(ctx)
+    if t == 0 and f.loss_init == "first":
+        state.tracked_loss[:] = losses[:, f.k:]
     for r in range(n):
         state.tracked_loss[r] = ema(state.tracked_loss[r], members[r], losses[r], f.beta)
     state.weights = client_weights(state.tracked_loss, f.temperature, scales[:, None])
