@@ -1,6 +1,6 @@
 """FedeRiCo's steps against values worked out by hand, its config checks, and one
 end-to-end run of ``python -m mpifl.main`` (the MPI tests compare whole rounds
-with a serial reference: tests/mpi/test_federico.py)."""
+with a serial reference: tests/mpi/test_federico_mpi.py)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """FedeRiCo over real point-to-point MPI against a serial reference written out
 by hand (plain torch autograd, explicit Adam), on every rank.
 
-    mpiexec -n 2 python -m mpi4py -m pytest -x -q tests/mpi/test_federico.py
-    mpiexec -n 4 python -m mpi4py -m pytest -x -q tests/mpi/test_federico.py
+    mpiexec -n 2 python -m mpi4py -m pytest -x -q tests/mpi/test_federico_mpi.py
+    mpiexec -n 4 python -m mpi4py -m pytest -x -q tests/mpi/test_federico_mpi.py
 """
 
 from __future__ import annotations
