@@ -182,7 +182,8 @@ class Comm:
         ``rows``: this rank's ``[n_local, P]`` block (what others may pull).
         ``wanted``: for each local client (index into the block) the global ids whose
         rows it needs. Returns ``{global id: row}`` covering every id any local client
-        asked for. One small alltoall of requests, then one Isend/Irecv per rank pair
+        asked for; every row is a copy, whether it came from another rank or this
+        one. One small alltoall of requests, then one Isend/Irecv per rank pair
         carrying each needed row once, however many local clients want it.
         """
         wanted = _as_wanted(wanted, self.n_local)
@@ -221,8 +222,10 @@ class Comm:
             t = torch.from_numpy(buf).to(rows.device)
             for k, j in enumerate(req[r]):
                 out[j] = t[k]
+        # a copy, like the rows that crossed MPI: a view would follow later in-place
+        # updates of the block, so what a client holds would depend on the placement
         for j in req[self.rank]:
-            out[j] = rows[j - self.first]
+            out[j] = rows[j - self.first].clone()
 
         # logical accounting: every (asking client, id) pair is one model moved
         for i, js in wanted.items():

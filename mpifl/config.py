@@ -77,9 +77,22 @@ class TrainConfig:
 
 @dataclass
 class AlgorithmConfig:
-    name: Literal["local", "fedavg", "fedavg_ft", "oracle"] = "fedavg"
+    name: Literal["local", "fedavg", "fedavg_ft", "oracle", "federico"] = "fedavg"
     fraction: float = 1.0  # participation fraction C per round (fedavg-like)
     ft_epochs: int = 1  # fedavg_ft: local fine-tuning epochs before evaluation
+
+
+@dataclass
+class FedericoConfig:
+    k: int = 3  # neighbours each client samples per round (never itself)
+    eps: float = 0.3  # probability of k uniform draws instead of the k highest weights
+    beta: float = 0.6  # EMA momentum of the tracked losses: Lhat <- (1-beta) Lhat + beta L
+    temperature: float = 1.0  # client weights w = softmax(-Lhat / temperature)
+    loss_scale: Literal["mean", "sum"] = "mean"  # sum: Lhat times n_i^train, as in the likelihood
+    estep_batches: str = "1"  # local train batches of the E-step loss: a count, or all
+    # Lhat before any measurement: first = the loss a client measures in round 0 for its
+    # own model (all models start from one init, so it is every model's); zero = optimistic
+    loss_init: Literal["first", "zero"] = "first"
 
 
 @dataclass
@@ -89,6 +102,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    federico: FedericoConfig = field(default_factory=FedericoConfig)
 
     @property
     def run_dir(self) -> Path:
@@ -251,6 +265,17 @@ def validate(cfg: Config, n_ranks: int = 1) -> None:
     _check(t.local_epochs >= 0, "train.local_epochs", t.local_epochs, "must be >= 0")
     _check(0 < a.fraction <= 1, "algorithm.fraction", a.fraction, "must be in (0, 1]")
     _check(a.ft_epochs >= 0, "algorithm.ft_epochs", a.ft_epochs, "must be >= 0")
+    f = cfg.federico
+    _check(f.k >= 1, "federico.k", f.k, "must be >= 1")
+    if a.name == "federico":
+        _check(f.k <= d.n_clients - 1, "federico.k", f.k,
+               f"must be <= data.n_clients - 1 ({d.n_clients - 1}): a client never samples itself")
+    _check(0 <= f.eps <= 1, "federico.eps", f.eps, "must be in [0, 1]")
+    _check(0 < f.beta <= 1, "federico.beta", f.beta, "must be in (0, 1]")
+    _check(f.temperature > 0 and math.isfinite(f.temperature), "federico.temperature", f.temperature,
+           "must be a finite number > 0")
+    _check(f.estep_batches == "all" or (f.estep_batches.isdigit() and int(f.estep_batches) >= 1),
+           "federico.estep_batches", f.estep_batches, "must be a positive integer or all")
     if a.name == "oracle":
         _check(d.partition != "iid", "algorithm.name", a.name,
                "oracle needs true clusters: use a clustered data.partition, not iid")

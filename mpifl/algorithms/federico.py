@@ -1,0 +1,224 @@
+"""FedeRiCo: Sui, Wen, Lau, Ross, Cresswell, "Find Your Friends: Personalized
+Federated Learning with the Right Collaborators" (NeurIPS 2022 FL workshop,
+arXiv:2210.06597). Decentralized EM: every client owns one model and learns
+which other clients' models explain its data.
+
+    mpiexec -n 2 python -m mpifl.main jobs/federico-digits.yaml federico.eps=0.1 federico.k=3
+
+Each round, for every client i (in parallel, on the rank hosting it), following
+/work/shared/ALGORITHMS.md:
+
+1. sample neighbours S_i (k of them, never i) from its own seeded stream: with
+   probability ``eps`` k uniform draws, else the k largest ``w_i[j]``, ties broken
+   by that stream's permutation;
+2. ``pull`` theta_j for j in S_i, point to point from the rank hosting j (each
+   model travels once per destination rank);
+3. E-step: loss L_i(theta_j) for j in S_i + {i} on local training batches,
+   ``Lhat_i[j] <- (1-beta) Lhat_i[j] + beta L_i(theta_j)``, ``w_i = softmax(-Lhat_i / T)``;
+4. M-step: ``g_ij = grad L_i(theta_j)`` on a local batch; ``w_i[j] g_ij`` is
+   ``push``ed to j's owner, which sums ``G_j = sum_i w_i[j] g_ij`` (its own term
+   included, nothing else) and takes one optimizer step;
+5. prediction: mixture of output probabilities of the models client i holds this
+   round (its own and the k pulled), weights w_i renormalised over them.
+
+No rank ever holds more than its clients' models and the rows they pulled;
+rank 0 only writes the log.
+
+Choices where the paper is silent or ALGORITHMS.md is our reading (stated there):
+- ``Lhat`` before any measurement (ALGORITHMS.md allows 0 or the first measured
+  loss): ``loss_init: first`` (default) fills client i's row, in round 0, with
+  the loss it measures for its own model; every model starts from the same init,
+  so that is the loss of every model and w starts uniform. ``zero`` makes every
+  unmeasured model look better than any measured one: in round 1 top-k then
+  picks only unmeasured models and a client's weight on its own model collapses
+  (exp(-beta L / T) against 1), which, with small temperatures, hands its model
+  over to other clients' gradients.
+- ``w = softmax(-s Lhat / temperature)`` with s = 1 (``loss_scale: mean``) or
+  s = n_i^train (``sum``, the likelihood of the whole local set).
+- The E-step loss and the M-step gradient come from the same draw: batch 0 of
+  the round's plan gives both (one forward-backward per model); with
+  ``estep_batches`` > 1 (or ``all``) the E-step loss averages over the further
+  batches too, as the sample-weighted mean over all of them.
+- The models a client holds for prediction are the pulled ones (before their
+  owners' step) and its own model after its step: what a real client has at
+  the end of the round.
+- BatchNorm buffers do not travel: a client runs pulled models with its own
+  running statistics (only params are exchanged, as the paper's gradients are).
+- One optimizer step per round and model, on ``train`` (shared section): the
+  paper's setting is Adam with lr 1e-3 and batch 50, which the jobs files set
+  (``train.optimizer=adam train.lr=0.001``); the runtime's default is SGD.
+- ``train.local_epochs`` is not used.
+
+Logged per round: ``/federico/client_weights`` [N,N] (w after the E-step),
+``/federico/tracked_loss`` [N,N] (Lhat), ``/federico/neighbours`` [N,k], and
+``/graph/mixing`` (w restricted to S_i + {i}, renormalised: the prediction
+weights). The runtime logs bytes and models received per client.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..clients import loss_acc_from_probs
+from .base import Context, Round
+
+PURPOSE = "federico/neighbours"
+BATCH_PURPOSE = "federico/batch"
+
+
+@dataclass
+class State:
+    tracked_loss: np.ndarray  # [n_local, N] Lhat_i
+    weights: np.ndarray  # [n_local, N] w_i
+    neighbours: np.ndarray  # [n_local, k] S_i of the last round
+    held: dict[int, torch.Tensor] = field(default_factory=dict)  # pulled rows of the last round
+
+
+# --------------------------------------------------------------------------- the steps
+
+
+def sample_neighbours(w: np.ndarray, i: int, k: int, eps: float, g: np.random.Generator) -> np.ndarray:
+    """Step 1 for client i: k ids != i, uniform with probability eps, else the k
+    largest ``w[j]``; one permutation of the others from ``g`` orders both cases
+    (it is the uniform draw and the tie-break of the top-k)."""
+    explore = g.random() < eps
+    others = np.delete(np.arange(len(w)), i)
+    perm = g.permutation(others)
+    if explore:
+        return perm[:k]
+    return perm[np.argsort(-w[perm], kind="stable")][:k]
+
+
+def ema(tracked: np.ndarray, ids: np.ndarray, losses: np.ndarray, beta: float) -> np.ndarray:
+    """Step 3: ``Lhat[j] <- (1-beta) Lhat[j] + beta L[j]`` for j in ids; others unchanged."""
+    out = tracked.copy()
+    out[ids] = (1 - beta) * tracked[ids] + beta * np.asarray(losses, dtype=tracked.dtype)
+    return out
+
+
+def client_weights(tracked: np.ndarray, temperature: float, scale: float = 1.0) -> np.ndarray:
+    """Step 3: ``softmax(-scale * Lhat / temperature)`` over the last axis."""
+    z = -scale * np.asarray(tracked, np.float64) / temperature
+    z = z - z.max(-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(-1, keepdims=True)
+
+
+def held_weights(w: np.ndarray, held: np.ndarray) -> np.ndarray:
+    """Step 5: ``w`` restricted to the ids held and renormalised (a row of mixing)."""
+    out = np.zeros_like(w, dtype=np.float64)
+    out[held] = w[held]
+    return out / out.sum()
+
+
+# --------------------------------------------------------------------------- contract
+
+
+def init(ctx: Context) -> State:
+    n, N, k = ctx.comm.n_local, ctx.N, ctx.cfg.federico.k
+    tracked = np.zeros((n, N))
+    return State(tracked_loss=tracked, weights=client_weights(tracked, ctx.cfg.federico.temperature),
+                 neighbours=np.zeros((n, k), np.int64))
+
+
+def _scales(ctx: Context) -> np.ndarray:
+    if ctx.cfg.federico.loss_scale == "sum":
+        return ctx.clients.sizes[:, 0].astype(np.float64)
+    return np.ones(ctx.comm.n_local)
+
+
+def _estep_batches(ctx: Context) -> int | None:
+    e = ctx.cfg.federico.estep_batches
+    return None if e == "all" else int(e)
+
+
+def round(ctx: Context, state: State, t: int) -> Round:
+    f, c, comm = ctx.cfg.federico, ctx.clients, ctx.comm
+    n, ids = comm.n_local, comm.local_ids
+    # 1. neighbours, from each client's own stream and its own weights
+    # (every rank hosts at least one client: config validation sees to it)
+    S = np.stack([sample_neighbours(state.weights[r], int(i), f.k, f.eps, ctx.rng(t, int(i), PURPOSE))
+                  for r, i in enumerate(ids)])
+    # 2. pull the neighbours' models (copies, as they are before this round's step)
+    held = comm.pull(c.params, {r: S[r].tolist() for r in range(n)})
+
+    # 3./4. loss and gradient of every held model on the client's batch 0
+    local = np.arange(n)
+    plan = c.plan(local, 1, t, BATCH_PURPOSE, max_batches=_estep_batches(ctx))
+    members = np.concatenate([S, ids[:, None]], axis=1)  # [n, k+1]: neighbours, then self
+    rows_of = np.repeat(local, f.k + 1)
+    models = torch.stack([held[int(j)] if j != ids[r] else c.params[r]
+                          for r, js in enumerate(members) for j in js])
+    x, y, w = c.batch(plan.idx[rows_of, 0])
+    grads, loss0 = c.grads(models, x, y, w, rows_of)
+    loss_sum = loss0.detach().double().cpu().numpy() * w.sum(1).double().cpu().numpy()
+    seen = w.sum(1).double().cpu().numpy()
+    for s in range(1, plan.steps):  # further E-step batches: losses only
+        xs, ys, ws = c.batch(plan.idx[rows_of, s])
+        ls, ns = _batch_losses(ctx, models, xs, ys, ws, rows_of)
+        loss_sum += ls
+        seen += ns
+    losses = (loss_sum / np.maximum(seen, 1)).reshape(n, f.k + 1)
+
+    scales = _scales(ctx)
+    if t == 0 and f.loss_init == "first":
+        state.tracked_loss[:] = losses[:, f.k:]
+    for r in range(n):
+        state.tracked_loss[r] = ema(state.tracked_loss[r], members[r], losses[r], f.beta)
+    state.weights = client_weights(state.tracked_loss, f.temperature, scales[:, None])
+
+    wij = torch.as_tensor(state.weights[rows_of, members.reshape(-1)], dtype=grads.dtype, device=grads.device)
+    scaled = (grads * wij[:, None]).reshape(n, f.k + 1, -1)
+    contributions = {r: {int(j): scaled[r, q] for q, j in enumerate(S[r])} for r in range(n)}
+    G = comm.push(contributions, c.P, device=c.device)
+    G = G + scaled[:, f.k]  # the owner's own term never leaves the client
+    c.params[:] = c.opt.step(slice(None), c.params, G)
+
+    state.neighbours = S
+    state.held = held
+    mixing = np.stack([held_weights(state.weights[r], members[r]) for r in range(n)])
+    return Round(
+        train_loss=losses[:, f.k].copy(),
+        mixing=mixing.astype(np.float32),
+        extras={"client_weights": state.weights.astype(np.float32),
+                "tracked_loss": state.tracked_loss.astype(np.float32),
+                "neighbours": S.astype(np.int64)},
+    )
+
+
+@torch.no_grad()
+def _batch_losses(ctx: Context, models: torch.Tensor, x, y, w, rows_of) -> tuple[np.ndarray, np.ndarray]:
+    """(sum of per-sample losses, samples) of each model row on its batch."""
+    logits = ctx.clients.logits(models, x, rows_of)
+    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
+                                           reduction="none").view_as(w)
+    return (ce * w).sum(1).double().cpu().numpy(), w.sum(1).double().cpu().numpy()
+
+
+def evaluate(ctx: Context, state: State, t: int) -> dict[str, np.ndarray]:
+    """Step 5 on each client's val and test split."""
+    c, comm, k = ctx.clients, ctx.comm, ctx.cfg.federico.k
+    n, ids = comm.n_local, comm.local_ids
+    out = {}
+    members = np.concatenate([state.neighbours, ids[:, None]], axis=1)
+    for split in ("val", "test"):
+        loss, acc = np.full(n, np.nan), np.full(n, np.nan)
+        idx_all = c.split_index(np.arange(n), split)
+        if idx_all.shape[1]:
+            step = max(1, c._chunk(idx_all.shape[1]) // (k + 1))
+            for a in range(0, n, step):
+                rs = np.arange(a, min(n, a + step))
+                x, y, w = c.batch(idx_all[rs])
+                rows_of = np.repeat(rs, k + 1)
+                models = torch.stack([state.held[int(j)] if j != ids[r] else c.params[r]
+                                      for r in rs for j in members[r]])
+                probs = torch.softmax(c.logits(models, x[rows_of - a], rows_of), -1)
+                mix = torch.as_tensor(np.stack([held_weights(state.weights[r], members[r])[members[r]]
+                                                for r in rs]), dtype=probs.dtype, device=probs.device)
+                probs = (probs.view(len(rs), k + 1, *probs.shape[1:]) * mix[:, :, None, None]).sum(1)
+                loss[rs], acc[rs] = loss_acc_from_probs(probs, y, w)
+        out[f"{split}_loss"], out[f"{split}_acc"] = loss, acc
+    return out
