@@ -41,9 +41,17 @@ META = "meta.pt"
 MAY_CHANGE = {"run.rounds", "run.resume", "run.checkpoint_every", "run.threads", "run.device"}
 
 
+TRANSIENT = "transient"
+
+
 def per_client(**kwargs: Any) -> Any:
     """A State field whose first axis (or list index) is this rank's clients."""
     return dataclasses.field(metadata={PER_CLIENT: True}, **kwargs)
+
+
+def transient(**kwargs: Any) -> Any:
+    """A State field that lives within one round (not checkpointed)."""
+    return dataclasses.field(metadata={TRANSIENT: True}, **kwargs)
 
 
 def _fields(state: Any) -> tuple[list[str], list[str]]:
@@ -51,7 +59,8 @@ def _fields(state: Any) -> tuple[list[str], list[str]]:
         return [], []
     rows, glob = [], []
     for f in dataclasses.fields(state):
-        (rows if f.metadata.get(PER_CLIENT) else glob).append(f.name)
+        if not f.metadata.get(TRANSIENT):
+            (rows if f.metadata.get(PER_CLIENT) else glob).append(f.name)
     return rows, glob
 
 

@@ -57,11 +57,12 @@ weights). The runtime logs bytes and models received per client.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from ..checkpoint import per_client, transient
 from ..clients import loss_acc_from_probs
 from .base import Context, Round
 
@@ -71,10 +72,11 @@ BATCH_PURPOSE = "federico/batch"
 
 @dataclass
 class State:
-    tracked_loss: np.ndarray  # [n_local, N] Lhat_i
-    weights: np.ndarray  # [n_local, N] w_i
-    neighbours: np.ndarray  # [n_local, k] S_i of the last round
-    held: dict[int, torch.Tensor] = field(default_factory=dict)  # pulled rows of the last round
+    tracked_loss: np.ndarray = per_client()  # [n_local, N] Lhat_i
+    weights: np.ndarray = per_client()  # [n_local, N] w_i
+    neighbours: np.ndarray = per_client()  # [n_local, k] S_i of the last round
+    # pulled rows of the round in progress, for its prediction
+    held: dict[int, torch.Tensor] = transient(default_factory=dict)
 
 
 # --------------------------------------------------------------------------- the steps
