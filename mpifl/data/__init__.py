@@ -45,15 +45,15 @@ def client_splits(idx: np.ndarray, cfg: DataConfig, seed: int, client: int) -> l
     """One client's samples -> [train, val, test] by data.val_frac / data.test_frac."""
     idx = rng(seed, -1, client, "split").permutation(idx)
     n = len(idx)
-    n_test = int(round(cfg.test_frac * n))
-    n_val = int(round(cfg.val_frac * n))
+    n_test = round(cfg.test_frac * n)
+    n_val = round(cfg.val_frac * n)
     return [idx[n_test + n_val:], idx[n_test:n_test + n_val], idx[:n_test]]
 
 
 def train_val(idx: np.ndarray, cfg: DataConfig, seed: int, client: int) -> list[np.ndarray]:
     """One client's training-set samples -> [train, val] by data.val_frac."""
     idx = rng(seed, -1, client, "split").permutation(idx)
-    n_val = int(round(cfg.val_frac * len(idx)))
+    n_val = round(cfg.val_frac * len(idx))
     return [idx[n_val:], idx[:n_val]]
 
 

@@ -74,7 +74,7 @@ class Pool:
             x /= self.std.reshape(1, -1, 1, 1).astype(np.float32)
         return x
 
-    def select(self, keep: np.ndarray) -> "Pool":
+    def select(self, keep: np.ndarray) -> Pool:
         def take(a):
             return None if a is None else a[keep]
 
@@ -395,7 +395,7 @@ def _keep(y: np.ndarray, strata: np.ndarray, cfg: DataConfig, seed: int) -> np.n
     keep = []
     for k in np.unique(keys):
         idx = g.permutation(np.flatnonzero(keys == k))
-        m = max(1, int(round(cfg.subsample * len(idx))))
+        m = max(1, round(cfg.subsample * len(idx)))
         if cfg.per_class:
             m = min(m, cfg.per_class)
         keep.append(idx[:m])
