@@ -129,3 +129,23 @@ def test_batchnorm_skips_single_sample_batches():
     assert counts.min() >= 2 and counts.sum() == 2 * (n - 1)
     loss = c2.train(np.array([0]), 1, 0)
     assert np.isfinite(loss).all()
+
+
+def test_sequential_gradients_equal_batched():
+    """The per-tensor leaves of the sequential path give vmap's gradients."""
+    torch.set_num_threads(1)
+    cfg = config.load(None, ["data.name=digits", "data.partition=iid", "data.n_clients=3", "model.name=cnn2",
+                             "data.subsample=0.3"])
+    data = build(cfg.data, 0, np.arange(3))
+    m = models.build(cfg.model, data.in_shape, data.n_classes, 0)
+    c = Clients(m, data, cfg.train, torch.device("cpu"), 0)
+    assert c.batched
+    g = torch.Generator().manual_seed(0)
+    params = c.params + 0.01 * torch.randn(c.params.shape, generator=g)
+    x, y, w = c.batch(c.plan(np.arange(3), 1, 0).idx[:, 0])
+    w[1, -5:] = 0  # padding must not count
+    gb, lb = c.grads(params, x, y, w)
+    c.batched = False
+    gs, ls = c.grads(params, x, y, w, np.arange(3))
+    torch.testing.assert_close(gs, gb, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(ls, lb)
