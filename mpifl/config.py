@@ -42,7 +42,7 @@ class DataConfig:
     # built-in: digits, mnist1d, synthetic; from data.root: the rest (see mpifl/data/datasets.py)
     name: Literal["digits", "mnist1d", "synthetic", "mnist", "fashionmnist", "emnist", "cifar10", "cifar100",
                   "cinic10", "digit5", "office10", "features"] = "mnist1d"
-    root: str = ""  # folder of on-disk datasets (torchvision layout); features: the .npz file
+    root: str = ""  # folder of on-disk datasets (torchvision layout); features: the .npz (or its folder)
     partition: Literal["iid", "clusters", "noisy_clusters", "permuted_clusters", "patho", "dirichlet",
                        "domains", "feature_shift", "label_flip"] = "clusters"
     n_clients: int = 20

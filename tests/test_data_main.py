@@ -89,7 +89,8 @@ def test_data_summary_cli(tmp_path):
     p = run_cli("data.name=digits", "data.partition=clusters", "data.n_clients=4", "data.n_clusters=2",
                 "--png", str(png), module="mpifl.data")
     assert p.returncode == 0, p.stderr
-    rows = [line.split() for line in p.stdout.splitlines() if len(line.split()) > 1 and line.split()[0].isdigit() and line.split()[1].isdigit()]
+    rows = [t for t in (line.split() for line in p.stdout.splitlines()) if len(t) > 1 and t[0].isdigit()
+            and t[1].isdigit()]
     assert [int(r[0]) for r in rows] == [0, 1, 2, 3]
     assert [int(r[4]) for r in rows] == [0, 1, 0, 1]  # true clusters
     hist = np.array([[int(v) for v in r[5:]] for r in rows])

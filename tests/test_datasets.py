@@ -191,6 +191,9 @@ def test_features_npz(tmp_path):
     assert pool.shape == (16,) and pool.n_classes == int(y.max()) + 1
     np.testing.assert_allclose(pool.x, x.astype(np.float32))
     np.testing.assert_array_equal(pool.domain, dom)
+    (tmp_path / "dir").mkdir()
+    np.savez(tmp_path / "dir" / "features.npz", x=x, y=y)
+    assert datasets.load(cfg_for("features", tmp_path / "dir"), 0).domain is None
 
 
 @pytest.mark.parametrize("name,expect", [

@@ -98,7 +98,8 @@ def test_weights_from_file(tmp_path):
 def bn_clients(batch: int, n_clients: int = 3):
     torch.set_num_threads(1)
     cfg = config.load(None, ["data.name=digits", "data.partition=clusters", f"data.n_clients={n_clients}",
-                             "data.n_clusters=3", "data.subsample=0.4", "model.name=resnet18", f"train.batch_size={batch}"])
+                             "data.n_clusters=3", "data.subsample=0.4", "model.name=resnet18",
+                             f"train.batch_size={batch}"])
     data = build(cfg.data, 0, np.arange(n_clients))
     m = models.build(cfg.model, data.in_shape, data.n_classes, 0)
     return Clients(m, data, cfg.train, torch.device("cpu"), 0), m

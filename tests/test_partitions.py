@@ -214,7 +214,7 @@ def test_label_flip_fraction(frac):
 def test_label_flip_on_patho_base():
     cfg = data_cfg("data.partition=label_flip", "data.flip_base=patho", "data.flip_frac=0.5")
     pool, part, _ = parts_of(cfg)
-    for c, p in enumerate(part.parts):
+    for p in part.parts:
         assert len(np.unique(pool.y[p])) == cfg.classes_per_client
 
 
@@ -238,7 +238,7 @@ def test_test_set_follows_each_clients_label_mix():
     assert np.isin(used, test_idx).all() and len(np.unique(used)) == len(used)
     assert not np.isin(np.concatenate([np.r_[s[0], s[1]] for s in splits]), test_idx).any()
     assert len(used) == len(test_idx)  # every class is held by someone here
-    for p, (tr, va, te) in zip(part.parts, splits):
+    for p, (_, va, te) in zip(part.parts, splits):
         assert abs(len(va) - 0.25 * len(p)) <= 0.5
         mix = np.bincount(pool.y[p], minlength=10) / len(p)
         got = np.bincount(pool.y[te], minlength=10)

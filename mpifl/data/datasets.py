@@ -14,8 +14,9 @@ From ``data.root`` (read-only; nothing is ever downloaded):
 ``cinic10``             ``<root>/CINIC-10/{train,valid,test}/<class>/*.png``
 ``digit5``              ``<root>/digit5/<domain>/<class>/*`` or ``<domain>/{train,test}/<class>/*``
 ``office10``            ``<root>/office10/<domain>/<class>/*`` (same)
-``features``            ``data.root`` is a ``.npz``: ``x`` (or ``features``), ``y`` (or
-                        ``labels``), optional ``domain`` [n] and ``test`` [n] bool
+``features``            ``data.root`` is a ``.npz`` (or a folder holding ``features.npz``):
+                        ``x`` (or ``features``), ``y`` (or ``labels``), optional
+                        ``domain`` [n] and ``test`` [n] bool
 ======================  ========================================================
 
 The torchvision layouts are read through torchvision's own dataset classes with
@@ -358,7 +359,10 @@ def _folder_pool(cfg: DataConfig, seed: int) -> Pool:
 
 def _features(cfg: DataConfig) -> Pool:
     path = Path(cfg.root).expanduser()
-    expected = "a .npz with arrays x (or features) [n, d] and y (or labels) [n], optional domain [n], test [n]"
+    if path.is_dir():
+        path = path / "features.npz"
+    expected = ("a .npz (data.root, or <data.root>/features.npz) with arrays x (or features) [n, d] and "
+                "y (or labels) [n], optional domain [n], test [n]")
     if not path.is_file():
         raise _missing(cfg.name, path, expected, "file not found")
     try:
