@@ -42,22 +42,42 @@ class RunConfig:
 
 @dataclass
 class DataConfig:
-    name: Literal["digits", "mnist1d", "synthetic"] = "mnist1d"
-    root: str = ""  # folder of on-disk datasets (torchvision layout)
-    partition: Literal["iid", "clusters", "feature_shift"] = "clusters"
+    # built-in: digits, mnist1d, synthetic; from data.root: the rest (see mpifl/data/datasets.py)
+    name: Literal["digits", "mnist1d", "synthetic", "mnist", "fashionmnist", "emnist", "cifar10", "cifar100",
+                  "cinic10", "digit5", "office10", "features"] = "mnist1d"
+    root: str = ""  # folder of on-disk datasets (torchvision layout); features: the .npz (or its folder)
+    partition: Literal["iid", "clusters", "noisy_clusters", "permuted_clusters", "patho", "dirichlet",
+                       "domains", "feature_shift", "label_flip"] = "clusters"
     n_clients: int = 20
     n_clusters: int = 4  # clusters: label groups (disjoint label sets); feature_shift: domains
     n_samples: int = 5000  # size of generated datasets (mnist1d, synthetic)
-    val_frac: float = 0.2  # of each client's samples
-    test_frac: float = 0.2  # of each client's samples
+    # split: every client's samples -> train/val/test by val_frac/test_frac; test_set: the
+    # dataset's own test set is shared out following each client's label mix (DPFL), val_frac of the rest
+    test_source: Literal["split", "test_set"] = "split"
+    val_frac: float = 0.2  # of each client's samples (test_set: of its training samples)
+    test_frac: float = 0.2  # of each client's samples (split only)
+    subsample: float = 1.0  # fraction kept of every class (per domain, per train/test part), seeded
+    per_class: int = 0  # at most this many samples per class (per domain and part); 0 = all
     synthetic_dim: int = 20  # input dimension of `synthetic`
     synthetic_classes: int = 10
+    emnist_split: Literal["byclass", "bymerge", "balanced", "letters", "digits", "mnist"] = "byclass"
+    cifar100_labels: Literal["fine", "coarse"] = "fine"  # coarse: the 20 super-classes
+    image_size: int = 0  # cinic10/digit5/office10 images are resized to this; 0 = 32 (office10: 64)
+    dirichlet_alpha: float = 0.1  # dirichlet: concentration (DPFL Dir(0.1))
+    min_client_size: int = 10  # dirichlet: redraw until every client has this many samples
+    classes_per_client: int = 3  # patho: classes per client (DPFL Patho(3))
+    noisy_prob: float = 0.5  # noisy_clusters: chance a client gets extra labels outside its cluster
+    noisy_labels: int = 0  # noisy_clusters: how many extra labels; 0 = 1 (5 for cifar100 fine, pFedLIA)
+    flip_frac: float = 0.2  # label_flip: fraction of clients whose labels are permuted
+    flip_base: Literal["iid", "clusters", "noisy_clusters", "patho", "dirichlet", "domains",
+                       "feature_shift"] = "iid"  # label_flip: the partition flipped clients come from
 
 
 @dataclass
 class ModelConfig:
-    name: Literal["mlp"] = "mlp"
+    name: Literal["mlp", "lenet", "cnn_dpfl", "cnn2", "resnet18"] = "mlp"
     hidden: list = field(default_factory=lambda: [128, 128])  # mlp hidden widths
+    weights: str = ""  # optional state_dict (.pt) on disk; tensors whose name and shape match are loaded
 
 
 @dataclass
@@ -254,6 +274,18 @@ def validate(cfg: Config, n_ranks: int = 1) -> None:
     _check(0 < d.test_frac < 1, "data.test_frac", d.test_frac, "must be in (0, 1)")
     _check(d.val_frac + d.test_frac < 1, "data.test_frac", d.test_frac,
            f"data.val_frac + data.test_frac must be < 1 (val_frac is {d.val_frac})")
+    _check(0 < d.subsample <= 1, "data.subsample", d.subsample, "must be in (0, 1]")
+    _check(d.per_class >= 0, "data.per_class", d.per_class, "must be >= 0 (0 = all)")
+    _check(d.image_size >= 0, "data.image_size", d.image_size, "must be >= 0 (0 = the dataset's default)")
+    _check(d.dirichlet_alpha > 0 and math.isfinite(d.dirichlet_alpha), "data.dirichlet_alpha",
+           d.dirichlet_alpha, "must be a finite number > 0")
+    _check(d.min_client_size >= 0, "data.min_client_size", d.min_client_size, "must be >= 0")
+    _check(d.classes_per_client >= 1, "data.classes_per_client", d.classes_per_client, "must be >= 1")
+    _check(0 <= d.noisy_prob <= 1, "data.noisy_prob", d.noisy_prob, "must be in [0, 1]")
+    _check(d.noisy_labels >= 0, "data.noisy_labels", d.noisy_labels, "must be >= 0 (0 = the paper's choice)")
+    _check(0 <= d.flip_frac <= 1, "data.flip_frac", d.flip_frac, "must be in [0, 1]")
+    _check(d.name != "features" or bool(d.root), "data.root", d.root,
+           "data.name=features needs data.root=PATH of a .npz with features and labels")
     _check(d.synthetic_dim >= 1, "data.synthetic_dim", d.synthetic_dim, "must be >= 1")
     _check(d.synthetic_classes >= 2, "data.synthetic_classes", d.synthetic_classes, "must be >= 2")
     _check(len(m.hidden) >= 1 and all(h >= 1 for h in m.hidden), "model.hidden", m.hidden,
@@ -277,5 +309,6 @@ def validate(cfg: Config, n_ranks: int = 1) -> None:
     _check(f.estep_batches == "all" or (f.estep_batches.isdigit() and int(f.estep_batches) >= 1),
            "federico.estep_batches", f.estep_batches, "must be a positive integer or all")
     if a.name == "oracle":
-        _check(d.partition != "iid", "algorithm.name", a.name,
-               "oracle needs true clusters: use a clustered data.partition, not iid")
+        _check(d.partition not in ("iid", "patho", "dirichlet"), "algorithm.name", a.name,
+               f"oracle needs true clusters: data.partition={d.partition!r} records none; "
+               "use clusters, noisy_clusters, permuted_clusters, domains, feature_shift or label_flip")

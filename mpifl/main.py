@@ -21,8 +21,10 @@ def parse(argv: list[str]) -> tuple[str | None, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one job; returns 0, 2 (user error, on every rank) or 75 (preempted after
+    a checkpoint). Any other failure aborts every rank."""
     from . import config, runtime
-    from .comm import exit_all, report_crash, world
+    from .comm import report_crash, world
 
     path, overrides = parse(sys.argv[1:] if argv is None else argv)
     mpi = world()
@@ -32,9 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     except config.ConfigError as e:
         if mpi.Get_rank() == 0:
             print(f"mpifl: error: {e}", file=sys.stderr, flush=True)
-        exit_all(2)
+        return 2
     except runtime.Preempted:
-        exit_all(runtime.PREEMPTED)
+        return runtime.PREEMPTED
     except BaseException as e:  # noqa: BLE001 - any crash must take every rank down
         if isinstance(e, SystemExit) and not e.code:
             return 0
@@ -43,4 +45,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from .comm import exit_all
+
+    code = main()
+    # past the interpreter: `python -m mpi4py` would turn a non-zero exit into an
+    # MPI_Abort with its own lines; every rank is leaving together anyway
+    if code:
+        exit_all(code)

@@ -1,13 +1,38 @@
-"""Models by name, shapes inferred from the data."""
+"""Models by name, shapes inferred from the data.
+
+==============  ==========================================================================
+``mlp``         Flatten + ``model.hidden`` ReLU layers + linear classifier (FedeRiCo's
+                Office-Home MLP is ``hidden=[1000, 200]`` on ``features``)
+``lenet``       FedC2I's LeNet (Table 7): conv5(64) ReLU pool2, conv5(64) ReLU pool2,
+                fc 384, fc 192, fc C. The paper's first fc takes 64*13*13, i.e. 64x64
+                inputs (Office-10); the width follows the input here
+``cnn_dpfl``    DPFL's CNN (appendix F.3.2/F.4.2; the text says "three conv and two fc"
+                but describes two conv and three fc, which we follow): conv5(6) ReLU
+                pool2, conv5(16) ReLU pool2, fc 120, fc 84, fc C on 3-channel inputs
+                (400 inputs on 32x32: 62,006 parameters for 10 classes); on 1-channel
+                inputs the FEMNIST variant conv5(4), conv5(12), fc 120, fc 100, fc C
+                (192 inputs on 28x28: 37,586 parameters)
+``cnn2``        FedeRiCo's CNN2 (from Shen et al. 2020): three 3x3 convs of 128
+                channels (padding 1) each with ReLU and 2x2 max-pool, one fc
+``resnet18``    torchvision's ResNet-18, ``weights=None``, its first conv made to take
+                the data's channels; BatchNorm running statistics live per client
+                (``Clients.buffers``) and such models train with the sequential path
+==============  ==========================================================================
+
+``model.weights``: a ``state_dict`` saved with ``torch.save`` on a local path;
+every tensor whose name and shape match the model is loaded (an ImageNet
+ResNet-18's 1000-way ``fc`` is thus skipped), nothing is downloaded.
+"""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import torch
 from torch import nn
 
-from .config import ModelConfig
+from .config import ConfigError, ModelConfig
 
 
 def mlp(in_shape: tuple[int, ...], n_classes: int, hidden: list[int]) -> nn.Module:
@@ -20,13 +45,111 @@ def mlp(in_shape: tuple[int, ...], n_classes: int, hidden: list[int]) -> nn.Modu
     return nn.Sequential(*layers)
 
 
+def _flat_size(features: nn.Module, in_shape: tuple[int, ...]) -> int:
+    with torch.no_grad():
+        return int(features(torch.zeros(1, *in_shape)).numel())
+
+
+def _conv_fc(in_shape: tuple[int, ...], n_classes: int, convs: list[nn.Module], widths: list[int]) -> nn.Module:
+    """conv feature extractor + ReLU fc layers of ``widths`` + linear classifier."""
+    features = nn.Sequential(*convs, nn.Flatten())
+    width = _flat_size(features, in_shape)
+    layers = list(features)
+    for w in widths:
+        layers += [nn.Linear(width, w), nn.ReLU()]
+        width = w
+    layers.append(nn.Linear(width, n_classes))
+    return nn.Sequential(*layers)
+
+
+def lenet(in_shape: tuple[int, ...], n_classes: int) -> nn.Module:
+    c = in_shape[0]
+    convs = [nn.Conv2d(c, 64, 5), nn.ReLU(), nn.MaxPool2d(2, 2),
+             nn.Conv2d(64, 64, 5), nn.ReLU(), nn.MaxPool2d(2, 2)]
+    return _conv_fc(in_shape, n_classes, convs, [384, 192])
+
+
+def cnn_dpfl(in_shape: tuple[int, ...], n_classes: int) -> nn.Module:
+    c = in_shape[0]
+    c1, c2, f2 = (4, 12, 100) if c == 1 else (6, 16, 84)
+    convs = [nn.Conv2d(c, c1, 5), nn.ReLU(), nn.MaxPool2d(2),
+             nn.Conv2d(c1, c2, 5), nn.ReLU(), nn.MaxPool2d(2)]
+    return _conv_fc(in_shape, n_classes, convs, [120, f2])
+
+
+def cnn2(in_shape: tuple[int, ...], n_classes: int) -> nn.Module:
+    convs: list[nn.Module] = []
+    c = in_shape[0]
+    for _ in range(3):
+        convs += [nn.Conv2d(c, 128, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)]
+        c = 128
+    return _conv_fc(in_shape, n_classes, convs, [])
+
+
+def resnet18(in_shape: tuple[int, ...], n_classes: int) -> nn.Module:
+    from torchvision.models import resnet18 as tv_resnet18
+
+    m = tv_resnet18(weights=None, num_classes=n_classes)
+    if in_shape[0] != 3:
+        m.conv1 = nn.Conv2d(in_shape[0], 64, kernel_size=7, stride=2, padding=3, bias=False)
+    return m
+
+
+IMAGE_MODELS = {"lenet": lenet, "cnn_dpfl": cnn_dpfl, "cnn2": cnn2, "resnet18": resnet18}
+
+
+def load_weights(model: nn.Module, path: str) -> tuple[int, int]:
+    """Copy the tensors of a saved state_dict whose name and shape match; returns
+    (loaded, skipped). A file with no matching tensor is a user error."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ConfigError(f"model.weights={path!r}: file not found (a state_dict saved with torch.save)")
+    try:
+        state = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unreadable file is the same user error
+        raise ConfigError(f"model.weights={path!r}: not a readable torch state_dict ({type(e).__name__})") from None
+    for key in ("state_dict", "model"):
+        if isinstance(state, dict) and isinstance(state.get(key), dict):
+            state = state[key]
+    if not isinstance(state, dict):
+        raise ConfigError(f"model.weights={path!r}: expected a state_dict (name -> tensor), got {type(state).__name__}")
+    own = model.state_dict()
+    match = {k: v for k, v in state.items() if k in own and isinstance(v, torch.Tensor) and v.shape == own[k].shape}
+    if not match:
+        raise ConfigError(f"model.weights={path!r}: no tensor matches the model's names and shapes")
+    model.load_state_dict(match, strict=False)
+    return len(match), len(own) - len(match)
+
+
 def build(cfg: ModelConfig, in_shape: tuple[int, ...], n_classes: int, seed: int) -> nn.Module:
     """Same seed -> same initial weights on every rank (one shared init)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         if cfg.name == "mlp":
-            return mlp(in_shape, n_classes, cfg.hidden)
-    raise ValueError(cfg.name)  # config validation names the choices
+            model = mlp(in_shape, n_classes, cfg.hidden)
+        elif cfg.name in IMAGE_MODELS:
+            if len(in_shape) != 3:
+                raise ConfigError(f"model.name={cfg.name!r} needs image inputs [C, H, W]; the data gives "
+                                  f"shape {tuple(in_shape)}: use model.name=mlp or an image dataset")
+            try:
+                model = IMAGE_MODELS[cfg.name](in_shape, n_classes)
+                model.eval()
+                with torch.no_grad():
+                    model(torch.zeros(2, *in_shape))
+            except RuntimeError:
+                raise ConfigError(f"model.name={cfg.name!r} does not fit images of shape {tuple(in_shape)} "
+                                  "(too small for its convolutions and pooling); raise data.image_size "
+                                  "or choose another model") from None
+            model.train()
+        else:
+            raise ValueError(cfg.name)  # config validation names the choices
+    if cfg.weights:
+        load_weights(model, cfg.weights)
+    return model
+
+
+def n_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
 
 
 def has_batchnorm(model: nn.Module) -> bool:

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import ConfigError, DataConfig
-from ..rng import rng
+from ..rng import GLOBAL, rng
 from . import datasets
-from .partition import partition
+from .partition import Partition, PoolInfo, partition
 
 SPLITS = ("train", "val", "test")
 
@@ -42,6 +42,7 @@ class FederatedData:
 
 
 def client_splits(idx: np.ndarray, cfg: DataConfig, seed: int, client: int) -> list[np.ndarray]:
+    """One client's samples -> [train, val, test] by data.val_frac / data.test_frac."""
     idx = rng(seed, -1, client, "split").permutation(idx)
     n = len(idx)
     n_test = round(cfg.test_frac * n)
@@ -49,10 +50,66 @@ def client_splits(idx: np.ndarray, cfg: DataConfig, seed: int, client: int) -> l
     return [idx[n_test + n_val:], idx[n_test:n_test + n_val], idx[:n_test]]
 
 
+def train_val(idx: np.ndarray, cfg: DataConfig, seed: int, client: int) -> list[np.ndarray]:
+    """One client's training-set samples -> [train, val] by data.val_frac."""
+    idx = rng(seed, -1, client, "split").permutation(idx)
+    n_val = round(cfg.val_frac * len(idx))
+    return [idx[n_val:], idx[:n_val]]
+
+
+def share_test_set(parts: list[np.ndarray], test_idx: np.ndarray, y: np.ndarray, strata: np.ndarray,
+                   seed: int) -> list[np.ndarray]:
+    """Share the dataset's own test samples out so that each client's test split
+    follows its own mix of (label, domain) (DPFL): the test samples of a stratum go
+    to the clients in proportion to their samples of it, by largest remainder.
+    Disjoint; test samples of a stratum no client holds are left out."""
+    key = strata * (int(y.max()) + 1) + y
+    n = len(parts)
+    keys = np.unique(key[test_idx])
+    counts = np.zeros((n, len(keys)), np.int64)
+    for c, p in enumerate(parts):
+        kp = key[p]
+        counts[c] = np.bincount(np.searchsorted(keys, kp[np.isin(kp, keys)]), minlength=len(keys))
+    g = rng(seed, -1, GLOBAL, "test_share")
+    out: list[list[np.ndarray]] = [[] for _ in range(n)]
+    for j, k in enumerate(keys):
+        have = counts[:, j]
+        if have.sum() == 0:
+            continue
+        pool = g.permutation(test_idx[key[test_idx] == k])
+        exact = have / have.sum() * len(pool)
+        take = np.floor(exact).astype(np.int64)
+        rest = len(pool) - take.sum()
+        take[np.argsort(-(exact - take), kind="stable")[:rest]] += 1
+        for c, part in enumerate(np.split(pool, np.cumsum(take)[:-1])):
+            out[c].append(part)
+    return [np.sort(np.concatenate(p)) if p else np.empty(0, np.int64) for p in out]
+
+
+def federate(pool: datasets.Pool, cfg: DataConfig, seed: int) -> tuple[Partition, list[list[np.ndarray]]]:
+    """The partition and every client's [train, val, test] indices into the pool."""
+    if cfg.test_source == "test_set":
+        if pool.test is None or not pool.test.any():
+            raise ConfigError(f"data.test_source='test_set' is not allowed with data.name={cfg.name!r}: "
+                              "it has no test set of its own; use data.test_source=split")
+        train_idx, test_idx = np.flatnonzero(~pool.test), np.flatnonzero(pool.test)
+    else:
+        train_idx, test_idx = np.arange(len(pool.y)), None
+    info = PoolInfo(domain=None if pool.domain is None else pool.domain[train_idx],
+                    class_groups=pool.class_groups, dataset=cfg.name)
+    part = partition(pool.y[train_idx], pool.n_classes, cfg, seed, info)
+    part.parts = [train_idx[p] for p in part.parts]
+    if test_idx is None:
+        return part, [client_splits(p, cfg, seed, c) for c, p in enumerate(part.parts)]
+    strata = pool.domain if pool.domain is not None else np.zeros(len(pool.y), np.int64)
+    tests = share_test_set(part.parts, test_idx, pool.y, strata, seed)
+    return part, [train_val(p, cfg, seed, c) + [tests[c]] for c, p in enumerate(part.parts)]
+
+
 def build(cfg: DataConfig, seed: int, local_ids: np.ndarray) -> FederatedData:
     pool = datasets.load(cfg, seed)
-    part = partition(pool.y, pool.n_classes, cfg, seed)
-    parts, cluster = part.parts, part.cluster
+    part, all_splits = federate(pool, cfg, seed)
+    cluster = part.cluster
     N = cfg.n_clients
     sizes = np.zeros((N, 3), np.int64)
     hist = np.zeros((N, pool.n_classes), np.int64)
@@ -60,7 +117,7 @@ def build(cfg: DataConfig, seed: int, local_ids: np.ndarray) -> FederatedData:
     local = {int(c): k for k, c in enumerate(local_ids)}
     pos = 0
     for c in range(N):
-        splits = client_splits(parts[c], cfg, seed, c)
+        splits = all_splits[c]
         sizes[c] = [len(s) for s in splits]
         if sizes[c, 0] == 0:
             raise ConfigError(f"data.n_clients={N} is not allowed with data.name={cfg.name!r} and "
@@ -70,7 +127,8 @@ def build(cfg: DataConfig, seed: int, local_ids: np.ndarray) -> FederatedData:
         if c in local:
             for s, split in enumerate(splits):
                 offsets[local[c], s] = pos
-                xs.append(pool.x[split] if part.x_fn is None else part.x_fn(c, pool.x[split]))
+                x = pool.floats(split)
+                xs.append(x if part.x_fn is None else part.x_fn(c, x))
                 ys.append(labels[s])
                 pos += len(split)
     x = np.concatenate(xs) if xs else np.empty((0, *pool.shape), np.float32)

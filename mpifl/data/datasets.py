@@ -1,29 +1,109 @@
-"""Datasets by name -> one pool of samples (x float32, y int64).
+"""Datasets by name -> one pool of samples.
 
-The built-in datasets need no files: scikit-learn's bundled ``digits`` and the
-``mnist1d`` generator. Train and test parts of a dataset are pooled here; the
-partition then gives every client its own train/val/test split drawn from its
-own distribution.
+Built-in, no files: scikit-learn's bundled ``digits``, the ``mnist1d`` generator
+(``data.n_samples``) and Gaussian ``synthetic`` blobs.
+
+From ``data.root`` (read-only; nothing is ever downloaded):
+
+======================  ========================================================
+``mnist``               ``<root>/MNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]``
+``fashionmnist``        ``<root>/FashionMNIST/raw/`` (same files)
+``emnist``              ``<root>/EMNIST/raw/emnist-<split>-{train,test}-{images-idx3,labels-idx1}-ubyte[.gz]``
+``cifar10``             ``<root>/cifar-10-batches-py/{data_batch_1..5,test_batch,batches.meta}``
+``cifar100``            ``<root>/cifar-100-python/{train,test,meta}``
+``cinic10``             ``<root>/CINIC-10/{train,valid,test}/<class>/*.png``
+``digit5``              ``<root>/digit5/<domain>/<class>/*`` or ``<domain>/{train,test}/<class>/*``
+``office10``            ``<root>/office10/<domain>/<class>/*`` (same)
+``features``            ``data.root`` is a ``.npz`` (or a folder holding ``features.npz``):
+                        ``x`` (or ``features``), ``y`` (or ``labels``), optional
+                        ``domain`` [n] and ``test`` [n] bool
+======================  ========================================================
+
+The torchvision layouts are read through torchvision's own dataset classes with
+``download=False``. Two deliberate departures, both only about *checking*:
+MNIST-style files may be gzipped (torchvision 0.29 reads only the extracted
+files, but a shared read-only disk often holds only the ``.gz``), and CIFAR files
+are checked for presence rather than md5 (hashing 170 MB on every rank at every
+start buys nothing; a corrupt file still fails to unpickle and is reported).
+
+Images stay uint8 in the pool (a rank holds every sample of the dataset while it
+partitions, but only its own clients' samples as float32); :meth:`Pool.floats`
+scales them to [0, 1] and standardises each channel with the pool's statistics.
+The dataset's own test set is kept, flagged by ``Pool.test``; whether clients'
+test splits come from it is the data builder's choice (``data.test_source``).
 """
 
 from __future__ import annotations
 
+import gzip
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from ..config import ConfigError, DataConfig
+from ..rng import GLOBAL, rng
+
+BUILTIN = ("digits", "mnist1d", "synthetic")
 
 
 @dataclass
 class Pool:
-    x: np.ndarray  # [n, *shape] float32
+    x: np.ndarray  # [n, *shape] float32, or uint8 images ([n, C, H, W]) that floats() scales
     y: np.ndarray  # [n] int64
     n_classes: int
+    test: np.ndarray | None = None  # [n] bool: in the dataset's own test set (None: it has none)
+    domain: np.ndarray | None = None  # [n] int: source domain (digit5, office10, features)
+    domain_names: list[str] | None = None
+    class_groups: np.ndarray | None = None  # [n_classes] super-class of each class (cifar100 fine)
+    mean: np.ndarray | None = None  # [C] per-channel mean of uint8 images scaled to [0, 1]
+    std: np.ndarray | None = None
 
     @property
     def shape(self) -> tuple[int, ...]:
         return tuple(self.x.shape[1:])
+
+    def floats(self, idx: np.ndarray) -> np.ndarray:
+        """Samples ``idx`` as float32 model inputs."""
+        x = self.x[idx]
+        if x.dtype == np.float32:
+            return x
+        x = x.astype(np.float32) / 255.0
+        if self.mean is not None:
+            x -= self.mean.reshape(1, -1, 1, 1).astype(np.float32)
+            x /= self.std.reshape(1, -1, 1, 1).astype(np.float32)
+        return x
+
+    def select(self, keep: np.ndarray) -> Pool:
+        def take(a):
+            return None if a is None else a[keep]
+
+        return Pool(self.x[keep], self.y[keep], self.n_classes, take(self.test), take(self.domain),
+                    self.domain_names, self.class_groups, self.mean, self.std)
+
+
+def _channel_stats(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel mean/std of uint8 images [n, C, H, W] in [0, 1], without a float copy."""
+    n = len(x)
+    mean = np.zeros(x.shape[1])
+    sq = np.zeros(x.shape[1])
+    for a in range(0, n, 4096):
+        chunk = x[a:a + 4096].astype(np.float64) / 255.0
+        mean += chunk.sum(axis=(0, 2, 3))
+        sq += (chunk * chunk).sum(axis=(0, 2, 3))
+    count = n * x.shape[2] * x.shape[3]
+    mean /= max(count, 1)
+    std = np.sqrt(np.maximum(sq / max(count, 1) - mean * mean, 0.0))
+    return mean.astype(np.float32), np.maximum(std, 1e-3).astype(np.float32)
+
+
+def _image_pool(x: np.ndarray, y: np.ndarray, n_classes: int, **kw) -> Pool:
+    mean, std = _channel_stats(x)
+    return Pool(np.ascontiguousarray(x), y.astype(np.int64), n_classes, mean=mean, std=std, **kw)
+
+
+# --------------------------------------------------------------------------- built-in
 
 
 def digits(cfg: DataConfig) -> Pool:
@@ -47,8 +127,9 @@ def mnist1d(cfg: DataConfig) -> Pool:
         np.random.set_state(state)
     x = np.concatenate([d["x"], d["x_test"]]).astype(np.float32)
     y = np.concatenate([d["y"], d["y_test"]]).astype(np.int64)
+    test = np.r_[np.zeros(len(d["y"]), bool), np.ones(len(d["y_test"]), bool)]
     x = (x - x.mean()) / x.std()
-    return Pool(x, y, 10)
+    return Pool(x, y, 10, test=test)
 
 
 def synthetic(cfg: DataConfig, seed: int = 0) -> Pool:
@@ -60,11 +141,292 @@ def synthetic(cfg: DataConfig, seed: int = 0) -> Pool:
     return Pool(x.astype(np.float32), y.astype(np.int64), cfg.synthetic_classes)
 
 
+# --------------------------------------------------------------------------- on disk: helpers
+
+
+def _missing(name: str, path: Path | str, expected: str, why: str = "") -> ConfigError:
+    extra = f" ({why})" if why else ""
+    return ConfigError(f"data.name={name!r}: no usable dataset at {str(path)!r}{extra}; expected {expected}; "
+                       "set data.root to the folder that holds it (nothing is downloaded)")
+
+
+def _root(cfg: DataConfig) -> Path:
+    if not cfg.root:
+        raise ConfigError(f"data.name={cfg.name!r} is read from disk: set data.root=PATH (the folder holding it)")
+    return Path(cfg.root).expanduser()
+
+
+def _read_idx(path: str) -> np.ndarray:
+    """An IDX file (MNIST format), raw or gzipped."""
+    from torchvision.datasets.mnist import read_sn3_pascalvincent_tensor
+
+    if os.path.isfile(path):
+        return read_sn3_pascalvincent_tensor(path, strict=False).numpy()
+    with gzip.open(path + ".gz", "rb") as f:
+        data = f.read()
+    magic = int.from_bytes(data[0:4], "big")
+    nd, ty = magic % 256, magic // 256
+    if ty != 8 or not 1 <= nd <= 3:  # MNIST-family files are uint8
+        raise ValueError(f"{path}.gz is not an uint8 IDX file (type {ty}, {nd} dims)")
+    dims = [int.from_bytes(data[4 * (i + 1):4 * (i + 2)], "big") for i in range(nd)]
+    return np.frombuffer(data, np.uint8, offset=4 * (nd + 1))[:int(np.prod(dims))].reshape(dims)
+
+
+def _idx_exists(path: str) -> bool:
+    return os.path.isfile(path) or os.path.isfile(path + ".gz")
+
+
+def _mnist_family(cfg: DataConfig) -> Pool:
+    from torchvision import datasets as tvd
+
+    root = _root(cfg)
+    if cfg.name == "emnist":
+        base, split = tvd.EMNIST, cfg.emnist_split
+
+        class Cls(base):
+            def __init__(self, train: bool):
+                super().__init__(str(root), split=split, train=train, download=False)
+
+            def _check_exists(self) -> bool:
+                return _idx_exists(self.images_file) and _idx_exists(self.labels_file)
+
+            def _load_data(self):
+                return _read_idx(self.images_file), _read_idx(self.labels_file)
+
+        folder, files = "EMNIST", [f"emnist-{split}-{p}-{k}-ubyte" for p in ("train", "test")
+                                   for k in ("images-idx3", "labels-idx1")]
+    else:
+        base = tvd.MNIST if cfg.name == "mnist" else tvd.FashionMNIST
+
+        class Cls(base):
+            def __init__(self, train: bool):
+                super().__init__(str(root), train=train, download=False)
+
+            def _check_legacy_exist(self) -> bool:
+                return False
+
+            def _check_exists(self) -> bool:
+                return all(_idx_exists(os.path.join(self.raw_folder, f[:-3])) for f, _ in self.resources)
+
+            def _load_data(self):
+                p = "train" if self.train else "t10k"
+                return (_read_idx(os.path.join(self.raw_folder, f"{p}-images-idx3-ubyte")),
+                        _read_idx(os.path.join(self.raw_folder, f"{p}-labels-idx1-ubyte")))
+
+        folder = base.__name__
+        files = [f[:-3] for f, _ in base.resources]
+    Cls.__name__ = base.__name__  # torchvision names the raw folder after the class
+    where = root / folder / "raw"
+    expected = f"{where}/{{{','.join(files)}}}[.gz] (IDX files, as torchvision stores them)"
+    try:
+        parts = [Cls(train=True), Cls(train=False)]
+    except RuntimeError as e:
+        raise _missing(cfg.name, where, expected) from e
+    except (OSError, ValueError, AssertionError, TypeError, EOFError) as e:
+        raise _missing(cfg.name, where, expected, f"unreadable: {e}") from e
+    xs = [np.asarray(p.data, np.uint8) for p in parts]
+    ys = [np.asarray(p.targets, np.int64).reshape(-1) for p in parts]
+    if any(len(x) != len(y) or x.ndim != 3 for x, y in zip(xs, ys)):
+        raise _missing(cfg.name, where, expected, "images and labels disagree in count or shape")
+    x = np.concatenate(xs)[:, None]  # [n, 1, 28, 28]
+    y = np.concatenate(ys)
+    n_classes = len(parts[0].classes)
+    if cfg.name == "emnist":
+        x = x.transpose(0, 1, 3, 2)  # EMNIST images are stored transposed
+        if split == "letters":  # labels 1..26 ('N/A' is class 0 and never used)
+            y, n_classes = y - 1, 26
+    if y.min() < 0 or y.max() >= n_classes:
+        raise _missing(cfg.name, where, expected, f"labels outside 0..{n_classes - 1}")
+    test = np.r_[np.zeros(len(ys[0]), bool), np.ones(len(ys[1]), bool)]
+    return _image_pool(x, y, n_classes, test=test)
+
+
+def _cifar(cfg: DataConfig) -> Pool:
+    import pickle
+
+    from torchvision import datasets as tvd
+
+    root = _root(cfg)
+    base = tvd.CIFAR10 if cfg.name == "cifar10" else tvd.CIFAR100
+
+    class Cls(base):
+        def _check_integrity(self) -> bool:  # presence, not md5 (see the module docstring)
+            return all(os.path.isfile(os.path.join(self.root, self.base_folder, f))
+                       for f, _ in self.train_list + self.test_list)
+
+        def _load_meta(self) -> None:
+            path = os.path.join(self.root, self.base_folder, self.meta["filename"])
+            if not os.path.isfile(path):
+                raise RuntimeError(f"{path} not found")
+            with open(path, "rb") as f:
+                self.classes = pickle.load(f, encoding="latin1")[self.meta["key"]]
+
+    where = root / base.base_folder
+    files = [f for f, _ in base.train_list + base.test_list] + [base.meta["filename"]]
+    expected = f"{where}/{{{','.join(files)}}} (python pickles, as torchvision stores them)"
+    try:
+        parts = [Cls(str(root), train=t, download=False) for t in (True, False)]
+        coarse = None
+        if cfg.name == "cifar100":  # torchvision keeps only the fine labels; the pairs give the map
+            with open(where / "test", "rb") as f:
+                entry = pickle.load(f, encoding="latin1")
+            fine_to_coarse = np.zeros(100, np.int64)
+            fine_to_coarse[np.asarray(entry["fine_labels"])] = np.asarray(entry["coarse_labels"])
+            coarse = fine_to_coarse
+    except RuntimeError as e:
+        raise _missing(cfg.name, where, expected) from e
+    except (OSError, ValueError, KeyError, EOFError, pickle.UnpicklingError, IndexError) as e:
+        raise _missing(cfg.name, where, expected, f"unreadable: {type(e).__name__}: {e}") from e
+    x = np.concatenate([p.data for p in parts]).transpose(0, 3, 1, 2)  # [n, 3, 32, 32]
+    y = np.concatenate([np.asarray(p.targets, np.int64) for p in parts])
+    test = np.r_[np.zeros(len(parts[0].targets), bool), np.ones(len(parts[1].targets), bool)]
+    n_classes = len(parts[0].classes)
+    groups = None
+    if coarse is not None:
+        if cfg.cifar100_labels == "coarse":
+            y, n_classes = coarse[y], 20
+        else:
+            groups = coarse
+    return _image_pool(x, y, n_classes, test=test, class_groups=groups)
+
+
+IMAGE_EXT = (".png", ".jpg", ".jpeg", ".bmp", ".ppm", ".pgm", ".tif", ".tiff", ".webp")
+
+
+def _image_folder(path: Path):
+    from torchvision.datasets import ImageFolder
+
+    return ImageFolder(str(path), allow_empty=False)
+
+
+def _folder_pool(cfg: DataConfig, seed: int) -> Pool:
+    """cinic10 (splits of one domain), digit5 and office10 (one folder per domain)."""
+    from PIL import Image
+
+    root = _root(cfg)
+    size = cfg.image_size or (64 if cfg.name == "office10" else 32)
+    if cfg.name == "cinic10":
+        where = root / "CINIC-10"
+        expected = f"{where}/{{train,valid,test}}/<class>/*.png (ImageFolder trees)"
+        folders = [(0, where / s, s == "test") for s in ("train", "valid", "test")]
+        names = ["cinic10"]
+    else:
+        where = root / cfg.name
+        expected = (f"{where}/<domain>/<class>/*.png, or {where}/<domain>/{{train,test}}/<class>/*.png "
+                    "(one ImageFolder tree per domain)")
+        if not where.is_dir():
+            raise _missing(cfg.name, where, expected, "folder not found")
+        names = sorted(p.name for p in where.iterdir() if p.is_dir() and not p.name.startswith("."))
+        folders = []
+        for d, name in enumerate(names):
+            sub = [s for s in ("train", "val", "valid", "test") if (where / name / s).is_dir()]
+            if sub:
+                folders += [(d, where / name / s, s == "test") for s in sub]
+            else:
+                folders.append((d, where / name, False))
+    if not folders:
+        raise _missing(cfg.name, where, expected, "no domain folders")
+    samples, classes = [], None
+    for d, path, is_test in folders:
+        if not path.is_dir():
+            raise _missing(cfg.name, path, expected, "folder not found")
+        try:
+            ds = _image_folder(path)
+        except (FileNotFoundError, OSError) as e:
+            raise _missing(cfg.name, path, expected, str(e).splitlines()[0]) from e
+        if classes is None:
+            classes = ds.classes
+        elif ds.classes != classes:
+            raise _missing(cfg.name, path, expected, f"class folders {ds.classes} differ from {classes}")
+        samples += [(p, c, d, is_test) for p, c in ds.samples]
+    y = np.array([s[1] for s in samples], np.int64)
+    dom = np.array([s[2] for s in samples], np.int64)
+    test = np.array([s[3] for s in samples], bool)
+    keep = _keep(y, dom * 2 + test, cfg, seed)  # choose before decoding: decoding is the cost
+    x = np.empty((len(keep), 3, size, size), np.uint8)
+    for k, i in enumerate(keep):
+        try:
+            with Image.open(samples[i][0]) as im:
+                im = im.convert("RGB").resize((size, size), Image.BILINEAR)
+                x[k] = np.asarray(im, np.uint8).transpose(2, 0, 1)
+        except OSError as e:
+            raise _missing(cfg.name, samples[i][0], expected, f"unreadable image: {e}") from e
+    has_test = bool(test.any())
+    return _image_pool(x, y[keep], len(classes), test=test[keep] if has_test else None,
+                       domain=dom[keep] if cfg.name != "cinic10" else None,
+                       domain_names=names if cfg.name != "cinic10" else None)
+
+
+def _features(cfg: DataConfig) -> Pool:
+    path = Path(cfg.root).expanduser()
+    if path.is_dir():
+        path = path / "features.npz"
+    expected = ("a .npz (data.root, or <data.root>/features.npz) with arrays x (or features) [n, d] and "
+                "y (or labels) [n], optional domain [n], test [n]")
+    if not path.is_file():
+        raise _missing(cfg.name, path, expected, "file not found")
+    try:
+        with np.load(path) as z:
+            keys = set(z.files)
+            xk = "x" if "x" in keys else "features"
+            yk = "y" if "y" in keys else "labels"
+            if xk not in keys or yk not in keys:
+                raise ValueError(f"arrays present: {sorted(keys)}")
+            x = np.asarray(z[xk], np.float32)
+            y = np.asarray(z[yk]).astype(np.int64)
+            dom = np.asarray(z["domain"]).astype(np.int64) if "domain" in keys else None
+            test = np.asarray(z["test"]).astype(bool) if "test" in keys else None
+    except (OSError, ValueError, EOFError) as e:
+        raise _missing(cfg.name, path, expected, f"unreadable: {e}") from e
+    n = len(y)
+    if x.ndim < 2 or len(x) != n or y.ndim != 1 or y.min() < 0 or any(
+            a is not None and a.shape != (n,) for a in (dom, test)):
+        raise _missing(cfg.name, path, expected, f"shapes x{x.shape} y{y.shape} do not fit")
+    names = [str(d) for d in range(int(dom.max()) + 1)] if dom is not None else None
+    return Pool(x, y, int(y.max()) + 1, test=test, domain=dom, domain_names=names)
+
+
+# --------------------------------------------------------------------------- selection
+
+
+def _keep(y: np.ndarray, strata: np.ndarray, cfg: DataConfig, seed: int) -> np.ndarray:
+    """Sorted indices kept by ``data.subsample`` / ``data.per_class``, chosen per
+    (class, stratum) with a seeded draw."""
+    if cfg.subsample >= 1 and cfg.per_class == 0:
+        return np.arange(len(y))
+    g = rng(seed, -1, GLOBAL, "subsample")
+    keys = strata.astype(np.int64) * (int(y.max()) + 1 if len(y) else 1) + y
+    keep = []
+    for k in np.unique(keys):
+        idx = g.permutation(np.flatnonzero(keys == k))
+        m = max(1, round(cfg.subsample * len(idx)))
+        if cfg.per_class:
+            m = min(m, cfg.per_class)
+        keep.append(idx[:m])
+    return np.sort(np.concatenate(keep)) if keep else np.arange(0)
+
+
 def load(cfg: DataConfig, seed: int) -> Pool:
     if cfg.name == "digits":
-        return digits(cfg)
-    if cfg.name == "mnist1d":
-        return mnist1d(cfg)
-    if cfg.name == "synthetic":
-        return synthetic(cfg, seed)
-    raise ConfigError(f"data.name={cfg.name!r} is not allowed")
+        pool = digits(cfg)
+    elif cfg.name == "mnist1d":
+        pool = mnist1d(cfg)
+    elif cfg.name == "synthetic":
+        pool = synthetic(cfg, seed)
+    elif cfg.name in ("mnist", "fashionmnist", "emnist"):
+        pool = _mnist_family(cfg)
+    elif cfg.name in ("cifar10", "cifar100"):
+        pool = _cifar(cfg)
+    elif cfg.name in ("cinic10", "digit5", "office10"):
+        return _folder_pool(cfg, seed)  # already subsampled, before decoding
+    elif cfg.name == "features":
+        pool = _features(cfg)
+    else:
+        raise ConfigError(f"data.name={cfg.name!r} is not allowed")
+    strata = np.zeros(len(pool.y), np.int64)
+    if pool.domain is not None:
+        strata = pool.domain * 2
+    if pool.test is not None:
+        strata = strata + pool.test
+    keep = _keep(pool.y, strata, cfg, seed)
+    return pool if len(keep) == len(pool.y) else pool.select(keep)

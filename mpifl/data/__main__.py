@@ -1,0 +1,96 @@
+"""``python -m mpifl.data CONFIG.yaml [section.key=value ...] [--png PATH]``
+
+Prints the partition a run would use (rank 0 only when launched under MPI):
+one line per client with its train/val/test sizes, true cluster and training
+label histogram, and optionally saves the label histogram as a PNG heatmap.
+Loads the dataset but converts no sample to float (no client is local here).
+User errors print one line and exit 2, as ``mpifl.main`` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+from . import FederatedData
+
+
+def summary(data: FederatedData, max_classes: int = 20) -> str:
+    """clients x (n_train, n_val, n_test, cluster, label histogram) as text."""
+    C = data.n_classes
+    full = C <= max_classes
+    head = "labels" if full else f"labels held (of {C}), top 5 as class:count"
+    lines = [f"{data.n_clients} clients, {C} classes, input shape {tuple(data.in_shape)}",
+             f"{'client':>6} {'train':>6} {'val':>5} {'test':>5} {'cluster':>7}  {head}"]
+    for c in range(data.n_clients):
+        h = data.label_hist[c]
+        if full:
+            hist = " ".join(f"{v:>4d}" for v in h)
+        else:
+            top = np.argsort(-h, kind="stable")[:5]
+            hist = f"{int((h > 0).sum()):>3d}  " + " ".join(f"{t}:{h[t]}" for t in top if h[t] > 0)
+        n = data.sizes[c]
+        lines.append(f"{c:>6} {n[0]:>6} {n[1]:>5} {n[2]:>5} {data.cluster[c]:>7}  {hist}")
+    tot = data.sizes.sum(0)
+    lines.append(f"{'total':>6} {tot[0]:>6} {tot[1]:>5} {tot[2]:>5}")
+    return "\n".join(lines)
+
+
+def heatmap(data: FederatedData, path: str, title: str = "") -> None:
+    """Clients x classes training-label counts, one row per client, its cluster on the left."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    N, C = data.label_hist.shape
+    fig, (ax_c, ax) = plt.subplots(1, 2, figsize=(min(2 + 0.25 * C, 24), min(1.5 + 0.22 * N, 30)),
+                                   gridspec_kw={"width_ratios": [1, max(C, 1)]}, sharey=True)
+    ax_c.imshow(data.cluster[:, None], aspect="auto", cmap="tab20", interpolation="nearest")
+    ax_c.set_xticks([0], ["cluster"])
+    ax_c.set_ylabel("client")
+    im = ax.imshow(data.label_hist, aspect="auto", cmap="viridis", interpolation="nearest")
+    ax.set_xlabel("class")
+    fig.colorbar(im, ax=ax, label="training samples")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .. import config
+    from ..comm import world
+    from . import build
+
+    ap = argparse.ArgumentParser(prog="python -m mpifl.data", description=__doc__.splitlines()[2])
+    ap.add_argument("config", nargs="?", help="YAML config (defaults apply when omitted)")
+    ap.add_argument("overrides", nargs="*", help="section.key=value")
+    ap.add_argument("--png", help="save the clients x classes heatmap here")
+    a = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    path, overrides = a.config, a.overrides
+    if path and "=" in path:
+        path, overrides = None, [path, *overrides]
+    rank = world().Get_rank()
+    if rank != 0:
+        return 0
+    try:
+        cfg = config.load(path, overrides)
+        data = build(cfg.data, cfg.run.seed, np.arange(0))
+    except config.ConfigError as e:
+        print(f"mpifl: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    d = cfg.data
+    print(f"data.name={d.name} data.partition={d.partition} data.test_source={d.test_source} seed={cfg.run.seed}")
+    print(summary(data), flush=True)
+    if a.png:
+        heatmap(data, a.png, f"{d.name} / {d.partition} / seed {cfg.run.seed}")
+        print(f"heatmap: {a.png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,33 @@
+"""The partition and each client's samples do not depend on the number of ranks:
+every rank's clients get exactly what a one-process build gives them."""
+
+import numpy as np
+import pytest
+
+from mpifl import config
+from mpifl.comm import Comm
+from mpifl.data import build
+from mpifl.data.partition import PARTITIONS
+
+
+@pytest.mark.parametrize("partition", sorted(PARTITIONS))
+def test_local_clients_match_a_serial_build(mpi, partition):
+    n = 8
+    cfg = config.load(None, ["data.name=digits", "data.subsample=0.5", f"data.partition={partition}",
+                             f"data.n_clients={n}", "data.n_clusters=2", "data.min_client_size=5"],
+                      n_ranks=mpi.Get_size()).data
+    comm = Comm(n, mpi)
+    mine = build(cfg, 3, comm.local_ids)
+    ref = build(cfg, 3, np.arange(n))
+    np.testing.assert_array_equal(mine.sizes, ref.sizes)
+    np.testing.assert_array_equal(mine.cluster, ref.cluster)
+    np.testing.assert_array_equal(mine.label_hist, ref.label_hist)
+    for k, c in enumerate(comm.local_ids):
+        for s in range(3):
+            a, b = mine.offsets[k, s], ref.offsets[c, s]
+            m = ref.sizes[c, s]
+            np.testing.assert_array_equal(mine.x[a:a + m], ref.x[b:b + m])
+            np.testing.assert_array_equal(mine.y[a:a + m], ref.y[b:b + m])
+    # and every rank agrees on what it computed for all clients
+    sig = (ref.sizes.tobytes(), ref.cluster.tobytes(), ref.label_hist.tobytes())
+    assert all(s == sig for s in mpi.allgather(sig))
