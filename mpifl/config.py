@@ -71,9 +71,17 @@ class TrainConfig:
 
 @dataclass
 class AlgorithmConfig:
-    name: Literal["local", "fedavg", "fedavg_ft", "oracle"] = "fedavg"
+    name: Literal["local", "fedavg", "fedavg_ft", "oracle", "fedc2i"] = "fedavg"
     fraction: float = 1.0  # participation fraction C per round (fedavg-like)
     ft_epochs: int = 1  # fedavg_ft: local fine-tuning epochs before evaluation
+
+
+@dataclass
+class FedC2IConfig:
+    alpha: float = 5.0  # influence sensitivity; 0 = uniform weights (paper grid {0.5, 1, 2, 5, 10})
+    # the paper's Table 3: none = full method; client_only = whole model by the influence vector;
+    # class_only_local / class_only_global = classifier by the class matrix on local / averaged features
+    ablation: Literal["none", "client_only", "class_only_local", "class_only_global"] = "none"
 
 
 @dataclass
@@ -83,6 +91,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    fedc2i: FedC2IConfig = field(default_factory=FedC2IConfig)
 
     @property
     def run_dir(self) -> Path:
@@ -234,6 +243,10 @@ def validate(cfg: Config, n_ranks: int = 1) -> None:
     _check(t.local_epochs >= 0, "train.local_epochs", t.local_epochs, "must be >= 0")
     _check(0 < a.fraction <= 1, "algorithm.fraction", a.fraction, "must be in (0, 1]")
     _check(a.ft_epochs >= 0, "algorithm.ft_epochs", a.ft_epochs, "must be >= 0")
+    _check(cfg.fedc2i.alpha >= 0 and math.isfinite(cfg.fedc2i.alpha), "fedc2i.alpha", cfg.fedc2i.alpha,
+           "must be a finite number >= 0")
+    if a.name == "fedc2i":
+        _check(d.n_clients >= 2, "data.n_clients", d.n_clients, "fedc2i needs >= 2 clients (leave-one-out models)")
     if a.name == "oracle":
         _check(d.partition != "iid", "algorithm.name", a.name,
                "oracle needs true clusters: use a clustered data.partition, not iid")
