@@ -49,8 +49,8 @@ Logs per round: /fedc2i/influence [R,N,N] (a), /fedc2i/class_influence
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
