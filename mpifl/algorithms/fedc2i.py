@@ -88,8 +88,8 @@ class Head:
         return v
 
     def put(self, params: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """A copy of ``params`` with classifier rows ``v [m, C, D]``."""
-        out = params.clone()
+        """Write classifier rows ``v [m, C, D]`` into ``params`` (in place); returns it."""
+        out = params
         out[:, self.weight] = v[..., :self.dim].reshape(len(out), -1)
         if self.bias is not None:
             out[:, self.bias] = v[..., self.dim]
@@ -179,21 +179,42 @@ def class_losses(h: torch.Tensor, y: torch.Tensor, w: torch.Tensor, v: torch.Ten
     """``[m, N, C]``: loss of the averaged classifier with row c replaced by the
     leave-j-out mean v_c^{-j}, on features ``h [m, bs, d]`` of each local batch.
 
-    ``v [N, C, D]`` are every client's classifier rows. Only logit c changes, so
-    all N x C losses come from one einsum and a log-sum-exp without column c.
+    ``v [N, C, D]`` are every client's classifier rows. Only logit c changes, from
+    z_c to u_jc = h . v_c^{-j}, so with r_c = log-sum-exp of the other logits the
+    loss of a sample is softplus(r_c - u_jc) + [y != c] (u_jc - z_y): one matmul
+    gives every u, and the second term is linear in u, so its batch mean is taken
+    on the features before the matmul.
     """
     N, C = v.shape[:2]
+    m, bs = y.shape
     h1 = torch.cat([h, torch.ones_like(h[..., :1])], -1) if bias else h
     total = v.sum(0)
+    loo = (total[None] - v) / (N - 1)  # [N, C, D] the v_c^{-j}
     z = h1 @ (total / N).T  # [m, bs, C] logits of the averaged classifier
-    u = torch.einsum("mbd,jcd->mbjc", h1, (total[None] - v) / (N - 1))  # logit c under v_c^{-j}
-    eye = torch.eye(C, dtype=torch.bool, device=z.device)
-    rest = z[..., None, :].masked_fill(eye, float("-inf")).logsumexp(-1)  # [m, bs, C]: lse over k != c
-    lse = torch.logaddexp(rest[:, :, None, :], u)
-    is_y = F.one_hot(y, C).bool()[:, :, None, :]  # [m, bs, 1, C]
-    target = torch.where(is_y, u, z.gather(-1, y[..., None])[..., None])
-    ce = lse - target
-    return (ce * w[..., None, None]).sum(1) / w.sum(1).clamp_min(1.0)[:, None, None]
+    u = (h1.reshape(m * bs, -1) @ loo.reshape(N * C, -1).T).view(m, bs, N, C)
+    rest = _lse_without_each(z)
+    wn = w / w.sum(1, keepdim=True).clamp_min(1.0)
+    first = torch.einsum("mb,mbjc->mjc", wn, F.softplus(rest[:, :, None, :] - u))
+    other = wn[..., None] * (y[..., None] != torch.arange(C, device=y.device))  # [m, bs, C] weight where y != c
+    zy = z.gather(-1, y[..., None])[..., 0]
+    second = torch.einsum("mcd,jcd->mjc", torch.einsum("mbc,mbd->mcd", other, h1), loo)
+    return first + second - torch.einsum("mbc,mb->mc", other, zy)[:, None, :]
+
+
+def _lse_without_each(z: torch.Tensor) -> torch.Tensor:
+    """``[..., C]``: entry c is the log-sum-exp of ``z`` over k != c.
+
+    Shifting by the largest logit keeps the argmax's term exp(0) = 1 in every
+    sum that leaves out some other class, so subtracting e_c cannot cancel; the
+    sum that leaves out the argmax itself is shifted by the second largest.
+    """
+    top = z.topk(2, dim=-1)
+    m1, m2 = top.values[..., :1], top.values[..., 1:]
+    is_top = torch.arange(z.shape[-1], device=z.device) == top.indices[..., :1]
+    e = (z - m1).exp()
+    without_c = m1 + (e.sum(-1, keepdim=True) - e).log()
+    without_top = m2 + (z - m2).exp().masked_fill(is_top, 0.0).sum(-1, keepdim=True).log()
+    return torch.where(is_top, without_top, without_c)
 
 
 def features(c: Clients, head: Head, rows: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
