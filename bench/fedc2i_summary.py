@@ -86,6 +86,17 @@ def main(argv: list[str]) -> int:
         inf = np.array([influence(r) for r in rs]).mean(0)
         print(f"| {'5' if a == 'fedc2i' else a} | {fmt(acc)} | {inf[0]:.4f} | {inf[1]:.4f} | {inf[2]:.4f} | "
               f"{inf[1] / inf[2]:.2f} | {100 * inf[3]:.0f}% |")
+    rs = runs(root, tag, "fedc2i")
+    if rs:
+        print("\nalpha 5, per domain: mean a_i[j] on same-domain others / on other domains (rounds 1..R-1, seeds pooled)")
+        print("| domain | same | other | same/other |\n|---|---|---|---|")
+        a = np.concatenate([r.get("fedc2i/influence")[1:] for r in rs]).mean(0)
+        dom = rs[0].get("clients/cluster")
+        for k in np.unique(dom):
+            i = dom == k
+            same = a[np.ix_(i, i)][~np.eye(i.sum(), dtype=bool)].mean()
+            other = a[np.ix_(i, ~i)].mean()
+            print(f"| {k} | {same:.4f} | {other:.4f} | {same / other:.2f} |")
     if first is not None:
         print(f"\n{len(first.get('clients/cluster'))} clients, domains {first.get('clients/cluster').tolist()}, "
               f"{first.n_rounds} rounds")
