@@ -97,7 +97,7 @@ class TrainConfig:
 
 @dataclass
 class AlgorithmConfig:
-    name: Literal["local", "fedavg", "fedavg_ft", "oracle", "federico"] = "fedavg"
+    name: Literal["local", "fedavg", "fedavg_ft", "oracle", "federico", "fedc2i"] = "fedavg"
     fraction: float = 1.0  # participation fraction C per round (fedavg-like)
     ft_epochs: int = 1  # fedavg_ft: local fine-tuning epochs before evaluation
 
@@ -116,6 +116,14 @@ class FedericoConfig:
 
 
 @dataclass
+class FedC2IConfig:
+    alpha: float = 5.0  # influence sensitivity; 0 = uniform weights (paper grid {0.5, 1, 2, 5, 10})
+    # the paper's Table 3: none = full method; client_only = whole model by the influence vector;
+    # class_only_local / class_only_global = classifier by the class matrix on local / averaged features
+    ablation: Literal["none", "client_only", "class_only_local", "class_only_global"] = "none"
+
+
+@dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -123,6 +131,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     federico: FedericoConfig = field(default_factory=FedericoConfig)
+    fedc2i: FedC2IConfig = field(default_factory=FedC2IConfig)
 
     @property
     def run_dir(self) -> Path:
@@ -308,6 +317,10 @@ def validate(cfg: Config, n_ranks: int = 1) -> None:
            "must be a finite number > 0")
     _check(f.estep_batches == "all" or (f.estep_batches.isdigit() and int(f.estep_batches) >= 1),
            "federico.estep_batches", f.estep_batches, "must be a positive integer or all")
+    _check(cfg.fedc2i.alpha >= 0 and math.isfinite(cfg.fedc2i.alpha), "fedc2i.alpha", cfg.fedc2i.alpha,
+           "must be a finite number >= 0")
+    if a.name == "fedc2i":
+        _check(d.n_clients >= 2, "data.n_clients", d.n_clients, "fedc2i needs >= 2 clients (leave-one-out models)")
     if a.name == "oracle":
         _check(d.partition not in ("iid", "patho", "dirichlet"), "algorithm.name", a.name,
                f"oracle needs true clusters: data.partition={d.partition!r} records none; "

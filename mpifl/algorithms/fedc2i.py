@@ -1,0 +1,309 @@
+"""FedC2I (Influence-Oriented Personalized Federated Learning; seeds/FedC2I-*):
+each client aggregates the others' models with its own weights, measured by
+leave-one-out influence at the client level (feature extractor) and at the
+class level (one classifier row per class).
+
+    mpiexec -n 2 python -m mpifl.main jobs/fedc2i-featshift.yaml run.threads=1 fedc2i.alpha=5
+
+Every round t, each client i, from the models theta_j uploaded at the end of t-1:
+
+1. Client level: theta^{-j} = mean_{m != j} theta_m, built from the running sum
+   S = sum_m theta_m (one Allreduce) as (S - theta_j) / (N - 1); l_i^{-j} is its
+   loss on one random batch of D_i^train; a_i = softmax_j(alpha * l_i^{-j}).
+   The models reach the clients by ``comm.ring`` (a rank holds its own block and
+   one incoming block) and the sum ``sum_j a_i[j] theta_j`` is accumulated during
+   that single pass with a running-max (online) softmax, so no second pass.
+2. Class level: with the batch features h = phi(x) computed once, row c of the
+   averaged classifier Vbar is replaced by v_c^{-j} = mean_{m != j} v_{m,c}; only
+   logit c changes, so every (j, c) loss l_i^{-j,c} comes from one einsum and a
+   log-sum-exp without column c. M_i[:, c] = softmax_j(alpha * l_i^{-j,c}).
+3. phi_i = sum_j a_i[j] phi_j; v_{i,c} = sum_j M_i[j,c] v_{j,c}.
+4. E local epochs (the optimizer restarts each round).
+
+Our reading where the paper's equations were lost (ALGORITHMS.md):
+- leave-one-out means are unweighted (every client counts 1/(N-1));
+- the classifier is the last ``nn.Linear`` (rows v_c = [W_c, b_c]); it is found
+  from the model, so the split works for any model whose output is that layer;
+- the class-level losses are measured on the features the client will use this
+  round: sum_j a_i[j] phi_j (full method), its own phi_i (class_only_local) or
+  the unweighted mean phi (class_only_global). ALGORITHMS.md does not say which
+  features; this keeps the measurement consistent with the model being built;
+- BatchNorm models evaluate every model with the client's own running stats
+  (buffers are never exchanged, as in the other algorithms).
+
+Ablations (``fedc2i.ablation``, the paper's Table 3): ``client_only`` aggregates
+the whole model with a_i; ``class_only_local`` keeps phi_i local and aggregates
+the classifier with M_i; ``class_only_global`` uses the unweighted mean phi and
+aggregates the classifier with M_i. What an ablation does not measure is logged
+as NaN. ``mixing`` is the weight each client gives each model's feature
+extractor: a_i (none, client_only), identity (class_only_local), 1/N
+(class_only_global).
+
+The paper trains with Adam lr 1e-3, 2 local epochs, batch 32: the ``train``
+section is shared, so the ``jobs/fedc2i-*.yaml`` files set these.
+
+Logs per round: /fedc2i/influence [R,N,N] (a), /fedc2i/class_influence
+[R,N,N,C] (M), /graph/mixing.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, vmap
+
+from ..checkpoint import transient
+from ..clients import Clients
+from ..config import ConfigError
+from .base import Context, Round, identity_rows, own_rows_metrics
+
+
+@dataclass
+class Head:
+    """The classifier (the model's last ``nn.Linear``) inside a parameter row."""
+
+    weight: slice  # W [C, d] in the row
+    bias: slice | None  # b [C] in the row, None when the layer has no bias
+    n_classes: int
+    dim: int  # feature width d
+    names: tuple[str, ...]  # its parameter names
+    features: Callable[..., torch.Tensor]  # (row, x, bufs=None) -> phi(x), the model without its head
+
+    @property
+    def width(self) -> int:
+        """Length of one class row v_c: [W_c, b_c]."""
+        return self.dim + (self.bias is not None)
+
+    def rows(self, params: torch.Tensor) -> torch.Tensor:
+        """``[m, P]`` parameter rows -> ``[m, C, D]`` classifier rows."""
+        m = params.shape[0]
+        v = params[:, self.weight].reshape(m, self.n_classes, self.dim)
+        if self.bias is not None:
+            v = torch.cat([v, params[:, self.bias].reshape(m, self.n_classes, 1)], dim=2)
+        return v
+
+    def put(self, params: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Write classifier rows ``v [m, C, D]`` into ``params`` (in place); returns it."""
+        out = params
+        out[:, self.weight] = v[..., :self.dim].reshape(len(out), -1)
+        if self.bias is not None:
+            out[:, self.bias] = v[..., self.dim]
+        return out
+
+
+def find_head(clients: Clients, model_name: str) -> Head:
+    """Split the model into feature extractor and classifier at its last nn.Linear,
+    and check on a probe input that the output really is that layer's."""
+    model = clients.model
+    layout = clients.layout
+    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    if not linears:
+        raise ConfigError(f"model.name={model_name!r} is not allowed with fedc2i: it has no nn.Linear classifier")
+    name, lin = linears[-1]
+    wname = f"{name}.weight"
+    bname = f"{name}.bias" if lin.bias is not None else None
+    fmodel = copy.deepcopy(model).eval()
+    parent, _, leaf = name.rpartition(".")
+    setattr(fmodel.get_submodule(parent) if parent else fmodel, leaf, nn.Identity())
+    names = (wname,) + ((bname,) if bname else ())
+
+    def features(flat: torch.Tensor, x: torch.Tensor, bufs: torch.Tensor | None = None) -> torch.Tensor:
+        state = {k: v for k, v in layout.unflatten(flat).items() if k not in names}
+        if bufs is not None and layout.B:
+            state.update(layout.unflatten_buffers(bufs))
+        return functional_call(fmodel, state, (x,))
+
+    head = Head(weight=layout.slices([wname])[0], bias=layout.slices([bname])[0] if bname else None,
+                n_classes=lin.out_features, dim=lin.in_features, names=names, features=features)
+    gen = torch.Generator().manual_seed(0)
+    probe = torch.randn(3, *clients.data.in_shape, generator=gen).to(clients.device)
+    with torch.no_grad():
+        model.eval()
+        row = clients.init[None]
+        h = features(clients.init, probe)
+        v = head.rows(row)[0]
+        ok = h.dim() == 2 and h.shape[1] == head.dim and lin.out_features == clients.n_classes
+        if ok:
+            z = h @ v[:, :head.dim].T + (v[:, head.dim] if head.bias is not None else 0)
+            ok = torch.allclose(z, model(probe), atol=1e-4, rtol=1e-4)
+    if not ok:
+        raise ConfigError(f"model.name={model_name!r} is not allowed with fedc2i: its output must be its last "
+                          f"nn.Linear ({name!r}) applied to flat features")
+    return head
+
+
+@dataclass
+class State:
+    head: Head = transient()  # derived from the model by init: nothing to checkpoint
+
+
+@dataclass
+class Aggregation:
+    """One round's influence-oriented aggregation on this rank."""
+
+    rows: torch.Tensor  # [n_local, P] the clients' new starting models
+    influence: np.ndarray  # [n_local, N] a (NaN where not measured)
+    class_influence: np.ndarray  # [n_local, N, C] M (NaN where not measured)
+    mixing: np.ndarray  # [n_local, N]
+
+
+def init(ctx: Context) -> State:
+    return State(head=find_head(ctx.clients, ctx.cfg.model.name))
+
+
+# --------------------------------------------------------------------------- measurements
+
+
+def loo_losses(c: Clients, loo: torch.Tensor, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``[m, b]`` mean loss of each model row ``loo [b, P]`` on each local client's
+    batch ``x [m, bs, ...]`` (client i's BatchNorm stats where the model has any)."""
+    m, bs = y.shape
+    b = loo.shape[0]
+    if c.batched:
+        flat = x.reshape(1, m * bs, *x.shape[2:]).expand(b, m * bs, *x.shape[2:])
+        out = c.logits(loo, flat).reshape(b, m, bs, -1)
+    else:
+        local = np.arange(m)
+        out = torch.stack([c.logits(loo[j].expand(m, -1), x, local) for j in range(b)])
+    ce = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.repeat(b, 1).reshape(-1), reduction="none")
+    ce = ce.view(b, m, bs)
+    return ((ce * w).sum(-1) / w.sum(-1).clamp_min(1.0)).T
+
+
+def class_losses(h: torch.Tensor, y: torch.Tensor, w: torch.Tensor, v: torch.Tensor, bias: bool) -> torch.Tensor:
+    """``[m, N, C]``: loss of the averaged classifier with row c replaced by the
+    leave-j-out mean v_c^{-j}, on features ``h [m, bs, d]`` of each local batch.
+
+    ``v [N, C, D]`` are every client's classifier rows. Only logit c changes, from
+    z_c to u_jc = h . v_c^{-j}, so with r_c = log-sum-exp of the other logits the
+    loss of a sample is softplus(r_c - u_jc) + [y != c] (u_jc - z_y): one matmul
+    gives every u, and the second term is linear in u, so its batch mean is taken
+    on the features before the matmul.
+    """
+    N, C = v.shape[:2]
+    m, bs = y.shape
+    h1 = torch.cat([h, torch.ones_like(h[..., :1])], -1) if bias else h
+    total = v.sum(0)
+    loo = (total[None] - v) / (N - 1)  # [N, C, D] the v_c^{-j}
+    z = h1 @ (total / N).T  # [m, bs, C] logits of the averaged classifier
+    u = (h1.reshape(m * bs, -1) @ loo.reshape(N * C, -1).T).view(m, bs, N, C)
+    rest = _lse_without_each(z)
+    wn = w / w.sum(1, keepdim=True).clamp_min(1.0)
+    first = torch.einsum("mb,mbjc->mjc", wn, F.softplus(rest[:, :, None, :] - u))
+    other = wn[..., None] * (y[..., None] != torch.arange(C, device=y.device))  # [m, bs, C] weight where y != c
+    zy = z.gather(-1, y[..., None])[..., 0]
+    second = torch.einsum("mcd,jcd->mjc", torch.einsum("mbc,mbd->mcd", other, h1), loo)
+    return first + second - torch.einsum("mbc,mb->mc", other, zy)[:, None, :]
+
+
+def _lse_without_each(z: torch.Tensor) -> torch.Tensor:
+    """``[..., C]``: entry c is the log-sum-exp of ``z`` over k != c.
+
+    Shifting by the largest logit keeps the argmax's term exp(0) = 1 in every
+    sum that leaves out some other class, so subtracting e_c cannot cancel; the
+    sum that leaves out the argmax itself is shifted by the second largest.
+    """
+    top = z.topk(2, dim=-1)
+    m1, m2 = top.values[..., :1], top.values[..., 1:]
+    is_top = torch.arange(z.shape[-1], device=z.device) == top.indices[..., :1]
+    e = (z - m1).exp()
+    without_c = m1 + (e.sum(-1, keepdim=True) - e).log()
+    without_top = m2 + (z - m2).exp().masked_fill(is_top, 0.0).sum(-1, keepdim=True).log()
+    return torch.where(is_top, without_top, without_c)
+
+
+def features(c: Clients, head: Head, rows: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``[m, bs, d]`` features of local batch i under row i's feature extractor."""
+    with torch.no_grad():
+        if c.batched:
+            return vmap(head.features)(rows, x)
+        bufs = c.buffers if c.layout.B else [None] * len(rows)
+        return torch.stack([head.features(rows[i], x[i], bufs[i]) for i in range(len(rows))])
+
+
+def influence_batch(ctx: Context, t: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One random training batch per local client, from its (t, client) stream."""
+    c = ctx.clients
+    plan = c.plan(np.arange(c.n), 1, t, purpose="fedc2i_influence", max_batches=1)
+    return c.batch(plan.idx[:, 0])
+
+
+@torch.no_grad()
+def aggregate(ctx: Context, state: State, t: int) -> Aggregation:
+    """Steps 1-3 of a round: measure a_i and M_i, build each client's new model."""
+    c, head, comm = ctx.clients, state.head, ctx.comm
+    cfg = ctx.cfg.fedc2i
+    alpha, ablation = cfg.alpha, cfg.ablation
+    N, m, C = ctx.N, c.n, head.n_classes
+    dev = c.device
+    x, y, w = influence_batch(ctx, t)
+    client_level = ablation in ("none", "client_only")
+    total = comm.weighted_sum(c.params, np.ones(m)) if ablation != "class_only_local" else None
+
+    v_all = torch.zeros(N, C, head.width, device=dev)
+    loss = torch.full((m, N), float("nan"), device=dev)
+    acc = torch.zeros(m, c.P, device=dev) if client_level else None
+    run = {"max": torch.full((m,), float("-inf"), device=dev), "den": torch.zeros(m, device=dev)}
+
+    def visit(ids: np.ndarray, rows: torch.Tensor) -> None:
+        j = torch.as_tensor(ids, device=dev)
+        if not client_level:  # only classifier rows travel
+            v_all[j] = rows.reshape(len(ids), C, head.width)
+            return
+        v_all[j] = head.rows(rows)
+        lj = loo_losses(c, (total[None] - rows) / (N - 1), x, y, w)
+        loss[:, j] = lj
+        s = alpha * lj
+        new = torch.maximum(run["max"], s.max(1).values)
+        scale = torch.exp(run["max"] - new)
+        e = torch.exp(s - new[:, None])
+        acc.mul_(scale[:, None]).add_(e @ rows)
+        run["den"] = run["den"] * scale + e.sum(1)
+        run["max"] = new
+
+    travelling = c.params if client_level else head.rows(c.params).reshape(m, -1)
+    comm.ring(travelling, visit)
+
+    nan_a = np.full((m, N), np.nan, np.float32)
+    nan_m = np.full((m, N, C), np.nan, np.float32)
+    if client_level:
+        a = torch.softmax(alpha * loss, dim=1)
+        mixed = acc / run["den"][:, None]
+        influence, mixing = a.cpu().numpy(), a.cpu().numpy()
+        if ablation == "client_only":
+            return Aggregation(mixed, influence, nan_m, mixing)
+        base = mixed
+    elif ablation == "class_only_local":
+        base, influence, mixing = c.params.clone(), nan_a, identity_rows(ctx)
+    else:  # class_only_global
+        base, influence = (total / N).expand(m, -1).clone(), nan_a
+        mixing = np.full((m, N), 1.0 / N, np.float32)
+
+    h = features(c, head, base, x)
+    mat = torch.softmax(alpha * class_losses(h, y, w, v_all, head.bias is not None), dim=1)  # over j
+    v_new = torch.einsum("mjc,jcd->mcd", mat, v_all)
+    return Aggregation(head.put(base, v_new), influence, mat.cpu().numpy(), mixing)
+
+
+# --------------------------------------------------------------------------- the round
+
+
+def round(ctx: Context, state: State, t: int) -> Round:
+    c = ctx.clients
+    agg = aggregate(ctx, state, t)
+    c.params[:] = agg.rows
+    c.opt.reset()
+    loss = c.train(np.arange(c.n), ctx.cfg.train.local_epochs, t)
+    return Round(train_loss=loss, mixing=agg.mixing,
+                 extras={"influence": agg.influence.astype(np.float32),
+                         "class_influence": agg.class_influence.astype(np.float32)})
+
+
+def evaluate(ctx: Context, state: State, t: int) -> dict[str, np.ndarray]:
+    return own_rows_metrics(ctx)
