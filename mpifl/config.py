@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +42,7 @@ class RunConfig:
 class DataConfig:
     name: Literal["digits", "mnist1d", "synthetic"] = "mnist1d"
     root: str = ""  # folder of on-disk datasets (torchvision layout)
-    partition: Literal["iid", "clusters", "feature_shift"] = "clusters"
+    partition: Literal["iid", "clusters", "feature_shift", "dirichlet", "patho"] = "clusters"
     n_clients: int = 20
     n_clusters: int = 4  # clusters: label groups (disjoint label sets); feature_shift: domains
     n_samples: int = 5000  # size of generated datasets (mnist1d, synthetic)
@@ -49,6 +50,8 @@ class DataConfig:
     test_frac: float = 0.2  # of each client's samples
     synthetic_dim: int = 20  # input dimension of `synthetic`
     synthetic_classes: int = 10
+    dirichlet_alpha: float = 0.1  # dirichlet: per-class proportions over clients ~ Dir(alpha)
+    classes_per_client: int = 3  # patho: classes each client holds
 
 
 @dataclass
@@ -71,9 +74,37 @@ class TrainConfig:
 
 @dataclass
 class AlgorithmConfig:
-    name: Literal["local", "fedavg", "fedavg_ft", "oracle"] = "fedavg"
+    name: Literal["local", "fedavg", "fedavg_ft", "oracle", "dpfl"] = "fedavg"
     fraction: float = 1.0  # participation fraction C per round (fedavg-like)
     ft_epochs: int = 1  # fedavg_ft: local fine-tuning epochs before evaluation
+
+
+@dataclass
+class DPFLConfig:
+    # max collaborators besides self: an integer, a fraction of N ("0.1N"), or inf
+    budget: str = "inf"
+    tau_init: int = 10  # local epochs before the preprocessing BGGC (round 0)
+    tau_train: int = 5  # local epochs per training round
+    period: int = 1  # run GGC every `period` training rounds (collaborators kept between)
+    malicious: float = 0.0  # fraction of clients whose labels go through one fixed permutation
+    malicious_run_ggc: bool = True  # false: malicious clients only train locally (still serve models)
+    random_graph: bool = False  # ablation: random candidates of the same budget, all used, no GGC
+
+    def budget_for(self, n_clients: int) -> float:
+        """B_c as a number of clients (math.inf when unbounded), at least 1."""
+        text = str(self.budget).strip()
+        if text.lower() in ("inf", "+inf", ".inf", "infinity"):
+            return math.inf
+        try:
+            if text[-1:] in ("N", "n"):
+                b = math.floor(float(text[:-1]) * n_clients + 0.5)
+                return float(max(1, b)) if float(text[:-1]) > 0 else 0.0
+            if not re.fullmatch(r"[0-9]+", text):
+                raise ValueError(text)
+            return float(int(text))
+        except (ValueError, OverflowError):
+            raise ConfigError(f"dpfl.budget={self.budget!r} is not allowed; use a positive integer, "
+                              f"a fraction of N like 0.1N, or inf") from None
 
 
 @dataclass
@@ -83,6 +114,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    dpfl: DPFLConfig = field(default_factory=DPFLConfig)
 
     @property
     def run_dir(self) -> Path:
@@ -234,6 +266,17 @@ def validate(cfg: Config, n_ranks: int = 1) -> None:
     _check(t.local_epochs >= 0, "train.local_epochs", t.local_epochs, "must be >= 0")
     _check(0 < a.fraction <= 1, "algorithm.fraction", a.fraction, "must be in (0, 1]")
     _check(a.ft_epochs >= 0, "algorithm.ft_epochs", a.ft_epochs, "must be >= 0")
+    _check(d.dirichlet_alpha > 0 and math.isfinite(d.dirichlet_alpha), "data.dirichlet_alpha", d.dirichlet_alpha,
+           "must be a finite number > 0")
+    _check(d.classes_per_client >= 1, "data.classes_per_client", d.classes_per_client, "must be >= 1")
+    dp = cfg.dpfl
+    _check(dp.budget_for(d.n_clients) >= 1, "dpfl.budget", dp.budget, "must be >= 1 client (or inf)")
+    _check(dp.tau_init >= 0, "dpfl.tau_init", dp.tau_init, "must be >= 0")
+    _check(dp.tau_train >= 0, "dpfl.tau_train", dp.tau_train, "must be >= 0")
+    _check(dp.period >= 1, "dpfl.period", dp.period, "must be >= 1")
+    _check(0 <= dp.malicious < 1, "dpfl.malicious", dp.malicious, "must be in [0, 1)")
+    if a.name == "dpfl":
+        _check(d.val_frac > 0, "data.val_frac", d.val_frac, "dpfl's rewards are validation losses: must be > 0")
     if a.name == "oracle":
         _check(d.partition != "iid", "algorithm.name", a.name,
                "oracle needs true clusters: use a clustered data.partition, not iid")

@@ -88,7 +88,58 @@ def feature_shift(y: np.ndarray, n_classes: int, cfg: DataConfig, seed: int) -> 
     return Partition(parts, cluster_of, x_fn=lambda c, x: _domain_transform(x, int(cluster_of[c]), seed))
 
 
-PARTITIONS = {"iid": iid, "clusters": clusters, "feature_shift": feature_shift}
+def dirichlet(y: np.ndarray, n_classes: int, cfg: DataConfig, seed: int, min_size: int = 10) -> Partition:
+    """Per class, proportions ~ Dir(alpha) over the clients (DPFL's Dir(0.1)).
+
+    As in NIID-Bench, a client already above the mean size gets no more of the
+    class being dealt, and the whole deal is redrawn until every client holds
+    at least ``min_size`` samples (each client needs a train/val/test split).
+    """
+    n, alpha = cfg.n_clients, cfg.dirichlet_alpha
+    if len(y) < min_size * n:
+        raise ConfigError(f"data.n_clients={n} is not allowed with data.name={cfg.name!r}: the dirichlet "
+                          f"partition needs >= {min_size} samples per client and the pool has {len(y)}")
+    g = rng(seed, -1, GLOBAL, "partition")
+    by_class = [np.flatnonzero(y == c) for c in range(n_classes)]
+    for _ in range(1000):
+        parts: list[list[int]] = [[] for _ in range(n)]
+        for idx in by_class:
+            idx = g.permutation(idx)
+            q = g.dirichlet(np.full(n, alpha))
+            q = q * np.array([len(pt) < len(y) / n for pt in parts])
+            q = q / q.sum()
+            cuts = (np.cumsum(q) * len(idx)).astype(int)[:-1]
+            for i, chunk in enumerate(np.split(idx, cuts)):
+                parts[i].extend(chunk.tolist())
+        if min(len(pt) for pt in parts) >= min_size:
+            return Partition([np.sort(np.array(pt, np.int64)) for pt in parts], np.full(n, -1))
+    raise ConfigError(f"data.dirichlet_alpha={alpha!r} is not allowed with data.n_clients={n}: no draw gave "
+                      f"every client {min_size} samples; use a larger alpha or fewer clients")
+
+
+def patho(y: np.ndarray, n_classes: int, cfg: DataConfig, seed: int) -> Partition:
+    """Pathological: each client holds ``classes_per_client`` distinct classes
+    (DPFL's Patho(3)), drawn at random; a class's samples are shared out evenly
+    among the clients holding it."""
+    n, s = cfg.n_clients, cfg.classes_per_client
+    if s > n_classes:
+        raise ConfigError(f"data.classes_per_client={s} is not allowed with data.name={cfg.name!r}: "
+                          f"it has {n_classes} classes")
+    g = rng(seed, -1, GLOBAL, "partition")
+    held = [np.sort(g.choice(n_classes, s, replace=False)) for _ in range(n)]
+    parts: list[list[int]] = [[] for _ in range(n)]
+    for c in range(n_classes):
+        holders = [i for i in range(n) if c in held[i]]
+        if not holders:
+            continue
+        pool = g.permutation(np.flatnonzero(y == c))
+        for i, chunk in zip(holders, np.array_split(pool, len(holders))):
+            parts[i].extend(chunk.tolist())
+    return Partition([np.sort(np.array(pt, np.int64)) for pt in parts], np.full(n, -1))
+
+
+PARTITIONS = {"iid": iid, "clusters": clusters, "feature_shift": feature_shift, "dirichlet": dirichlet,
+              "patho": patho}
 
 
 def partition(y: np.ndarray, n_classes: int, cfg: DataConfig, seed: int) -> Partition:
