@@ -148,6 +148,7 @@ class BGGC:
         self.p_x = self.p_y = float(self.p[k])
         self.r_x = self.r_y = math.nan
         self.largest = 0  # most models held at once
+        self.received = 0  # models received in all
         if not self.batches[0]:
             self._start_decisions()
 
@@ -163,6 +164,7 @@ class BGGC:
         assert ids, "BGGC.feed after it finished"
         assert len(ids) <= self.budget, "a BGGC batch larger than the budget"
         self.largest = max(self.largest, len(ids))
+        self.received += len(ids)
         if self.phase == 0:
             for j in ids:
                 self.w_y = self.w_y + self.p[j] * rows[j].double()
