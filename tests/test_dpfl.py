@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mpifl import config
-from mpifl.algorithms.dpfl import BGGC, bggc, ggc, take, _shuffled
+from mpifl.algorithms.dpfl import BGGC, _shuffled, bggc, ggc, take
 from mpifl.comm import world
 from mpifl.config import ConfigError
 from mpifl.logging.h5 import open_run
@@ -126,7 +126,7 @@ def test_budget_stops_requests():
     # a flat reward adds every candidate (a = b = 0): X fills to the budget, then
     # no more batches are asked for
     models = {i: torch.full((2,), float(i)) for i in range(10)}
-    reward = lambda m: np.zeros(len(m))  # noqa: E731
+    reward = lambda m: np.zeros(len(m))
     for budget in (1, 2, 3, 4):
         log: list[list[int]] = []
         run = BGGC(0, range(1, 10), models[0], np.full(10, 0.1), reward, budget, rng(0, 0, 0, "b"))
@@ -140,7 +140,7 @@ def test_budget_stops_requests():
 
 def test_budget_config():
     N = 20
-    parse = lambda b: config.load(None, [f"dpfl.budget={b}", f"data.n_clients={N}"]).dpfl.budget_for(N)  # noqa: E731
+    parse = lambda b: config.load(None, [f"dpfl.budget={b}", f"data.n_clients={N}"]).dpfl.budget_for(N)
     assert parse("inf") == math.inf and parse(".inf") == math.inf
     assert parse("0.2N") == 4 and parse("0.1N") == 2 and parse("0.05N") == 1 and parse("0.01N") == 1
     assert parse(7) == 7

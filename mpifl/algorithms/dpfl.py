@@ -52,8 +52,8 @@ models a client received in one pull: <= B_c by construction), /graph/mixing,
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -259,7 +259,7 @@ def derangement(n: int, g: np.random.Generator) -> np.ndarray:
 def init(ctx: Context) -> State:
     cfg, c, N = ctx.cfg.dpfl, ctx.clients, ctx.N
     malicious = np.zeros(N, bool)
-    n_bad = int(math.floor(cfg.malicious * N + 0.5))
+    n_bad = math.floor(cfg.malicious * N + 0.5)
     if n_bad:
         malicious[ctx.rng(-1, GLOBAL, "dpfl_malicious").choice(N, n_bad, replace=False)] = True
         perm = torch.as_tensor(derangement(c.n_classes, ctx.rng(-1, GLOBAL, "dpfl_flip")), device=c.device)
