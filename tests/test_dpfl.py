@@ -216,3 +216,29 @@ def test_malicious_not_running_ggc(tmp_path):
     assert not cand[:, bad].any() and not coll[:, bad].any()
     mix = r.get("graph/mixing")
     assert (mix[:, bad][:, :, bad] == np.eye(4)).all()
+
+
+def test_label_flip_permutes_only_malicious_clients():
+    from mpifl import runtime
+    from mpifl.algorithms import dpfl
+
+    cfg = config.load(None, ["algorithm.name=dpfl", "data.name=synthetic", "data.n_clients=10",
+                             "data.n_samples=600", "dpfl.malicious=0.4", "run.threads=1"])
+    ctx = runtime.setup(cfg, world()).ctx
+    before = ctx.clients.y.clone()
+    state = dpfl.init(ctx)
+    assert state.malicious.sum() == 4
+    c = ctx.clients
+    perms = []
+    for i, k in enumerate(ctx.comm.local_ids):
+        lo, hi = c.split_range(i, "train")[0], c.split_range(i, "test")[1]
+        old, new = before[lo:hi], c.y[lo:hi]
+        if state.malicious[k]:
+            assert (old != new).all()  # a derangement moves every label
+            perms.append({int(a): int(b) for a, b in zip(old, new)})
+        else:
+            assert (old == new).all()
+    merged = {}
+    for m in perms:
+        assert all(merged.get(a, b) == b for a, b in m.items())  # one permutation for all
+        merged.update(m)
