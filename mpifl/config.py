@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,7 +98,7 @@ class TrainConfig:
 
 @dataclass
 class AlgorithmConfig:
-    name: Literal["local", "fedavg", "fedavg_ft", "oracle", "federico", "fedc2i"] = "fedavg"
+    name: Literal["local", "fedavg", "fedavg_ft", "oracle", "federico", "fedc2i", "dpfl"] = "fedavg"
     fraction: float = 1.0  # participation fraction C per round (fedavg-like)
     ft_epochs: int = 1  # fedavg_ft: local fine-tuning epochs before evaluation
 
@@ -124,6 +125,34 @@ class FedC2IConfig:
 
 
 @dataclass
+class DPFLConfig:
+    # max collaborators besides self: an integer, a fraction of N ("0.1N"), or inf
+    budget: str = "inf"
+    tau_init: int = 10  # local epochs before the preprocessing BGGC (round 0)
+    tau_train: int = 5  # local epochs per training round
+    period: int = 1  # run GGC every `period` training rounds (collaborators kept between)
+    malicious: float = 0.0  # fraction of clients whose labels go through one fixed permutation
+    malicious_run_ggc: bool = True  # false: malicious clients only train locally (still serve models)
+    random_graph: bool = False  # ablation: random candidates of the same budget, all used, no GGC
+
+    def budget_for(self, n_clients: int) -> float:
+        """B_c as a number of clients (math.inf when unbounded), at least 1."""
+        text = str(self.budget).strip()
+        if text.lower() in ("inf", "+inf", ".inf", "infinity"):
+            return math.inf
+        try:
+            if text[-1:] in ("N", "n"):
+                b = math.floor(float(text[:-1]) * n_clients + 0.5)
+                return float(max(1, b)) if float(text[:-1]) > 0 else 0.0
+            if not re.fullmatch(r"[0-9]+", text):
+                raise ValueError(text)
+            return float(int(text))
+        except (ValueError, OverflowError):
+            raise ConfigError(f"dpfl.budget={self.budget!r} is not allowed; use a positive integer, "
+                              f"a fraction of N like 0.1N, or inf") from None
+
+
+@dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -132,6 +161,7 @@ class Config:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     federico: FedericoConfig = field(default_factory=FedericoConfig)
     fedc2i: FedC2IConfig = field(default_factory=FedC2IConfig)
+    dpfl: DPFLConfig = field(default_factory=DPFLConfig)
 
     @property
     def run_dir(self) -> Path:
@@ -321,6 +351,14 @@ def validate(cfg: Config, n_ranks: int = 1) -> None:
            "must be a finite number >= 0")
     if a.name == "fedc2i":
         _check(d.n_clients >= 2, "data.n_clients", d.n_clients, "fedc2i needs >= 2 clients (leave-one-out models)")
+    dp = cfg.dpfl
+    _check(dp.budget_for(d.n_clients) >= 1, "dpfl.budget", dp.budget, "must be >= 1 client (or inf)")
+    _check(dp.tau_init >= 0, "dpfl.tau_init", dp.tau_init, "must be >= 0")
+    _check(dp.tau_train >= 0, "dpfl.tau_train", dp.tau_train, "must be >= 0")
+    _check(dp.period >= 1, "dpfl.period", dp.period, "must be >= 1")
+    _check(0 <= dp.malicious < 1, "dpfl.malicious", dp.malicious, "must be in [0, 1)")
+    if a.name == "dpfl":
+        _check(d.val_frac > 0, "data.val_frac", d.val_frac, "dpfl's rewards are validation losses: must be > 0")
     if a.name == "oracle":
         _check(d.partition not in ("iid", "patho", "dirichlet"), "algorithm.name", a.name,
                f"oracle needs true clusters: data.partition={d.partition!r} records none; "

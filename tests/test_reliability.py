@@ -29,7 +29,7 @@ def assert_same_logs(a, b):
 
 @pytest.mark.parametrize(("algo", "fault"), [
     ("local", "1:3:kill"), ("fedavg", "1:3:kill"), ("fedavg_ft", "1:3:kill"), ("oracle", "1:3:kill"),
-    ("federico", "1:3:kill"), ("fedc2i", "1:3:kill"),
+    ("federico", "1:3:kill"), ("fedc2i", "1:3:kill"), ("dpfl", "1:3:kill"),
     ("fedavg", "0:3:kill_in_checkpoint"),  # killed between writing its part and publishing
 ])
 def test_sigkill_then_resume_is_identical(tmp_path, algo, fault):
