@@ -363,3 +363,39 @@ def validate(cfg: Config, n_ranks: int = 1) -> None:
         _check(d.partition not in ("iid", "patho", "dirichlet"), "algorithm.name", a.name,
                f"oracle needs true clusters: data.partition={d.partition!r} records none; "
                "use clusters, noisy_clusters, permuted_clusters, domains, feature_shift or label_flip")
+
+
+# --------------------------------------------------------------------------- reference
+
+
+def reference() -> str:
+    """The config reference as Markdown, read from the dataclasses and their
+    comments (``python -m mpifl.config``), so the docs cannot drift from the code."""
+    import inspect
+    import re
+
+    out = ["| key | default | meaning |", "|---|---|---|"]
+    for section in dataclasses.fields(Config):
+        cls = typing.get_type_hints(Config)[section.name]
+        src = inspect.getsource(cls).splitlines()
+        pending: list[str] = []
+        for line in src:
+            s = line.strip()
+            if s.startswith("#"):
+                pending.append(s.lstrip("# "))
+                continue
+            m = re.match(r"(\w+): [^=]+?(?:=\s*(.*?))?\s*(?:#\s*(.*))?$", s)
+            names = {f.name for f in dataclasses.fields(cls)}
+            if m and m.group(1) in names:
+                default = getattr(cls(), m.group(1))
+                doc = " ".join([*pending, m.group(3) or ""]).strip().replace("|", "\\|")
+                hint = typing.get_type_hints(cls)[m.group(1)]
+                if typing.get_origin(hint) is Literal:
+                    doc = (doc + "; " if doc else "") + "one of " + ", ".join(f"`{c}`" for c in typing.get_args(hint))
+                out.append(f"| `{section.name}.{m.group(1)}` | `{default!r}` | {doc} |")
+            pending = [] if not s.startswith("#") else pending
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(reference())
