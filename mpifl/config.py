@@ -41,7 +41,7 @@ class RunConfig:
 class DataConfig:
     name: Literal["digits", "mnist1d", "synthetic"] = "mnist1d"
     root: str = ""  # folder of on-disk datasets (torchvision layout)
-    partition: Literal["iid", "clusters", "feature_shift"] = "clusters"
+    partition: Literal["iid", "clusters", "noisy_clusters", "feature_shift"] = "clusters"
     n_clients: int = 20
     n_clusters: int = 4  # clusters: label groups (disjoint label sets); feature_shift: domains
     n_samples: int = 5000  # size of generated datasets (mnist1d, synthetic)
@@ -71,9 +71,23 @@ class TrainConfig:
 
 @dataclass
 class AlgorithmConfig:
-    name: Literal["local", "fedavg", "fedavg_ft", "oracle"] = "fedavg"
+    name: Literal["local", "fedavg", "fedavg_ft", "oracle", "pfedlia"] = "fedavg"
     fraction: float = 1.0  # participation fraction C per round (fedavg-like)
     ft_epochs: int = 1  # fedavg_ft: local fine-tuning epochs before evaluation
+
+
+@dataclass
+class PFedLIAConfig:
+    mode: Literal["central", "p2p"] = "central"  # OPTICS at a center, or 2-means per client
+    warmup_rounds: int = 20  # FedAvg rounds before the one-off clustering (paper: 20)
+    fraction: float = 0.1  # clients sampled per round, warm-up and after (paper: 10%)
+    lia_epochs: int = 20  # epochs on the one LIA batch from theta_0 (paper: 20)
+    lia_batch: int = 64  # samples of the LIA batch (all of a smaller training split)
+    min_samples: int = 2  # OPTICS min_samples (central); its noise become singletons
+    # OPTICS xi: least relative reachability jump that bounds a cluster. sklearn's
+    # 0.05 with min_samples=2 cuts true clusters into pairs (2-NN distances of
+    # influence rows fluctuate by tens of percent inside a cluster)
+    xi: float = 0.7
 
 
 @dataclass
@@ -83,6 +97,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    pfedlia: PFedLIAConfig = field(default_factory=PFedLIAConfig)
 
     @property
     def run_dir(self) -> Path:
@@ -237,3 +252,14 @@ def validate(cfg: Config, n_ranks: int = 1) -> None:
     if a.name == "oracle":
         _check(d.partition != "iid", "algorithm.name", a.name,
                "oracle needs true clusters: use a clustered data.partition, not iid")
+    lia = cfg.pfedlia
+    _check(lia.warmup_rounds >= 0, "pfedlia.warmup_rounds", lia.warmup_rounds, "must be >= 0")
+    if a.name == "pfedlia":
+        _check(lia.warmup_rounds < r.rounds, "pfedlia.warmup_rounds", lia.warmup_rounds,
+               f"must be < run.rounds ({r.rounds}) so that the clustering round happens")
+    _check(0 < lia.fraction <= 1, "pfedlia.fraction", lia.fraction, "must be in (0, 1]")
+    _check(lia.lia_epochs >= 1, "pfedlia.lia_epochs", lia.lia_epochs, "must be >= 1")
+    _check(lia.lia_batch >= 1, "pfedlia.lia_batch", lia.lia_batch, "must be >= 1")
+    _check(0 < lia.xi < 1, "pfedlia.xi", lia.xi, "must be in (0, 1)")
+    _check(2 <= lia.min_samples <= max(2, d.n_clients), "pfedlia.min_samples", lia.min_samples,
+           f"must be in [2, data.n_clients] (n_clients is {d.n_clients})")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-NAMES = ("local", "fedavg", "fedavg_ft", "oracle")
+NAMES = ("local", "fedavg", "fedavg_ft", "oracle", "pfedlia")
 
 
 def get(name: str) -> ModuleType:

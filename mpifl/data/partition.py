@@ -56,6 +56,42 @@ def clusters(y: np.ndarray, n_classes: int, cfg: DataConfig, seed: int) -> Parti
     return Partition(parts, cluster_of)
 
 
+def noisy_clusters(y: np.ndarray, n_classes: int, cfg: DataConfig, seed: int, p_extra: float = 0.5,
+                   n_extra: int = 1) -> Partition:
+    """``clusters`` plus label noise (pFedLIA's noisy non-IID): with probability
+    ``p_extra`` a client also gets ``n_extra`` random labels outside its cluster.
+
+    Every label's samples are cut into equal shards, one per client holding that
+    label (its cluster's members and the noisy clients that drew it), so an extra
+    label weighs as much in a noisy client as each of its own labels does in a
+    cluster member. Minimal version for pFedLIA; the data branch owns the full one.
+    """
+    k, n = cfg.n_clusters, cfg.n_clients
+    if k < 2:
+        raise ConfigError(f"data.n_clusters={k} is not allowed with data.partition='noisy_clusters'; "
+                          "extra labels come from other clusters, so at least 2")
+    base = clusters(y, n_classes, cfg, seed)  # validates k against labels and clients
+    groups = label_groups(n_classes, k, seed)
+    cluster_of = base.cluster
+    holders: list[list[int]] = [[] for _ in range(n_classes)]
+    for c in range(n):
+        for lab in groups[cluster_of[c]]:
+            holders[lab].append(c)
+    for c in range(n):
+        g = rng(seed, -1, c, "noisy_clusters")
+        if g.random() < p_extra:
+            outside = np.setdiff1d(np.arange(n_classes), groups[cluster_of[c]])
+            for lab in g.choice(outside, min(n_extra, len(outside)), replace=False):
+                holders[int(lab)].append(c)
+    g = rng(seed, -1, GLOBAL, "partition")
+    parts: list[list[np.ndarray]] = [[] for _ in range(n)]
+    for lab in range(n_classes):
+        pool = g.permutation(np.flatnonzero(y == lab))
+        for c, shard in zip(holders[lab], np.array_split(pool, len(holders[lab]))):
+            parts[c].append(shard)
+    return Partition([np.sort(np.concatenate(p)) for p in parts], cluster_of)
+
+
 def _domain_transform(x: np.ndarray, k: int, seed: int) -> np.ndarray:
     """Domain k's view of inputs: the same labels seen through a different input
     transform (a stand-in for Digit-5's domains when they are not on disk)."""
@@ -88,7 +124,7 @@ def feature_shift(y: np.ndarray, n_classes: int, cfg: DataConfig, seed: int) -> 
     return Partition(parts, cluster_of, x_fn=lambda c, x: _domain_transform(x, int(cluster_of[c]), seed))
 
 
-PARTITIONS = {"iid": iid, "clusters": clusters, "feature_shift": feature_shift}
+PARTITIONS = {"iid": iid, "clusters": clusters, "noisy_clusters": noisy_clusters, "feature_shift": feature_shift}
 
 
 def partition(y: np.ndarray, n_classes: int, cfg: DataConfig, seed: int) -> Partition:
