@@ -77,7 +77,7 @@ def main() -> None:
     d0, b, te = perm[:9900], perm[9900:10000], perm[10000:10100]
     assert len(te) == 100, "mnist1d pool too small"
     x, y = torch.from_numpy(pool.x), torch.from_numpy(pool.y)
-    build = lambda: models.build(ModelConfig(), pool.shape, pool.n_classes, a.seed)  # noqa: E731
+    build = lambda: models.build(ModelConfig(), pool.shape, pool.n_classes, a.seed)
     gen = torch.Generator().manual_seed(a.seed)
 
     m0 = build()
