@@ -1,7 +1,7 @@
 """pFedLIA under MPI: the ring's all-pairs influence equals a serial double loop,
 the ring verb's accounting, and a run's clusters do not depend on the ranks.
 
-    mpiexec -n 3 python -m mpi4py -m pytest -x -q tests/mpi/test_pfedlia.py
+    mpiexec -n 3 python -m mpi4py -m pytest -x -q tests/mpi/test_pfedlia_mpi.py
 """
 
 import h5py
