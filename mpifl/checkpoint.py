@@ -165,7 +165,12 @@ def load(path: Path, ctx, state: Any) -> int:
         for k, v in part["opt"].items():
             c.opt.state[k][dst_t] = v[src_t].to(c.device)
         for k in rows:
-            _fill_rows(getattr(state, k), part["algo"][k], take, dst)
+            src = part["algo"][k]
+            if src is None:  # not set yet when the checkpoint was taken
+                continue
+            if getattr(state, k) is None:  # set during the run: make room for our rows
+                setattr(state, k, _empty_rows(src, c.n, c.device))
+            _fill_rows(getattr(state, k), src, take, dst)
     return int(meta["round"])
 
 
@@ -179,6 +184,14 @@ def _fill_rows(dst: Any, src: Any, take: np.ndarray, at: np.ndarray) -> None:
             dst[d] = src[s]
     else:
         raise TypeError(f"per-client state of type {type(dst).__name__} cannot be checkpointed")
+
+
+def _empty_rows(like: Any, n: int, device) -> Any:
+    if torch.is_tensor(like):
+        return torch.zeros((n, *like.shape[1:]), dtype=like.dtype, device=device)
+    if isinstance(like, np.ndarray):
+        return np.zeros((n, *like.shape[1:]), like.dtype)
+    return [None] * n
 
 
 def _cpu(v: Any) -> Any:

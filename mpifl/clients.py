@@ -215,19 +215,27 @@ class Clients:
         return o, o + int(self.sizes[k, s])
 
     def plan(self, local: np.ndarray, epochs: int, round: int, purpose: str = "train",
-             batch_size: int | None = None, max_batches: int | None = None) -> BatchPlan:
-        """Each client's shuffled batches for ``epochs`` epochs from its own stream."""
+             batch_size: int | None = None, max_batches: int | None = None,
+             subsets: list[np.ndarray] | None = None) -> BatchPlan:
+        """Each client's shuffled batches for ``epochs`` epochs from its own stream.
+
+        ``subsets``: per listed client, the sample indices (into this rank's ``x``)
+        an epoch runs over instead of the client's whole training split."""
         bs = batch_size or self.cfg.batch_size
         rows = []
-        for k in local:
-            lo, hi = self.split_range(int(k), "train")
-            n = hi - lo
+        for i, k in enumerate(local):
+            if subsets is None:
+                lo, hi = self.split_range(int(k), "train")
+                pool = np.arange(lo, hi)
+            else:
+                pool = np.asarray(subsets[i], np.int64)
+            n = len(pool)
             g = rng(self.seed, round, int(self.ids[k]), purpose)
             nb = math.ceil(n / bs)
             per = []
             for _ in range(epochs):
                 perm = np.full(nb * bs, -1, np.int64)
-                perm[:n] = lo + g.permutation(n)
+                perm[:n] = pool[g.permutation(n)]
                 b = perm.reshape(nb, bs)
                 if self.bn and n % bs == 1 and nb > 1:
                     # BatchNorm cannot normalise a batch of one sample in training mode:
@@ -250,15 +258,17 @@ class Clients:
         return self.x[t], self.y[t], w
 
     # ------------------------------------------------------------------ training
-    def train(self, local: np.ndarray, epochs: int, round: int, purpose: str = "train") -> np.ndarray:
+    def train(self, local: np.ndarray, epochs: int, round: int, purpose: str = "train",
+              subsets: list[np.ndarray] | None = None) -> np.ndarray:
         """Train the listed local clients (indices into this rank's block) in place
-        for ``epochs`` local epochs; returns each one's mean training loss."""
+        for ``epochs`` local epochs (over ``subsets`` of their samples if given, see
+        :meth:`plan`); returns each one's mean training loss."""
         local = np.asarray(local, dtype=np.int64)
         losses = np.zeros(len(local))
         seen = np.zeros(len(local))
         if len(local) == 0 or epochs == 0:
             return np.full(len(local), np.nan)
-        plan = self.plan(local, epochs, round, purpose)
+        plan = self.plan(local, epochs, round, purpose, subsets=subsets)
         skip = self.cfg.on_nonfinite == "skip"
         if skip:
             sel0 = _rows_selector(local, self.device)

@@ -293,48 +293,54 @@ class Comm:
              count_as_models: bool = True) -> None:
         """Rotate every rank's block of rows around the ranks; ``visit(ids, rows)`` is
         called once per block (this rank's own block first), so each rank sees all N
-        rows while holding at most its own block and one incoming block.
+        rows while holding its own block and one incoming block (one buffer, replaced
+        in place by ``Sendrecv_replace``; the MPI library may stage a copy in flight).
+        The rows given to ``visit`` are overwritten by the next step: copy what you keep.
 
-        Each local client is charged the models of foreign blocks as received, and
-        each client's model is charged as sent once per client on the visiting rank
-        (that is, the N-1 copies a real all-to-all exchange would send).
+        Each local client is charged the rows of every other client as received, and
+        its own row as sent once per other client (the N-1 copies a real all-to-all
+        exchange would send); ``count_as_models`` also counts them in ``models_recv``.
         """
         P = rows.shape[1]
         counts = self.placement.counts()
         starts = self.placement.starts
-        host = np.ascontiguousarray(_host(rows))
-        cur = host
         maxn = int(counts.max())
-        bufs = [np.empty((maxn, P), np.float32), np.empty((maxn, P), np.float32)]
-        for step in range(self.size):
-            if step == 0:
-                visit(self.local_ids, rows)
+        everyone = np.arange(self.n_local)
+        models = 1 if count_as_models else 0
+        t_visit = time.perf_counter()
+        visit(self.local_ids, rows)
+        busy = time.perf_counter() - t_visit
+        if self.n_local > 1:  # own clients' rows seen by the other local clients
+            k = self.n_local - 1
+            self.count(everyone, sent=k * P * F32, recv=k * P * F32, models=k * models)
+        if self.size == 1:
+            self.seconds -= busy  # visiting is compute: keep it out of the comm time
+            return
+        # one foreign block at a time; every exchange moves maxn rows so that the
+        # in-place swap works with uneven blocks (they differ by at most one row)
+        buf = np.empty((maxn, P), np.float32)
+        left, right = (self.rank - 1) % self.size, (self.rank + 1) % self.size
+        for step in range(1, self.size):
+            if step == 1:
+                own = np.ascontiguousarray(_host(rows))
+                self.mpi.Sendrecv([own, MPI.FLOAT], dest=right, sendtag=13,
+                                  recvbuf=[buf[:int(counts[left])], MPI.FLOAT], source=left, recvtag=13)
+                self.wire_sent += own.nbytes
+                self.wire_recv += int(counts[left]) * P * F32
+                del own
             else:
-                src = (self.rank - step) % self.size  # origin of the block arriving now
-                n = int(counts[src])
-                t = torch.from_numpy(cur[:n]).to(rows.device)
-                visit(np.arange(starts[src], starts[src + 1]), t)
-                if count_as_models:
-                    self.count(np.arange(self.n_local), recv=n * P * F32, models=n)
-                dest = (self.rank + step) % self.size
-                self.count(np.arange(self.n_local), sent=int(counts[dest]) * P * F32)
-            if step == self.size - 1:
-                break
-            # pass what we hold to the right, receive from the left
-            send_n = int(counts[(self.rank - step) % self.size])
-            recv_src = (self.rank - step - 1) % self.size
-            recv_n = int(counts[recv_src])
-            nxt = bufs[step % 2]
-            self.mpi.Sendrecv([np.ascontiguousarray(cur[:send_n]), MPI.FLOAT], dest=(self.rank + 1) % self.size,
-                              sendtag=13, recvbuf=[nxt[:recv_n], MPI.FLOAT], source=(self.rank - 1) % self.size,
-                              recvtag=13)
-            self.wire_sent += send_n * P * F32
-            self.wire_recv += recv_n * P * F32
-            cur = nxt
-        # own clients' models seen by the other local clients count as exchanged too
-        if count_as_models and self.n_local > 1:
-            self.count(np.arange(self.n_local), recv=(self.n_local - 1) * P * F32, models=self.n_local - 1,
-                       sent=(self.n_local - 1) * P * F32)
+                self.mpi.Sendrecv_replace([buf, MPI.FLOAT], dest=right, sendtag=13, source=left, recvtag=13)
+                self.wire_sent += buf.nbytes
+                self.wire_recv += buf.nbytes
+            src = (self.rank - step) % self.size  # origin of the block held now
+            n = int(counts[src])
+            t_visit = time.perf_counter()
+            visit(np.arange(starts[src], starts[src + 1]), torch.from_numpy(buf[:n]).to(rows.device))
+            busy += time.perf_counter() - t_visit
+            self.count(everyone, recv=n * P * F32, models=n * models)
+            # meanwhile our own block is being visited by rank + step
+            self.count(everyone, sent=int(counts[(self.rank + step) % self.size]) * P * F32)
+        self.seconds -= busy  # visiting is compute: keep it out of the comm time
 
 
 def agree(comm: Comm | MPI.Comm, fn: Callable):

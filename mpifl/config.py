@@ -98,7 +98,7 @@ class TrainConfig:
 
 @dataclass
 class AlgorithmConfig:
-    name: Literal["local", "fedavg", "fedavg_ft", "oracle", "federico", "fedc2i", "dpfl"] = "fedavg"
+    name: Literal["local", "fedavg", "fedavg_ft", "oracle", "federico", "fedc2i", "dpfl", "pfedlia"] = "fedavg"
     fraction: float = 1.0  # participation fraction C per round (fedavg-like)
     ft_epochs: int = 1  # fedavg_ft: local fine-tuning epochs before evaluation
 
@@ -153,6 +153,20 @@ class DPFLConfig:
 
 
 @dataclass
+class PFedLIAConfig:
+    mode: Literal["central", "p2p"] = "central"  # OPTICS at a center, or 2-means per client
+    warmup_rounds: int = 20  # FedAvg rounds before the one-off clustering (paper: 20)
+    fraction: float = 0.1  # clients sampled per round, warm-up and after (paper: 10%)
+    lia_epochs: int = 20  # epochs on the one LIA batch from theta_0 (paper: 20)
+    lia_batch: int = 64  # samples of the LIA batch (all of a smaller training split)
+    min_samples: int = 2  # OPTICS min_samples (central); its noise become singletons
+    # OPTICS xi: least relative reachability jump that bounds a cluster. sklearn's
+    # 0.05 with min_samples=2 cuts true clusters into pairs (2-NN distances of
+    # influence rows fluctuate by tens of percent inside a cluster)
+    xi: float = 0.7
+
+
+@dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -162,6 +176,7 @@ class Config:
     federico: FedericoConfig = field(default_factory=FedericoConfig)
     fedc2i: FedC2IConfig = field(default_factory=FedC2IConfig)
     dpfl: DPFLConfig = field(default_factory=DPFLConfig)
+    pfedlia: PFedLIAConfig = field(default_factory=PFedLIAConfig)
 
     @property
     def run_dir(self) -> Path:
@@ -359,6 +374,17 @@ def validate(cfg: Config, n_ranks: int = 1) -> None:
     _check(0 <= dp.malicious < 1, "dpfl.malicious", dp.malicious, "must be in [0, 1)")
     if a.name == "dpfl":
         _check(d.val_frac > 0, "data.val_frac", d.val_frac, "dpfl's rewards are validation losses: must be > 0")
+    lia = cfg.pfedlia
+    _check(lia.warmup_rounds >= 0, "pfedlia.warmup_rounds", lia.warmup_rounds, "must be >= 0")
+    if a.name == "pfedlia":
+        _check(lia.warmup_rounds < r.rounds, "pfedlia.warmup_rounds", lia.warmup_rounds,
+               f"must be < run.rounds ({r.rounds}) so that the clustering round happens")
+    _check(0 < lia.fraction <= 1, "pfedlia.fraction", lia.fraction, "must be in (0, 1]")
+    _check(lia.lia_epochs >= 1, "pfedlia.lia_epochs", lia.lia_epochs, "must be >= 1")
+    _check(lia.lia_batch >= 1, "pfedlia.lia_batch", lia.lia_batch, "must be >= 1")
+    _check(0 < lia.xi < 1, "pfedlia.xi", lia.xi, "must be in (0, 1)")
+    _check(2 <= lia.min_samples <= max(2, d.n_clients), "pfedlia.min_samples", lia.min_samples,
+           f"must be in [2, data.n_clients] (n_clients is {d.n_clients})")
     if a.name == "oracle":
         _check(d.partition not in ("iid", "patho", "dirichlet"), "algorithm.name", a.name,
                f"oracle needs true clusters: data.partition={d.partition!r} records none; "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-NAMES = ("local", "fedavg", "fedavg_ft", "oracle", "federico", "fedc2i", "dpfl")
+NAMES = ("local", "fedavg", "fedavg_ft", "oracle", "federico", "fedc2i", "dpfl", "pfedlia")
 
 
 def get(name: str) -> ModuleType:

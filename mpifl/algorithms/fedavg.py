@@ -44,14 +44,19 @@ def local_update(ctx: Context, start: torch.Tensor, sampled: np.ndarray, t: int)
 
 
 def round(ctx: Context, state: State, t: int) -> Round:
-    sampled = ctx.sample(t, ctx.cfg.algorithm.fraction)
-    mine, loss = local_update(ctx, state.model, sampled, t)
+    state.model, out = step(ctx, state.model, t, ctx.cfg.algorithm.fraction)
+    return out
+
+
+def step(ctx: Context, model: torch.Tensor, t: int, fraction: float) -> tuple[torch.Tensor, Round]:
+    """One FedAvg round from the global ``model`` [P]: the new model and the round."""
+    sampled = ctx.sample(t, fraction)
+    mine, loss = local_update(ctx, model, sampled, t)
     row = np.zeros(ctx.N)
     row[sampled] = ctx.p[sampled] / ctx.p[sampled].sum()
     w = np.zeros(ctx.comm.n_local)
     w[mine] = row[ctx.comm.local_ids[mine]]
-    state.model = ctx.comm.weighted_sum(ctx.clients.params, w)
-    return Round(train_loss=loss, mixing_row=row)
+    return ctx.comm.weighted_sum(ctx.clients.params, w), Round(train_loss=loss, mixing_row=row)
 
 
 def evaluate(ctx: Context, state: State, t: int) -> dict[str, np.ndarray]:

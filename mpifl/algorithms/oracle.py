@@ -29,10 +29,17 @@ def init(ctx: Context) -> State:
 
 
 def round(ctx: Context, state: State, t: int) -> Round:
-    cl = ctx.data.cluster
-    sampled = ctx.sample(t, ctx.cfg.algorithm.fraction)
-    mine_cluster = torch.as_tensor(cl[ctx.comm.local_ids], device=state.models.device)
-    mine, loss = local_update(ctx, state.models[mine_cluster], sampled, t)
+    state.models, out = cluster_fedavg(ctx, state.models, ctx.data.cluster, t, ctx.cfg.algorithm.fraction)
+    return out
+
+
+def cluster_fedavg(ctx: Context, models: torch.Tensor, cl: np.ndarray, t: int,
+                   fraction: float) -> tuple[torch.Tensor, Round]:
+    """One round of FedAvg inside each cluster of ``cl`` ([N] labels 0..K-1, the
+    same on every rank) with ``models`` [K, P]: returns the new models and the round."""
+    sampled = ctx.sample(t, fraction)
+    mine_cluster = torch.as_tensor(cl[ctx.comm.local_ids], device=models.device)
+    mine, loss = local_update(ctx, models[mine_cluster], sampled, t)
 
     w = np.zeros(ctx.N)  # p normalised within (cluster, sampled)
     for k in np.unique(cl[sampled]):
@@ -40,16 +47,16 @@ def round(ctx: Context, state: State, t: int) -> Round:
         w[s] = ctx.p[s] / ctx.p[s].sum()
     wl = np.zeros(ctx.comm.n_local)
     wl[mine] = w[ctx.comm.local_ids[mine]]
-    sums = ctx.comm.grouped_sum(ctx.clients.params, wl, cl[ctx.comm.local_ids], len(state.models))
-    hit = torch.as_tensor(np.isin(np.arange(len(state.models)), cl[sampled]), device=sums.device)
-    state.models = torch.where(hit[:, None], sums, state.models)
+    sums = ctx.comm.grouped_sum(ctx.clients.params, wl, cl[ctx.comm.local_ids], len(models))
+    hit = torch.as_tensor(np.isin(np.arange(len(models)), cl[sampled]), device=sums.device)
+    models = torch.where(hit[:, None], sums, models)
 
     mixing = np.zeros((ctx.comm.n_local, ctx.N), np.float32)
     for r, i in enumerate(ctx.comm.local_ids):
         mixing[r] = np.where(cl == cl[i], w, 0.0)
         if mixing[r].sum() == 0:  # cluster not sampled: the client keeps what it had
             mixing[r, i] = 1.0
-    return Round(train_loss=loss, mixing=mixing)
+    return models, Round(train_loss=loss, mixing=mixing)
 
 
 def evaluate(ctx: Context, state: State, t: int) -> dict[str, np.ndarray]:

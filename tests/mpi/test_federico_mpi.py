@@ -164,7 +164,8 @@ def test_rounds_match_serial_reference(mpi, fed):
         assert all(i not in S[i] and len(set(S[i])) == K for i in range(N))
         if t == 0 and fed["eps"] == 0.0:
             owner = comm.placement.owner(np.arange(N))
-            assert comm.size == 1 or all((owner[S[i]] != owner[i]).all() for i in range(N))
+            # the hand-made losses put every neighbour on another rank for 2 and 4 ranks
+            assert comm.size not in (2, 4) or all((owner[S[i]] != owner[i]).all() for i in range(N))
         np.testing.assert_allclose(comm.allgather_rows(state.tracked_loss), ref.Lhat, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(comm.allgather_rows(state.weights), ref.w, rtol=1e-4, atol=1e-7)
         np.testing.assert_allclose(comm.allgather_rows(ctx.clients.params), ref.params.numpy(), rtol=1e-4,
