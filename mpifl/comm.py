@@ -206,6 +206,22 @@ class Comm:
         return out
 
     @_timed
+    def gather_concat(self, local: np.ndarray, root: int = 0) -> np.ndarray | None:
+        """Concatenate every rank's 1-D array (any length) in rank order on ``root``
+        (the non-zeros of sparse logs)."""
+        arr = np.ascontiguousarray(np.asarray(local).ravel())
+        counts = self.mpi.gather(len(arr), root=root)
+        mpitype = MPI._typedict[arr.dtype.char]
+        if self.rank != root:
+            self.mpi.Gatherv([arr, mpitype], None, root=root)
+            return None
+        counts = np.asarray(counts)
+        out = np.empty(int(counts.sum()), arr.dtype)
+        self.mpi.Gatherv([arr, mpitype], [out, (counts, np.concatenate([[0], np.cumsum(counts)[:-1]])), mpitype],
+                         root=root)
+        return out
+
+    @_timed
     def allgather_rows(self, local: np.ndarray | torch.Tensor) -> np.ndarray:
         """Every rank gets the ``[N, ...]`` stack of every client's small row."""
         arr = np.ascontiguousarray(local.detach().cpu().numpy() if torch.is_tensor(local) else local)

@@ -77,12 +77,19 @@ class AlgorithmConfig:
 
 
 @dataclass
+class LogConfig:
+    every: int = 1  # log the per-client rows every k rounds (and always the last round)
+    dense_max: int = 1024  # above this many clients N x N logs are stored compactly
+
+
+@dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    log: LogConfig = field(default_factory=LogConfig)
 
     @property
     def run_dir(self) -> Path:
@@ -236,6 +243,8 @@ def validate(cfg: Config, n_ranks: int = 1) -> None:
     _check(t.local_epochs >= 0, "train.local_epochs", t.local_epochs, "must be >= 0")
     _check(0 < a.fraction <= 1, "algorithm.fraction", a.fraction, "must be in (0, 1]")
     _check(a.ft_epochs >= 0, "algorithm.ft_epochs", a.ft_epochs, "must be >= 0")
+    _check(cfg.log.every >= 1, "log.every", cfg.log.every, "must be >= 1")
+    _check(cfg.log.dense_max >= 1, "log.dense_max", cfg.log.dense_max, "must be >= 1")
     if a.name == "oracle":
         _check(d.partition != "iid", "algorithm.name", a.name,
                "oracle needs true clusters: use a clustered data.partition, not iid")

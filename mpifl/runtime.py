@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from scipy import sparse
 
 from . import __version__, algorithms, models
 from .algorithms.base import Context, Round
@@ -64,7 +65,7 @@ def _writer(cfg: Config, s: Setup) -> Writer | None:
         "cluster": d.cluster, "rank": ctx.comm.placement.owner(np.arange(d.n_clients)),
         "n_train": d.sizes[:, 0], "n_val": d.sizes[:, 1], "n_test": d.sizes[:, 2], "label_hist": d.label_hist,
     }
-    return Writer(rd.log, attrs, clients, d.n_clients)
+    return Writer(rd.log, attrs, clients, d.n_clients, dense_max=cfg.log.dense_max)
 
 
 def _log_round(writer: Writer | None, ctx: Context, t: int, out: Round, metrics: dict[str, np.ndarray],
@@ -79,12 +80,30 @@ def _log_round(writer: Writer | None, ctx: Context, t: int, out: Round, metrics:
     rows.update({path(k): v for k, v in out.extras.items()})
     gathered = {k: comm.gather_rows(np.asarray(v)) for k, v in rows.items()}
     once = {path(k): comm.gather_rows(np.asarray(v)) for k, v in out.once.items()}
-    mixing = comm.gather_rows(np.asarray(out.mixing, np.float32)) if out.mixing is not None else None
+    mixing = _gather_mixing(ctx, out.mixing)
     if writer is not None:
         writer.write_round(t, times, gathered, mixing=mixing, mixing_row=out.mixing_row, once=once,
-                           attrs=out.attrs)
+                           attrs=out.attrs, mixing_groups=out.mixing_groups)
         return gathered
     return None
+
+
+def _gather_mixing(ctx: Context, m) -> np.ndarray | sparse.coo_matrix | None:
+    """Rank 0 gets the [N, N] mixing matrix: stacked dense rows at small N, else
+    only the non-zeros of every rank's rows (sparse, or dense rows made sparse
+    here), so no dense N x N array is built at large N."""
+    if m is None:
+        return None
+    comm, N = ctx.comm, ctx.N
+    if not sparse.issparse(m) and N <= ctx.cfg.log.dense_max:
+        return comm.gather_rows(np.asarray(m, np.float32))
+    coo = sparse.coo_matrix(m)
+    rows = comm.gather_concat((coo.row + comm.first).astype(np.int64))
+    cols = comm.gather_concat(coo.col.astype(np.int64))
+    vals = comm.gather_concat(coo.data.astype(np.float32))
+    if rows is None:
+        return None
+    return sparse.coo_matrix((vals, (rows, cols)), shape=(N, N))
 
 
 def run(cfg: Config, mpi_comm) -> Path:
@@ -111,7 +130,10 @@ def run(cfg: Config, mpi_comm) -> Path:
         wall = comm.allreduce_max(time.perf_counter() - t0)
         comm_s = comm.allreduce_max(comm.seconds)
         times = {"wall_s": wall, "comm_s": comm_s, "compute_s": wall - comm_s}
-        gathered = _log_round(writer, ctx, t, out, metrics, times)
+        # log.every thins the per-client rows (nothing is gathered in between);
+        # evaluation keeps its own schedule so results do not depend on logging
+        logged = (t + 1) % cfg.log.every == 0 or t == R - 1
+        gathered = _log_round(writer, ctx, t, out, metrics, times) if logged else None
         if gathered is not None:
             acc = gathered["metrics/test_acc"]
             if not np.all(np.isnan(acc)):

@@ -44,12 +44,9 @@ def round(ctx: Context, state: State, t: int) -> Round:
     hit = torch.as_tensor(np.isin(np.arange(len(state.models)), cl[sampled]), device=sums.device)
     state.models = torch.where(hit[:, None], sums, state.models)
 
-    mixing = np.zeros((ctx.comm.n_local, ctx.N), np.float32)
-    for r, i in enumerate(ctx.comm.local_ids):
-        mixing[r] = np.where(cl == cl[i], w, 0.0)
-        if mixing[r].sum() == 0:  # cluster not sampled: the client keeps what it had
-            mixing[r, i] = 1.0
-    return Round(train_loss=loss, mixing=mixing)
+    # row i: w within i's cluster; a cluster with no sampled client keeps its
+    # model (row e_i), which is the groups format's own rule
+    return Round(train_loss=loss, mixing_groups=(cl, w))
 
 
 def evaluate(ctx: Context, state: State, t: int) -> dict[str, np.ndarray]:

@@ -16,11 +16,21 @@ file is complete and any reader (h5py, h5dump, ``open_run``) can open it while
 the run goes on. ``/rounds/round`` is written last: its length is the number of
 complete rounds, and readers ignore rows past it.
 
+Row i of every per-round dataset is round ``/rounds/round[i]`` (``Run.rounds``):
+with ``log.every = k`` only every k-th round (and the last) is logged.
+
 Above ``dense_max`` clients an N x N matrix per round stops fitting; the mixing
-matrix is then stored compactly (``/graph`` attr ``mixing_format = compact``):
-rounds where all rows are equal keep one row (``mixing_shared``), other rounds
-keep their non-zeros (``mixing_coo/{row,col,val}`` with ``offsets``).
-``Run.mixing(t)`` hides which.
+matrix is then stored compactly (``/graph`` attr ``mixing_format = compact``),
+``mixing_kind`` per row saying how:
+
+- 0, graphs: the non-zeros, ``mixing_coo/{row,col,val}`` concatenated over rows,
+  row i's in ``[end[i-1], end[i])`` of ``mixing_coo/end``;
+- 1, FedAvg-like (all rows equal): that one row, ``mixing_shared``;
+- 2, cluster algorithms: ``mixing_group`` (cluster id per client) and
+  ``mixing_shared`` (weights): row i is the weights restricted to i's cluster, or
+  e_i where that is all zero.
+
+``Run.mixing(i)`` returns the dense matrix whichever the storage.
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ from typing import Any
 
 import h5py
 import numpy as np
+from scipy import sparse
 
 ROUND_KEY = "rounds/round"
 
@@ -80,13 +91,17 @@ class Writer:
             g.attrs["mixing_format"] = "compact" if self.compact else "dense"
 
     def write_round(self, t: int, rounds: dict[str, float], rows: dict[str, np.ndarray],
-                    mixing: np.ndarray | None = None, mixing_row: np.ndarray | None = None,
-                    once: dict[str, np.ndarray] | None = None, attrs: dict[str, Any] | None = None) -> None:
-        """``rows``: ``{"metrics/val_acc": [N], "federico/client_weights": [N, N], ...}``;
-        ``once``: datasets written whole, with attr ``round`` = t (e.g. LIA's influence)."""
+                    mixing: np.ndarray | sparse.spmatrix | None = None, mixing_row: np.ndarray | None = None,
+                    once: dict[str, np.ndarray] | None = None, attrs: dict[str, Any] | None = None,
+                    mixing_groups: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        """Append round ``t`` as the next row. ``rows``: ``{"metrics/val_acc": [N],
+        "federico/client_weights": [N, N], ...}``; ``once``: datasets written whole,
+        with attr ``round`` = t (e.g. LIA's influence); the mixing matrix as dense
+        or sparse ``[N, N]``, one shared row, or (group, weight) per client."""
         with h5py.File(self.path, "a", locking=False) as f:
+            at = f[ROUND_KEY].shape[0] if ROUND_KEY in f else 0
             for k, v in rows.items():
-                _append(f, k, v, t)
+                _append(f, k, v, at)
             for k, v in (once or {}).items():
                 if k in f:
                     del f[k]
@@ -94,32 +109,41 @@ class Writer:
                 f[k].attrs["round"] = t
             for k, v in (attrs or {}).items():
                 f.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else v
-            self._mixing(f, t, mixing, mixing_row)
+            self._mixing(f, at, mixing, mixing_row, mixing_groups)
             for k, v in rounds.items():
-                _append(f, f"rounds/{k}", np.float64(v), t)
-            _append(f, ROUND_KEY, np.int64(t), t)  # last: marks the round complete
+                _append(f, f"rounds/{k}", np.float64(v), at)
+            _append(f, ROUND_KEY, np.int64(t), at)  # last: marks the round complete
             f.flush()
 
-    def _mixing(self, f: h5py.File, t: int, mixing, mixing_row) -> None:
-        if mixing is None and mixing_row is None:
+    def _mixing(self, f: h5py.File, at: int, mixing, mixing_row, mixing_groups) -> None:
+        if mixing is None and mixing_row is None and mixing_groups is None:
             return
         if not self.compact:
-            m = mixing if mixing is not None else np.broadcast_to(mixing_row, (self.n, self.n))
-            _append(f, "graph/mixing", np.asarray(m, np.float32), t)
+            if mixing_row is not None:
+                m = np.broadcast_to(np.asarray(mixing_row, np.float32), (self.n, self.n))
+            elif mixing_groups is not None:
+                m = group_matrix(*mixing_groups)
+            else:
+                m = mixing.toarray() if sparse.issparse(mixing) else mixing
+            _append(f, "graph/mixing", np.asarray(m, np.float32), at)
             return
+        rows = cols = vals = np.empty(0)
         if mixing_row is not None:
-            _append(f, "graph/mixing_kind", np.int8(1), t)
-            _append(f, "graph/mixing_shared", np.asarray(mixing_row, np.float32), t)
-            rows = cols = vals = np.empty(0)
+            _append(f, "graph/mixing_kind", np.int8(1), at)
+            _append(f, "graph/mixing_shared", np.asarray(mixing_row, np.float32), at)
+        elif mixing_groups is not None:
+            _append(f, "graph/mixing_kind", np.int8(2), at)
+            _append(f, "graph/mixing_group", np.asarray(mixing_groups[0], np.int32), at)
+            _append(f, "graph/mixing_shared", np.asarray(mixing_groups[1], np.float32), at)
         else:
-            _append(f, "graph/mixing_kind", np.int8(0), t)
-            _append(f, "graph/mixing_shared", np.zeros(self.n, np.float32), t)
-            rows, cols = np.nonzero(mixing)
-            vals = mixing[rows, cols]
+            _append(f, "graph/mixing_kind", np.int8(0), at)
+            coo = sparse.coo_matrix(mixing)
+            keep = coo.data != 0
+            rows, cols, vals = coo.row[keep], coo.col[keep], coo.data[keep]
         _append_flat(f, "graph/mixing_coo/row", rows.astype(np.int32))
         _append_flat(f, "graph/mixing_coo/col", cols.astype(np.int32))
         end = _append_flat(f, "graph/mixing_coo/val", vals.astype(np.float32))
-        _append(f, "graph/mixing_coo/end", np.int64(end), t)
+        _append(f, "graph/mixing_coo/end", np.int64(end), at)
 
     def set_attrs(self, **attrs: Any) -> None:
         with h5py.File(self.path, "a", locking=False) as f:
@@ -174,20 +198,39 @@ class Run:
     def metric(self, name: str) -> np.ndarray:
         return self.get(f"metrics/{name}")
 
+    @property
+    def rounds(self) -> np.ndarray:
+        """The round number of each logged row (``log.every`` may skip rounds)."""
+        return self.get(ROUND_KEY)
+
     def mixing(self, t: int) -> np.ndarray:
+        """The dense [N, N] mixing matrix of logged row ``t`` (round ``rounds[t]``)."""
         with self._file() as f:
             g = f["graph"]
             if g.attrs.get("mixing_format", "dense") == "dense":
                 return g["mixing"][t]
             n = f["clients/cluster"].shape[0]
-            if g["mixing_kind"][t] == 1:
+            kind = g["mixing_kind"][t]
+            if kind == 1:
                 return np.broadcast_to(g["mixing_shared"][t], (n, n)).copy()
+            if kind == 2:
+                return group_matrix(g["mixing_group"][t], g["mixing_shared"][t])
             end = g["mixing_coo/end"]
             lo = int(end[t - 1]) if t > 0 else 0
             hi = int(end[t])
             m = np.zeros((n, n), np.float32)
             m[g["mixing_coo/row"][lo:hi], g["mixing_coo/col"][lo:hi]] = g["mixing_coo/val"][lo:hi]
             return m
+
+
+def group_matrix(group: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """Dense rows of the groups format: ``m[i, j] = weight[j]`` where j is in i's
+    group, and ``m[i] = e_i`` where that row would be all zero."""
+    group, weight = np.asarray(group), np.asarray(weight, np.float32)
+    m = np.where(group[:, None] == group[None, :], weight[None, :], np.float32(0)).astype(np.float32)
+    empty = np.flatnonzero(m.sum(1) == 0)
+    m[empty, empty] = 1.0
+    return m
 
 
 def open_run(path: str | Path) -> Run:
