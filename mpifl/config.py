@@ -80,6 +80,7 @@ class AlgorithmConfig:
 class LogConfig:
     every: int = 1  # log the per-client rows every k rounds (and always the last round)
     dense_max: int = 1024  # above this many clients N x N logs are stored compactly
+    flush_s: float = 1.0  # write buffered rounds to run.h5 at least this often; 0 = every round
 
 
 @dataclass
@@ -245,6 +246,7 @@ def validate(cfg: Config, n_ranks: int = 1) -> None:
     _check(a.ft_epochs >= 0, "algorithm.ft_epochs", a.ft_epochs, "must be >= 0")
     _check(cfg.log.every >= 1, "log.every", cfg.log.every, "must be >= 1")
     _check(cfg.log.dense_max >= 1, "log.dense_max", cfg.log.dense_max, "must be >= 1")
+    _check(0 <= cfg.log.flush_s < math.inf, "log.flush_s", cfg.log.flush_s, "must be a finite number >= 0")
     if a.name == "oracle":
         _check(d.partition != "iid", "algorithm.name", a.name,
                "oracle needs true clusters: use a clustered data.partition, not iid")

@@ -65,7 +65,7 @@ def _writer(cfg: Config, s: Setup) -> Writer | None:
         "cluster": d.cluster, "rank": ctx.comm.placement.owner(np.arange(d.n_clients)),
         "n_train": d.sizes[:, 0], "n_val": d.sizes[:, 1], "n_test": d.sizes[:, 2], "label_hist": d.label_hist,
     }
-    return Writer(rd.log, attrs, clients, d.n_clients, dense_max=cfg.log.dense_max)
+    return Writer(rd.log, attrs, clients, d.n_clients, dense_max=cfg.log.dense_max, flush_s=cfg.log.flush_s)
 
 
 def _log_round(writer: Writer | None, ctx: Context, t: int, out: Round, metrics: dict[str, np.ndarray],
@@ -119,28 +119,32 @@ def run(cfg: Config, mpi_comm) -> Path:
     t_start = time.perf_counter()
     R = cfg.run.rounds
     last_acc = float("nan")
-    for t in range(R):
-        comm.reset_counters()
-        t0 = time.perf_counter()
-        out = algo.round(ctx, state, t)
-        if (t + 1) % cfg.run.eval_every == 0 or t == R - 1:
-            metrics = algo.evaluate(ctx, state, t)
-        else:
-            metrics = {k: np.full(comm.n_local, np.nan) for k in METRICS}
-        wall = comm.allreduce_max(time.perf_counter() - t0)
-        comm_s = comm.allreduce_max(comm.seconds)
-        times = {"wall_s": wall, "comm_s": comm_s, "compute_s": wall - comm_s}
-        # log.every thins the per-client rows (nothing is gathered in between);
-        # evaluation keeps its own schedule so results do not depend on logging
-        logged = (t + 1) % cfg.log.every == 0 or t == R - 1
-        gathered = _log_round(writer, ctx, t, out, metrics, times) if logged else None
-        if gathered is not None:
-            acc = gathered["metrics/test_acc"]
-            if not np.all(np.isnan(acc)):
-                last_acc = float(np.nanmean(acc))
-            elapsed = time.perf_counter() - t_start
-            eta = elapsed / (t + 1) * (R - t - 1)
-            say(f"round {t + 1:>4}/{R}  test_acc {last_acc:.4f}  {wall:.2f}s/round  eta {eta:.0f}s", flush=True)
+    try:
+        for t in range(R):
+            comm.reset_counters()
+            t0 = time.perf_counter()
+            out = algo.round(ctx, state, t)
+            if (t + 1) % cfg.run.eval_every == 0 or t == R - 1:
+                metrics = algo.evaluate(ctx, state, t)
+            else:
+                metrics = {k: np.full(comm.n_local, np.nan) for k in METRICS}
+            wall = comm.allreduce_max(time.perf_counter() - t0)
+            comm_s = comm.allreduce_max(comm.seconds)
+            times = {"wall_s": wall, "comm_s": comm_s, "compute_s": wall - comm_s}
+            # log.every thins the per-client rows (nothing is gathered in between);
+            # evaluation keeps its own schedule so results do not depend on logging
+            logged = (t + 1) % cfg.log.every == 0 or t == R - 1
+            gathered = _log_round(writer, ctx, t, out, metrics, times) if logged else None
+            if gathered is not None:
+                acc = gathered["metrics/test_acc"]
+                if not np.all(np.isnan(acc)):
+                    last_acc = float(np.nanmean(acc))
+                elapsed = time.perf_counter() - t_start
+                eta = elapsed / (t + 1) * (R - t - 1)
+                say(f"round {t + 1:>4}/{R}  test_acc {last_acc:.4f}  {wall:.2f}s/round  eta {eta:.0f}s", flush=True)
+    finally:
+        if writer is not None:  # buffered rounds (log.flush_s), also when a round failed
+            writer.close()
     total = time.perf_counter() - t_start
     say(f"done: {R} rounds in {total:.1f}s, final mean test_acc {last_acc:.4f}; log: {RunDir(cfg.run_dir).log}",
         flush=True)
