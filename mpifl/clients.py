@@ -175,7 +175,11 @@ class Clients:
         self.buffers = self.layout.flatten_buffers(model).to(device).repeat(self.n, 1)
         self.opt = RowOptimizer(cfg, self.n, self.P, device)
         bn = has_batchnorm(model)
-        self.batched = (cfg.batched == "on") or (cfg.batched == "auto" and not bn)
+        # vmap turns per-client convolutions into grouped ones, whose CPU backward
+        # (oneDNN) is slower than the per-client loop (bench/README.md): auto keeps
+        # the loop for conv models on CPU
+        conv_cpu = device.type == "cpu" and any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())
+        self.batched = (cfg.batched == "on") or (cfg.batched == "auto" and not bn and not conv_cpu)
         if bn and self.batched:
             from .config import ConfigError
             raise ConfigError("train.batched='on' is not allowed with a BatchNorm model; use auto or off")

@@ -66,6 +66,7 @@ class TrainConfig:
     batch_size: int = 32
     local_epochs: int = 1
     # vmap all of a rank's clients at once; auto = when the model has no BatchNorm
+    # and is not a conv model on CPU (there the per-client loop is faster)
     batched: Literal["auto", "on", "off"] = "auto"
 
 

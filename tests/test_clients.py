@@ -98,6 +98,7 @@ def make_conv(batched: str, **over) -> Clients:
 def test_conv_model_batched_and_sequential_agree():
     a, b = make_conv("on"), make_conv("off")
     assert a._stacked is None  # vmap path
+    assert not make_conv("auto").batched  # conv on CPU: the loop is faster
     local = np.array([0, 1, 3])
     for t in range(2):
         np.testing.assert_allclose(a.train(local, 2, t), b.train(local, 2, t), rtol=1e-4, atol=1e-5)
