@@ -5,7 +5,9 @@ A model is only a template here: weights live in the rows, so exchanging a
 client's model is sending a contiguous row, and many clients train at once with
 ``torch.func.vmap`` (models without BatchNorm). The per-client loop is the
 fallback and the reference; both draw the same batches and apply the same
-optimizer arithmetic, so they agree to float tolerance.
+optimizer arithmetic, so they agree to float tolerance. Plain MLPs train through
+stacked ``bmm`` instead of vmap (same arithmetic, better memory layout); conv
+models on CPU use the loop under ``train.batched=auto`` (see bench/README.md).
 """
 
 from __future__ import annotations
