@@ -5,7 +5,9 @@ A model is only a template here: weights live in the rows, so exchanging a
 client's model is sending a contiguous row, and many clients train at once with
 ``torch.func.vmap`` (models without BatchNorm). The per-client loop is the
 fallback and the reference; both draw the same batches and apply the same
-optimizer arithmetic, so they agree to float tolerance.
+optimizer arithmetic, so they agree to float tolerance. Plain MLPs train through
+stacked ``bmm`` instead of vmap (same arithmetic, better memory layout); conv
+models on CPU use the loop under ``train.batched=auto`` (see bench/README.md).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call, grad_and_value, vmap
+from torch.func import functional_call, vmap
 
 from .config import TrainConfig
 from .data import FederatedData
@@ -96,24 +98,56 @@ class RowOptimizer:
 
     def step(self, sel, p: torch.Tensor, g: torch.Tensor, lr: float | None = None) -> torch.Tensor:
         """Return the updated rows ``p`` (rows ``sel`` of the state are updated)."""
+        q = p.clone()
+        self.step_(sel, q, g.clone(), lr)
+        return q
+
+    def step_(self, sel, p: torch.Tensor, g: torch.Tensor | list[torch.Tensor], lr: float | None = None) -> None:
+        """Update rows ``p`` ``[m, P]`` in place (a view of the parameters or a copy)
+        and rows ``sel`` of the state.
+
+        ``g``: the gradient ``[m, P]``, or per-parameter blocks ``[m, ...]`` in layout
+        order (what batched training produces: no flat copy needed); overwritten. The
+        in-place kernels are those of ``torch.optim`` (SGD: ``buf.mul_(m).add_(g)``,
+        ``p.add_(buf, alpha=-lr)``) and allocate no fresh ``[m, P]`` tensors.
+        """
         c = self.cfg
         lr = c.lr if lr is None else lr
-        if c.weight_decay:
-            g = g + c.weight_decay * p
+        m = p.shape[0]
+        if torch.is_tensor(g):
+            blocks = [(slice(None), g)]
+        else:
+            # autograd may return transposed blocks: view the rows in each block's
+            # shape rather than copying the block into the rows' layout
+            blocks, o = [], 0
+            for gi in g:
+                k = gi[0].numel() if m else 0
+                blocks.append((slice(o, o + k), gi))
+                o += k
+        state = {k: v[sel] for k, v in self.state.items()}  # views when sel is a slice
         if self.kind == "adam":
             b1, b2, eps = 0.9, 0.999, 1e-8
-            m = self.state["m"][sel] * b1 + (1 - b1) * g
-            v = self.state["v"][sel] * b2 + (1 - b2) * g * g
-            t = self.state["t"][sel] + 1
-            self.state["m"][sel], self.state["v"][sel], self.state["t"][sel] = m, v, t
-            mhat = m / (1 - b1 ** t)
-            vhat = v / (1 - b2 ** t)
-            return p - lr * mhat / (vhat.sqrt() + eps)
-        if "buf" in self.state:
-            buf = self.state["buf"][sel] * c.momentum + g
-            self.state["buf"][sel] = buf
-            return p - lr * buf
-        return p - lr * g
+            t = state["t"].add_(1)
+            c1, c2 = 1 - b1 ** t, 1 - b2 ** t
+        for cols, gb in blocks:
+            pb = p[:, cols].view(gb.shape)
+            if c.weight_decay:
+                gb.add_(pb, alpha=c.weight_decay)
+            if self.kind == "adam":
+                mb, vb = state["m"][:, cols].view(gb.shape), state["v"][:, cols].view(gb.shape)
+                mb.mul_(b1).add_(gb, alpha=1 - b1)
+                vb.mul_(b2).addcmul_(gb, gb, value=1 - b2)
+                ones = (1,) * (gb.dim() - 1)  # per-row bias corrections against this block
+                pb.addcdiv_(mb / c1.view(m, *ones), (vb / c2.view(m, *ones)).sqrt_().add_(eps), value=-lr)
+            elif "buf" in state:
+                bb = state["buf"][:, cols].view(gb.shape)
+                bb.mul_(c.momentum).add_(gb)
+                pb.add_(bb, alpha=-lr)
+            else:
+                pb.add_(gb, alpha=-lr)
+        if not isinstance(sel, slice):
+            for k, v in state.items():
+                self.state[k][sel] = v
 
 
 @dataclass
@@ -151,11 +185,17 @@ class Clients:
         self.skipped = np.zeros(self.n, np.int64)  # updates dropped as non-finite (reset per round)
         bn = has_batchnorm(model)
         self.bn = bn
-        self.batched = (cfg.batched == "on") or (cfg.batched == "auto" and not bn)
+        # vmap turns per-client convolutions into grouped ones, whose CPU backward
+        # (oneDNN) is slower than the per-client loop (bench/README.md): auto keeps
+        # the loop for conv models on CPU
+        conv_cpu = device.type == "cpu" and any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())
+        self.batched = (cfg.batched == "on") or (cfg.batched == "auto" and not bn and not conv_cpu)
         if bn and self.batched:
             from .config import ConfigError
             raise ConfigError("train.batched='on' is not allowed with a BatchNorm model; use auto or off")
-        self._vgrad = vmap(grad_and_value(self._loss), in_dims=(0, 0, 0, 0))
+        self._vloss = vmap(self._loss_parts, in_dims=(0, 0, 0, 0))
+        self._names = [n for n, _, _ in self.layout.params]
+        self._stacked = _stacked_mlp(model) if self.layout.B == 0 else None
         self._vlogits = vmap(self._logits_one, in_dims=(0, 0))
 
     # ------------------------------------------------------------------ functional model
@@ -166,35 +206,70 @@ class Clients:
         return functional_call(self.model, state, (x,))
 
     def _loss(self, flat, x, y, w, bufs=None):
-        out = self._logits_one(flat, x, bufs)
+        return self._loss_parts(self.layout.unflatten(flat), x, y, w, bufs)
+
+    def _loss_parts(self, state: dict[str, torch.Tensor], x, y, w, bufs=None):
+        if bufs is not None and self.layout.B:
+            state = {**state, **self.layout.unflatten_buffers(bufs)}
+        out = functional_call(self.model, state, (x,))
         losses = F.cross_entropy(out, y, reduction="none")
         return (losses * w).sum() / w.sum().clamp_min(1.0)
 
+    def _parts(self, params: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Per-parameter views ``[m, *shape]`` of rows ``[m, P]`` (no copy)."""
+        m, out, o = params.shape[0], {}, 0
+        for name, shape, k in self.layout.params:
+            out[name] = params[:, o:o + k].view(m, *shape)
+            o += k
+        return out
+
     def grads(self, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
               local: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-row gradient and loss of ``params[i]`` on batch ``(x[i], y[i], w[i])``.
+        """Per-row gradient ``[m, P]`` and loss ``[m]`` of ``params[i]`` on batch
+        ``(x[i], y[i], w[i])``. ``local`` names the clients whose BatchNorm buffers
+        the rows use."""
+        g, loss = self._grads(params, x, y, w, local)
+        if torch.is_tensor(g):
+            return g, loss
+        flat = torch.empty(params.shape[0], self.P, dtype=params.dtype, device=params.device)
+        self._write_flat(flat, dict(zip(self._names, g)))
+        return flat, loss
 
-        ``local`` names the clients whose BatchNorm buffers the rows use.
-        """
+    def _grads(self, params, x, y, w, local) -> tuple[torch.Tensor | list[torch.Tensor], torch.Tensor]:
+        """As :meth:`grads`; the batched path returns per-parameter blocks."""
+        # Differentiate with respect to per-parameter views, not the flat row: the
+        # backward of slicing a flat row materialises a zero [m, P] tensor per
+        # parameter tensor, which cost more than the model's own matmuls. Batched:
+        # vmap the forward only and let plain autograd take the gradient of the sum
+        # of the per-client losses (client i's loss depends on row i alone), which
+        # is cheaper than functorch's grad transform.
         self.model.train()
-        if self.batched:
-            return self._vgrad(params, x, y, w)
-        gs, ls = [], []
-        for i in range(params.shape[0]):
-            keep = w[i] > 0
-            # one leaf per parameter tensor, not one flat leaf: the backward of P-wide
-            # slices costs O(P) per tensor, O(P x tensors) per step (seconds on ResNet-18)
-            leaves = {n: v.detach().requires_grad_(True) for n, v in self.layout.unflatten(params[i]).items()}
-            state = dict(leaves)
-            if local is not None and self.layout.B:
-                state.update(self.layout.unflatten_buffers(self.buffers[local[i]]))
-            out = functional_call(self.model, state, (x[i][keep],))
-            wi = w[i][keep]
-            loss = (F.cross_entropy(out, y[i][keep], reduction="none") * wi).sum() / wi.sum().clamp_min(1.0)
-            g = torch.autograd.grad(loss, list(leaves.values()))
-            gs.append(torch.cat([t.reshape(-1) for t in g]))
-            ls.append(loss.detach())
-        return torch.stack(gs), torch.stack(ls)
+        m = params.shape[0]
+        with torch.enable_grad():
+            if self.batched:
+                leaves = {k: v.detach().requires_grad_(True) for k, v in self._parts(params).items()}
+                if self._stacked is not None:
+                    loss = _weighted_ce(_stacked_forward(self._stacked, leaves, x), y, w)
+                else:
+                    loss = self._vloss(leaves, x, y, w)
+                return list(torch.autograd.grad(loss.sum(), list(leaves.values()))), loss.detach()
+            g = torch.empty(m, self.P, dtype=params.dtype, device=params.device)
+            ls = []
+            for i in range(m):
+                keep = w[i] > 0
+                parts = {k: v[0].detach().requires_grad_(True) for k, v in self._parts(params[i:i + 1]).items()}
+                bufs = self.buffers[local[i]] if (local is not None and self.layout.B) else None
+                loss = self._loss_parts(parts, x[i][keep], y[i][keep], w[i][keep], bufs)
+                gi = torch.autograd.grad(loss, list(parts.values()))
+                self._write_flat(g[i:i + 1], dict(zip(parts, (t[None] for t in gi))))
+                ls.append(loss.detach())
+            return g, torch.stack(ls)
+
+    def _write_flat(self, out: torch.Tensor, parts: dict[str, torch.Tensor]) -> None:
+        o = 0
+        for name, _, k in self.layout.params:
+            out[:, o:o + k] = parts[name].reshape(out.shape[0], k)
+            o += k
 
     @torch.no_grad()
     def logits(self, params: torch.Tensor, x: torch.Tensor, local: np.ndarray | None = None) -> torch.Tensor:
@@ -276,13 +351,19 @@ class Clients:
         bad = np.zeros(len(local), bool)
         for s in range(plan.steps):
             idx = plan.idx[:, s]
-            act = np.flatnonzero((idx >= 0).any(1))
+            valid = idx >= 0
+            act = np.flatnonzero(valid.any(1))
+            # drop the padding columns no client uses (the short last batch of an
+            # epoch): padded samples have weight 0, so this saves compute only
+            width = int(np.flatnonzero(valid.any(0)).max()) + 1
             rows = local[act]
             sel = _rows_selector(rows, self.device)
-            x, y, w = self.batch(idx[act])
-            p = self.params[sel]
-            g, loss = self.grads(p, x, y, w, rows)
-            self.params[sel] = self.opt.step(sel, p, g)
+            x, y, w = self.batch(idx[act, :width])
+            p = self.params[sel]  # a view when the rows are contiguous
+            g, loss = self._grads(p, x, y, w, rows)
+            self.opt.step_(sel, p, g)
+            if not isinstance(sel, slice):
+                self.params[sel] = p
             nw = w.sum(1).cpu().numpy()
             lv = loss.detach().cpu().numpy()
             bad[act] |= ~np.isfinite(lv)
@@ -356,6 +437,51 @@ class Clients:
                 out = self.logits(params[sl], x, local[sl])
             loss[sl], acc[sl] = _loss_acc(out, y, w)
         return loss, acc
+
+
+def _stacked_mlp(model: nn.Module) -> list[tuple[str, ...]] | None:
+    """The layers of an ``nn.Sequential`` of Flatten / Linear / ReLU, or None.
+
+    Such models (the MLPs) train through :func:`_stacked_forward` instead of vmap:
+    vmap's linear puts each weight gradient in transposed layout, and applying it
+    to the row-major rows then costs a strided pass as long as the matmuls."""
+    if not isinstance(model, nn.Sequential):
+        return None
+    ops: list[tuple[str, ...]] = []
+    for name, mod in model.named_children():
+        if isinstance(mod, nn.Linear):
+            ops.append(("linear", f"{name}.weight", f"{name}.bias" if mod.bias is not None else ""))
+        elif isinstance(mod, nn.ReLU):
+            ops.append(("relu",))
+        elif isinstance(mod, nn.Flatten) and mod.start_dim == 1 and mod.end_dim == -1:
+            ops.append(("flatten",))
+        else:
+            return None
+    return ops
+
+
+def _stacked_forward(ops: list[tuple[str, ...]], p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """``[m, b, C]`` logits of m MLPs (weights ``[m, out, in]``) on ``x [m, b, ...]``.
+
+    Activations are kept transposed (``[m, features, b]``) so every layer is
+    ``W @ h``: the weight gradient ``dz @ h^T`` then comes out ``[m, out, in]``,
+    the rows' own layout, and the optimizer reads it contiguously."""
+    m, b = x.shape[:2]
+    h = x.reshape(m, b, -1).transpose(1, 2)
+    for op in ops:
+        if op[0] == "linear":
+            w = p[op[1]]
+            h = torch.baddbmm(p[op[2]].unsqueeze(2), w, h) if op[2] else torch.bmm(w, h)
+        elif op[0] == "relu":
+            h = torch.relu(h)
+        # flatten: inputs were flattened above, and Flatten comes first in an MLP
+    return h.transpose(1, 2)
+
+
+def _weighted_ce(logits: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Per-row weighted mean cross-entropy ``[m]`` of ``[m, b, C]`` logits."""
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none").view_as(w)
+    return (ce * w).sum(1) / w.sum(1).clamp_min(1.0)
 
 
 def _loss_acc(logits: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:

@@ -63,6 +63,33 @@ class Placement:
         return np.diff(self.starts)
 
 
+class BufferPool:
+    """Reusable float32 receive buffers.
+
+    A fresh ``[n, P]`` buffer costs a page fault per 4 KiB on first touch, as much
+    as the transfer itself for large models. A pooled buffer is handed out again
+    only when nothing else refers to it (no numpy view, no ``torch.from_numpy``
+    tensor or view of one is alive), so results a caller keeps are never
+    overwritten."""
+
+    def __init__(self, keep: int = 4):
+        self.keep = keep
+        self.free: list[np.ndarray] = []
+
+    def get(self, n: int, P: int) -> np.ndarray:
+        for i in range(len(self.free)):
+            # 2 references when unused: the list's and getrefcount's argument
+            if self.free[i].shape[1] == P and self.free[i].shape[0] >= n and sys.getrefcount(self.free[i]) <= 2:
+                b = self.free.pop(i)
+                self.free.append(b)  # most recently used last
+                return b[:n]
+        b = np.empty((n, P), np.float32)
+        self.free.append(b)
+        if len(self.free) > self.keep:
+            self.free.pop(0)
+        return b
+
+
 class Comm:
     """A communicator plus the clients placed on it and their traffic counters."""
 
@@ -75,6 +102,7 @@ class Comm:
         self.local_ids = self.placement.local_ids(self.rank)
         self.n_local = len(self.local_ids)
         self.first = int(self.local_ids[0]) if self.n_local else 0
+        self.pool = BufferPool()
         self.reset_counters()
 
     # ------------------------------------------------------------------ counters
@@ -123,8 +151,23 @@ class Comm:
         weights. Clients with non-zero weight are charged one model sent.
         """
         w = torch.as_tensor(weights, dtype=rows.dtype, device=rows.device)
-        local = (w @ rows) if rows.shape[0] else torch.zeros(rows.shape[1], dtype=rows.dtype, device=rows.device)
-        out = self._allreduce(local)
+        if rows.device.type == "cpu" and rows.dtype == torch.float32:
+            # sum straight into a pooled buffer and reduce in place: no fresh [P]
+            # allocations and no second buffer for the result
+            buf = self.pool.get(1, rows.shape[1])[0]
+            local = torch.from_numpy(buf)
+            if rows.shape[0]:
+                torch.mv(rows.t(), w, out=local)
+            else:
+                local.zero_()
+            del local
+            self.mpi.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+            self.wire_sent += buf.nbytes
+            self.wire_recv += buf.nbytes
+            out = torch.from_numpy(buf)
+        else:
+            local = (w @ rows) if rows.shape[0] else torch.zeros(rows.shape[1], dtype=rows.dtype, device=rows.device)
+            out = self._allreduce(local)
         nz = np.flatnonzero(w.cpu().numpy())
         self.count(nz, sent=rows.shape[1] * F32)
         return out
@@ -160,6 +203,22 @@ class Comm:
         mpitype = MPI._typedict[arr.dtype.char]
         recv = [out, (counts, np.concatenate([[0], np.cumsum(counts)[:-1]])), mpitype] if self.rank == root else None
         self.mpi.Gatherv([arr, mpitype], recv, root=root)
+        return out
+
+    @_timed
+    def gather_concat(self, local: np.ndarray, root: int = 0) -> np.ndarray | None:
+        """Concatenate every rank's 1-D array (any length) in rank order on ``root``
+        (the non-zeros of sparse logs)."""
+        arr = np.ascontiguousarray(np.asarray(local).ravel())
+        counts = self.mpi.gather(len(arr), root=root)
+        mpitype = MPI._typedict[arr.dtype.char]
+        if self.rank != root:
+            self.mpi.Gatherv([arr, mpitype], None, root=root)
+            return None
+        counts = np.asarray(counts)
+        out = np.empty(int(counts.sum()), arr.dtype)
+        self.mpi.Gatherv([arr, mpitype], [out, (counts, np.concatenate([[0], np.cumsum(counts)[:-1]])), mpitype],
+                         root=root)
         return out
 
     @_timed
@@ -205,14 +264,14 @@ class Comm:
         for r in range(self.size):
             if r == self.rank or not req[r]:
                 continue
-            buf = np.empty((len(req[r]), P), np.float32)
+            buf = self.pool.get(len(req[r]), P)
             recv_bufs[r] = buf
             reqs.append(self.mpi.Irecv([buf, MPI.FLOAT], source=r, tag=11))
         send_keep = []
         for r in range(self.size):
             if r == self.rank or not asked[r]:
                 continue
-            sb = np.ascontiguousarray(host[self.to_local(asked[r])])
+            sb = _take_rows(host, self.to_local(asked[r]))
             send_keep.append(sb)
             reqs.append(self.mpi.Isend([sb, MPI.FLOAT], dest=r, tag=11))
             self.wire_sent += sb.nbytes
@@ -265,7 +324,7 @@ class Comm:
         for r in range(self.size):
             if r == self.rank or not recv_ids[r]:
                 continue
-            buf = np.empty((len(recv_ids[r]), P), np.float32)
+            buf = self.pool.get(len(recv_ids[r]), P)
             recv_bufs[r] = buf
             reqs.append(self.mpi.Irecv([buf, MPI.FLOAT], source=r, tag=12))
         for r in range(self.size):
@@ -366,6 +425,15 @@ def _as_wanted(wanted, n_local: int) -> dict[int, list[int]]:
         return {int(i): [int(j) for j in js] for i, js in wanted.items()}
     assert len(wanted) == n_local, "one list of wanted ids per local client"
     return {i: [int(j) for j in js] for i, js in enumerate(wanted)}
+
+
+def _take_rows(host: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """Rows ``idx`` of ``host`` as a contiguous array: a view (no copy) when they
+    are consecutive, as when a whole block or a run of clients is asked for."""
+    idx = np.asarray(idx)
+    if len(idx) and np.all(np.diff(idx) == 1):
+        return host[int(idx[0]):int(idx[-1]) + 1]
+    return np.ascontiguousarray(host[idx])
 
 
 def _host(t: torch.Tensor) -> np.ndarray:

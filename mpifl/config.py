@@ -90,6 +90,7 @@ class TrainConfig:
     batch_size: int = 32
     local_epochs: int = 1
     # vmap all of a rank's clients at once; auto = when the model has no BatchNorm
+    # and is not a conv model on CPU (there the per-client loop is faster)
     batched: Literal["auto", "on", "off"] = "auto"
     # a NaN/inf loss or parameter: stop with an error naming client and round, or drop
     # that client's update for the round (counted in /metrics/skipped)
@@ -167,6 +168,15 @@ class PFedLIAConfig:
 
 
 @dataclass
+class LogConfig:
+    every: int = 1  # log the per-client rows every k rounds (and always the last round)
+    dense_max: int = 1024  # above this many clients N x N logs are stored compactly
+    # buffer rounds and write them to run.h5 at least this often (seconds); 0 = every round,
+    # so a crash loses no finished round (>0 pays off when rounds take milliseconds)
+    flush_s: float = 0.0
+
+
+@dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -177,6 +187,7 @@ class Config:
     fedc2i: FedC2IConfig = field(default_factory=FedC2IConfig)
     dpfl: DPFLConfig = field(default_factory=DPFLConfig)
     pfedlia: PFedLIAConfig = field(default_factory=PFedLIAConfig)
+    log: LogConfig = field(default_factory=LogConfig)
 
     @property
     def run_dir(self) -> Path:
@@ -385,6 +396,9 @@ def validate(cfg: Config, n_ranks: int = 1) -> None:
     _check(0 < lia.xi < 1, "pfedlia.xi", lia.xi, "must be in (0, 1)")
     _check(2 <= lia.min_samples <= max(2, d.n_clients), "pfedlia.min_samples", lia.min_samples,
            f"must be in [2, data.n_clients] (n_clients is {d.n_clients})")
+    _check(cfg.log.every >= 1, "log.every", cfg.log.every, "must be >= 1")
+    _check(cfg.log.dense_max >= 1, "log.dense_max", cfg.log.dense_max, "must be >= 1")
+    _check(0 <= cfg.log.flush_s < math.inf, "log.flush_s", cfg.log.flush_s, "must be a finite number >= 0")
     if a.name == "oracle":
         _check(d.partition not in ("iid", "patho", "dirichlet"), "algorithm.name", a.name,
                f"oracle needs true clusters: data.partition={d.partition!r} records none; "

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from scipy import sparse
 
 from . import __version__, algorithms, checkpoint, models
 from .algorithms.base import Context, Round
@@ -90,7 +91,8 @@ def _writer(cfg: Config, s: Setup, keep_rounds: int | None) -> Writer | None:
         "cluster": d.cluster, "rank": ctx.comm.placement.owner(np.arange(d.n_clients)),
         "n_train": d.sizes[:, 0], "n_val": d.sizes[:, 1], "n_test": d.sizes[:, 2], "label_hist": d.label_hist,
     }
-    return Writer(rd.log, attrs, clients, d.n_clients, keep_rounds=keep_rounds)
+    return Writer(rd.log, attrs, clients, d.n_clients, dense_max=cfg.log.dense_max, flush_s=cfg.log.flush_s,
+                  keep_rounds=keep_rounds)
 
 
 def _log_round(writer: Writer | None, ctx: Context, t: int, out: Round, metrics: dict[str, np.ndarray],
@@ -103,14 +105,48 @@ def _log_round(writer: Writer | None, ctx: Context, t: int, out: Round, metrics:
     group = ctx.cfg.algorithm.name
     path = (lambda k: k if "/" in k else f"{group}/{k}")
     rows.update({path(k): v for k, v in out.extras.items()})
-    gathered = {k: comm.gather_rows(np.asarray(v)) for k, v in rows.items()}
+    gathered = _gather_grouped(comm, rows)
     once = {path(k): comm.gather_rows(np.asarray(v)) for k, v in out.once.items()}
-    mixing = comm.gather_rows(np.asarray(out.mixing, np.float32)) if out.mixing is not None else None
+    mixing = _gather_mixing(ctx, out.mixing)
     if writer is not None:
         writer.write_round(t, times, gathered, mixing=mixing, mixing_row=out.mixing_row, once=once,
-                           attrs=out.attrs)
+                           attrs=out.attrs, mixing_groups=out.mixing_groups)
         return gathered
     return None
+
+
+def _gather_grouped(comm: Comm, rows: dict[str, np.ndarray]) -> dict[str, np.ndarray | None]:
+    """``gather_rows`` of each entry, with one Gatherv per (dtype, row shape) rather
+    than per entry: the dozen per-client metrics and counters of a round travel
+    in two messages, which matters when rounds take milliseconds."""
+    groups: dict[tuple, list[str]] = {}
+    arrays = {k: np.asarray(v) for k, v in rows.items()}
+    for k, v in arrays.items():
+        groups.setdefault((v.dtype.str, v.shape[1:]), []).append(k)
+    out: dict[str, np.ndarray | None] = {}
+    for keys in groups.values():
+        stacked = comm.gather_rows(np.stack([arrays[k] for k in keys], axis=1))  # [n_local, k, ...]
+        for i, k in enumerate(keys):
+            out[k] = None if stacked is None else stacked[:, i]
+    return out
+
+
+def _gather_mixing(ctx: Context, m) -> np.ndarray | sparse.coo_matrix | None:
+    """Rank 0 gets the [N, N] mixing matrix: stacked dense rows at small N, else
+    only the non-zeros of every rank's rows (sparse, or dense rows made sparse
+    here), so no dense N x N array is built at large N."""
+    if m is None:
+        return None
+    comm, N = ctx.comm, ctx.N
+    if not sparse.issparse(m) and N <= ctx.cfg.log.dense_max:
+        return comm.gather_rows(np.asarray(m, np.float32))
+    coo = sparse.coo_matrix(m)
+    rows = comm.gather_concat((coo.row + comm.first).astype(np.int64))
+    cols = comm.gather_concat(coo.col.astype(np.int64))
+    vals = comm.gather_concat(coo.data.astype(np.float32))
+    if rows is None:
+        return None
+    return sparse.coo_matrix((vals, (rows, cols)), shape=(N, N))
 
 
 def run(cfg: Config, mpi_comm) -> Path:
@@ -134,37 +170,46 @@ def run(cfg: Config, mpi_comm) -> Path:
     R = cfg.run.rounds
     every = cfg.run.checkpoint_every
     last_acc = float("nan")
-    for t in range(first, R):
-        if fault == (t, "raise"):
-            raise RuntimeError(f"injected fault (MPIFL_FAULT) at round {t}")
-        if fault == (t, "kill"):
-            os.kill(os.getpid(), signal.SIGKILL)
-        comm.reset_counters()
-        ctx.clients.skipped[:] = 0
-        t0 = time.perf_counter()
-        out = algo.round(ctx, state, t)
-        if (t + 1) % cfg.run.eval_every == 0 or t == R - 1:
-            metrics = algo.evaluate(ctx, state, t)
-        else:
-            metrics = {k: np.full(comm.n_local, np.nan) for k in METRICS}
-        wall = comm.allreduce_max(time.perf_counter() - t0)
-        comm_s = comm.allreduce_max(comm.seconds)
-        times = {"wall_s": wall, "comm_s": comm_s, "compute_s": wall - comm_s}
-        gathered = _log_round(writer, ctx, t, out, metrics, times)
-        if gathered is not None:
-            acc = gathered["metrics/test_acc"]
-            if not np.all(np.isnan(acc)):
-                last_acc = float(np.nanmean(acc))
-            elapsed = time.perf_counter() - t_start
-            eta = elapsed / (t + 1 - first) * (R - t - 1)
-            say(f"round {t + 1:>4}/{R}  test_acc {last_acc:.4f}  {wall:.2f}s/round  eta {eta:.0f}s", flush=True)
-        stopping = comm.allreduce_max(stop.signum) > 0
-        if stopping or t == R - 1 or (every and (t + 1) % every == 0):
-            checkpoint.save(rd, ctx, state, t, die_before_publish=fault == (t, "kill_in_checkpoint"))
-        if stopping and t < R - 1:
-            say(f"mpifl: stop signal after round {t + 1}/{R}; checkpoint written, resume by running the same "
-                f"command again (exit {PREEMPTED})", flush=True)
-            raise Preempted()
+    try:
+        for t in range(first, R):
+            if fault == (t, "raise"):
+                raise RuntimeError(f"injected fault (MPIFL_FAULT) at round {t}")
+            if fault == (t, "kill"):
+                os.kill(os.getpid(), signal.SIGKILL)
+            comm.reset_counters()
+            ctx.clients.skipped[:] = 0
+            t0 = time.perf_counter()
+            out = algo.round(ctx, state, t)
+            if (t + 1) % cfg.run.eval_every == 0 or t == R - 1:
+                metrics = algo.evaluate(ctx, state, t)
+            else:
+                metrics = {k: np.full(comm.n_local, np.nan) for k in METRICS}
+            wall = comm.allreduce_max(time.perf_counter() - t0)
+            comm_s = comm.allreduce_max(comm.seconds)
+            times = {"wall_s": wall, "comm_s": comm_s, "compute_s": wall - comm_s}
+            # log.every thins the per-client rows (nothing is gathered in between);
+            # evaluation keeps its own schedule so results do not depend on logging
+            logged = (t + 1) % cfg.log.every == 0 or t == R - 1
+            gathered = _log_round(writer, ctx, t, out, metrics, times) if logged else None
+            if gathered is not None:
+                acc = gathered["metrics/test_acc"]
+                if not np.all(np.isnan(acc)):
+                    last_acc = float(np.nanmean(acc))
+                elapsed = time.perf_counter() - t_start
+                eta = elapsed / (t + 1 - first) * (R - t - 1)
+                say(f"round {t + 1:>4}/{R}  test_acc {last_acc:.4f}  {wall:.2f}s/round  eta {eta:.0f}s", flush=True)
+            stopping = comm.allreduce_max(stop.signum) > 0
+            if stopping or t == R - 1 or (every and (t + 1) % every == 0):
+                if writer is not None:  # the log must hold every round the checkpoint does
+                    writer.flush()
+                checkpoint.save(rd, ctx, state, t, die_before_publish=fault == (t, "kill_in_checkpoint"))
+            if stopping and t < R - 1:
+                say(f"mpifl: stop signal after round {t + 1}/{R}; checkpoint written, resume by running the same "
+                    f"command again (exit {PREEMPTED})", flush=True)
+                raise Preempted()
+    finally:
+        if writer is not None:  # buffered rounds (log.flush_s), also when a round failed
+            writer.close()
     total = time.perf_counter() - t_start
     say(f"done: {R} rounds in {total:.1f}s, final mean test_acc {last_acc:.4f}; log: {rd.log}", flush=True)
     return rd.log

@@ -136,7 +136,7 @@ def test_sequential_gradients_equal_batched():
     """The per-tensor leaves of the sequential path give vmap's gradients."""
     torch.set_num_threads(1)
     cfg = config.load(None, ["data.name=digits", "data.partition=iid", "data.n_clients=3", "model.name=cnn2",
-                             "data.subsample=0.3"])
+                             "data.subsample=0.3", "train.batched=on"])
     data = build(cfg.data, 0, np.arange(3))
     m = models.build(cfg.model, data.in_shape, data.n_classes, 0)
     c = Clients(m, data, cfg.train, torch.device("cpu"), 0)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from scipy import sparse
 
 from ..clients import Clients
 from ..comm import Comm
@@ -60,8 +61,13 @@ class Round:
     """What one round produced on this rank (rows: this rank's clients)."""
 
     train_loss: np.ndarray  # [n_local], nan where a client did not train
-    mixing: np.ndarray | None = None  # [n_local, N] row-stochastic
+    # [n_local, N] row-stochastic: a dense array or a scipy.sparse matrix (graphs,
+    # identity); sparse ones travel and are stored as their non-zeros
+    mixing: np.ndarray | sparse.spmatrix | sparse.sparray | None = None
     mixing_row: np.ndarray | None = None  # [N] when every client's row is the same
+    # (group [N], weight [N]), the same on every rank, for cluster algorithms: row i
+    # is weight restricted to i's group, or e_i where that is all zero
+    mixing_groups: tuple[np.ndarray, np.ndarray] | None = None
     # per-round logs: name -> [n_local, ...]; stored at /<algorithm>/<name> (a name
     # holding "/" is a path from the root, e.g. "lia/influence")
     extras: dict[str, np.ndarray] = field(default_factory=dict)
@@ -80,7 +86,8 @@ def own_rows_metrics(ctx: Context, params: torch.Tensor | None = None) -> dict[s
     return out
 
 
-def identity_rows(ctx: Context) -> np.ndarray:
-    m = np.zeros((ctx.comm.n_local, ctx.N), np.float32)
-    m[np.arange(ctx.comm.n_local), ctx.comm.local_ids] = 1.0
-    return m
+def identity_rows(ctx: Context) -> sparse.csr_matrix:
+    """This rank's rows of the identity as a sparse ``[n_local, N]`` matrix (no dense
+    ``n_local x N`` array at large N; ``.toarray()`` gives the dense one)."""
+    n = ctx.comm.n_local
+    return sparse.csr_matrix((np.ones(n, np.float32), (np.arange(n), ctx.comm.local_ids)), shape=(n, ctx.N))

@@ -280,7 +280,7 @@ def aggregate(ctx: Context, state: State, t: int) -> Aggregation:
             return Aggregation(mixed, influence, nan_m, mixing)
         base = mixed
     elif ablation == "class_only_local":
-        base, influence, mixing = c.params.clone(), nan_a, identity_rows(ctx)
+        base, influence, mixing = c.params.clone(), nan_a, identity_rows(ctx).toarray()  # dense like its other rows
     else:  # class_only_global
         base, influence = (total / N).expand(m, -1).clone(), nan_a
         mixing = np.full((m, N), 1.0 / N, np.float32)

@@ -51,12 +51,9 @@ def cluster_fedavg(ctx: Context, models: torch.Tensor, cl: np.ndarray, t: int,
     hit = torch.as_tensor(np.isin(np.arange(len(models)), cl[sampled]), device=sums.device)
     models = torch.where(hit[:, None], sums, models)
 
-    mixing = np.zeros((ctx.comm.n_local, ctx.N), np.float32)
-    for r, i in enumerate(ctx.comm.local_ids):
-        mixing[r] = np.where(cl == cl[i], w, 0.0)
-        if mixing[r].sum() == 0:  # cluster not sampled: the client keeps what it had
-            mixing[r, i] = 1.0
-    return models, Round(train_loss=loss, mixing=mixing)
+    # row i: w within i's cluster; a cluster with no sampled client keeps its
+    # model (row e_i), which is the groups format's own rule
+    return models, Round(train_loss=loss, mixing_groups=(cl, w))
 
 
 def evaluate(ctx: Context, state: State, t: int) -> dict[str, np.ndarray]:

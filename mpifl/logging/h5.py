@@ -16,21 +16,33 @@ file is complete and any reader (h5py, h5dump, ``open_run``) can open it while
 the run goes on. ``/rounds/round`` is written last: its length is the number of
 complete rounds, and readers ignore rows past it.
 
+Row i of every per-round dataset is round ``/rounds/round[i]`` (``Run.rounds``):
+with ``log.every = k`` only every k-th round (and the last) is logged.
+
 Above ``dense_max`` clients an N x N matrix per round stops fitting; the mixing
-matrix is then stored compactly (``/graph`` attr ``mixing_format = compact``):
-rounds where all rows are equal keep one row (``mixing_shared``), other rounds
-keep their non-zeros (``mixing_coo/{row,col,val}`` with ``offsets``).
-``Run.mixing(t)`` hides which.
+matrix is then stored compactly (``/graph`` attr ``mixing_format = compact``),
+``mixing_kind`` per row saying how:
+
+- 0, graphs: the non-zeros, ``mixing_coo/{row,col,val}`` concatenated over rows,
+  row i's in ``[end[i-1], end[i])`` of ``mixing_coo/end``;
+- 1, FedAvg-like (all rows equal): that one row, ``mixing_shared``;
+- 2, cluster algorithms: ``mixing_group`` (cluster id per client) and
+  ``mixing_shared`` (weights): row i is the weights restricted to i's cluster, or
+  e_i where that is all zero.
+
+``Run.mixing(i)`` returns the dense matrix whichever the storage.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import h5py
 import numpy as np
+from scipy import sparse
 
 ROUND_KEY = "rounds/round"
 
@@ -50,6 +62,17 @@ def _append(f: h5py.File, path: str, row: np.ndarray, at: int) -> None:
     ds[at] = row
 
 
+def _append_block(f: h5py.File, path: str, block: np.ndarray, at: int) -> None:
+    """Write ``block`` (k rows) as rows ``at .. at+k-1`` of the per-round dataset ``path``."""
+    block = np.asarray(block)
+    if path not in f:
+        _append(f, path, block[0], at)  # creates it with the per-row layout
+    ds = f[path]
+    if ds.shape[0] < at + len(block):
+        ds.resize(at + len(block), axis=0)
+    ds[at:at + len(block)] = block
+
+
 def _append_flat(f: h5py.File, path: str, values: np.ndarray) -> int:
     """Extend a 1-D dataset by ``values``; returns its new length."""
     values = np.asarray(values).ravel()
@@ -64,15 +87,25 @@ def _append_flat(f: h5py.File, path: str, values: np.ndarray) -> int:
 
 
 class Writer:
-    """Rank 0's handle on ``run.h5``; every call opens, writes and closes."""
+    """Rank 0's handle on ``run.h5``; every write opens, appends and closes.
+
+    ``flush_s`` > 0 buffers rounds in memory and writes them together once that
+    many seconds have passed since the last write (and on :meth:`close`): opening
+    the file and extending a dozen datasets costs about the same for one round as
+    for fifty, which for sub-second rounds was a tenth of the run. Readers then see
+    rounds at most ``flush_s`` late. ``flush_s = 0``: every round as it comes.
+    """
 
     def __init__(self, path: Path, attrs: dict[str, Any], clients: dict[str, np.ndarray],
-                 n_clients: int, dense_max: int = 1024, keep_rounds: int | None = None):
-        """A new log, or with ``keep_rounds`` the existing one cut to that many rounds
-        (resuming from a checkpoint: rounds logged after it are dropped)."""
+                 n_clients: int, dense_max: int = 1024, flush_s: float = 0.0, keep_rounds: int | None = None):
+        """A new log, or with ``keep_rounds`` the existing one cut to the rounds before
+        that one (resuming from a checkpoint: rounds logged after it are dropped)."""
         self.path = Path(path)
         self.n = n_clients
         self.compact = n_clients > dense_max
+        self.flush_s = flush_s
+        self.pending: list[dict[str, Any]] = []
+        self._last = time.monotonic()
         if keep_rounds is not None and self.path.is_file():
             self.truncate(keep_rounds)
             self.set_attrs(resumed_from_round=keep_rounds, n_ranks=attrs["n_ranks"])
@@ -86,49 +119,103 @@ class Writer:
             g.attrs["mixing_format"] = "compact" if self.compact else "dense"
 
     def write_round(self, t: int, rounds: dict[str, float], rows: dict[str, np.ndarray],
-                    mixing: np.ndarray | None = None, mixing_row: np.ndarray | None = None,
-                    once: dict[str, np.ndarray] | None = None, attrs: dict[str, Any] | None = None) -> None:
-        """``rows``: ``{"metrics/val_acc": [N], "federico/client_weights": [N, N], ...}``;
-        ``once``: datasets written whole, with attr ``round`` = t (e.g. LIA's influence)."""
-        with h5py.File(self.path, "a", locking=False) as f:
-            for k, v in rows.items():
-                _append(f, k, v, t)
-            for k, v in (once or {}).items():
-                if k in f:
-                    del f[k]
-                f.create_dataset(k, data=v, compression="gzip" if np.size(v) > 64 else None)
-                f[k].attrs["round"] = t
-            for k, v in (attrs or {}).items():
-                f.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else v
-            self._mixing(f, t, mixing, mixing_row)
-            for k, v in rounds.items():
-                _append(f, f"rounds/{k}", np.float64(v), t)
-            _append(f, ROUND_KEY, np.int64(t), t)  # last: marks the round complete
-            f.flush()
+                    mixing: np.ndarray | sparse.spmatrix | None = None, mixing_row: np.ndarray | None = None,
+                    once: dict[str, np.ndarray] | None = None, attrs: dict[str, Any] | None = None,
+                    mixing_groups: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        """Append round ``t`` as the next row. ``rows``: ``{"metrics/val_acc": [N],
+        "federico/client_weights": [N, N], ...}``; ``once``: datasets written whole,
+        with attr ``round`` = t (e.g. LIA's influence); the mixing matrix as dense
+        or sparse ``[N, N]``, one shared row, or (group, weight) per client."""
+        self.pending.append({"t": t, "rounds": dict(rounds), "rows": rows, "mixing": mixing,
+                             "mixing_row": mixing_row, "mixing_groups": mixing_groups, "once": once or {},
+                             "attrs": attrs or {}})
+        if time.monotonic() - self._last >= self.flush_s:
+            self.flush()
 
-    def _mixing(self, f: h5py.File, t: int, mixing, mixing_row) -> None:
-        if mixing is None and mixing_row is None:
+    def close(self) -> None:
+        """Write what is buffered."""
+        self.flush()
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        recs, self.pending = self.pending, []
+        with h5py.File(self.path, "a", locking=False) as f:
+            at = f[ROUND_KEY].shape[0] if ROUND_KEY in f else 0
+            same = all(r["rows"].keys() == recs[0]["rows"].keys() and r["rounds"].keys() == recs[0]["rounds"].keys()
+                       for r in recs)
+            if same:  # one extension per dataset for all the buffered rounds
+                for k in recs[0]["rows"]:
+                    _append_block(f, k, np.stack([np.asarray(r["rows"][k]) for r in recs]), at)
+            for i, r in enumerate(recs):
+                if not same:
+                    for k, v in r["rows"].items():
+                        _append(f, k, v, at + i)
+                for k, v in r["once"].items():
+                    if k in f:
+                        del f[k]
+                    f.create_dataset(k, data=v, compression="gzip" if np.size(v) > 64 else None)
+                    f[k].attrs["round"] = r["t"]
+                for k, v in r["attrs"].items():
+                    f.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else v
+            self._mixing_rounds(f, at, recs)
+            for k in recs[0]["rounds"] if same else []:
+                _append_block(f, f"rounds/{k}", np.array([r["rounds"][k] for r in recs], np.float64), at)
+            if not same:
+                for i, r in enumerate(recs):
+                    for k, v in r["rounds"].items():
+                        _append(f, f"rounds/{k}", np.float64(v), at + i)
+            # last: marks the rounds complete
+            _append_block(f, ROUND_KEY, np.array([r["t"] for r in recs], np.int64), at)
+            f.flush()
+        self._last = time.monotonic()
+
+    def _mixing_rounds(self, f: h5py.File, at: int, recs: list[dict[str, Any]]) -> None:
+        args = [(r["mixing"], r["mixing_row"], r["mixing_groups"]) for r in recs]
+        if not self.compact and all(any(x is not None for x in a) for a in args):
+            _append_block(f, "graph/mixing", np.stack([self._dense(*a) for a in args]), at)
+            return
+        for i, a in enumerate(args):
+            self._mixing(f, at + i, *a)
+
+    def _dense(self, mixing, mixing_row, mixing_groups) -> np.ndarray:
+        if mixing_row is not None:
+            return np.broadcast_to(np.asarray(mixing_row, np.float32), (self.n, self.n))
+        if mixing_groups is not None:
+            return group_matrix(*mixing_groups)
+        return np.asarray(mixing.toarray() if sparse.issparse(mixing) else mixing, np.float32)
+
+    def _mixing(self, f: h5py.File, at: int, mixing, mixing_row, mixing_groups) -> None:
+        if mixing is None and mixing_row is None and mixing_groups is None:
             return
         if not self.compact:
-            m = mixing if mixing is not None else np.broadcast_to(mixing_row, (self.n, self.n))
-            _append(f, "graph/mixing", np.asarray(m, np.float32), t)
+            _append(f, "graph/mixing", self._dense(mixing, mixing_row, mixing_groups), at)
             return
+        rows = cols = vals = np.empty(0)
         if mixing_row is not None:
-            _append(f, "graph/mixing_kind", np.int8(1), t)
-            _append(f, "graph/mixing_shared", np.asarray(mixing_row, np.float32), t)
-            rows = cols = vals = np.empty(0)
+            _append(f, "graph/mixing_kind", np.int8(1), at)
+            _append(f, "graph/mixing_shared", np.asarray(mixing_row, np.float32), at)
+        elif mixing_groups is not None:
+            _append(f, "graph/mixing_kind", np.int8(2), at)
+            _append(f, "graph/mixing_group", np.asarray(mixing_groups[0], np.int32), at)
+            _append(f, "graph/mixing_shared", np.asarray(mixing_groups[1], np.float32), at)
         else:
-            _append(f, "graph/mixing_kind", np.int8(0), t)
-            _append(f, "graph/mixing_shared", np.zeros(self.n, np.float32), t)
-            rows, cols = np.nonzero(mixing)
-            vals = mixing[rows, cols]
+            _append(f, "graph/mixing_kind", np.int8(0), at)
+            coo = sparse.coo_matrix(mixing)
+            keep = coo.data != 0
+            rows, cols, vals = coo.row[keep], coo.col[keep], coo.data[keep]
         _append_flat(f, "graph/mixing_coo/row", rows.astype(np.int32))
         _append_flat(f, "graph/mixing_coo/col", cols.astype(np.int32))
         end = _append_flat(f, "graph/mixing_coo/val", vals.astype(np.float32))
-        _append(f, "graph/mixing_coo/end", np.int64(end), t)
+        _append(f, "graph/mixing_coo/end", np.int64(end), at)
 
     def truncate(self, n: int) -> None:
+        """Drop every logged round >= n (rows are rounds ``/rounds/round``, which
+        skip rounds under ``log.every``)."""
         with h5py.File(self.path, "a", locking=False) as f:
+            logged = f[ROUND_KEY][()] if ROUND_KEY in f else np.empty(0, np.int64)
+            cut = n
+            n = int(np.searchsorted(logged, cut))  # rows of rounds < cut
             coo_end = None
             if "graph/mixing_coo/end" in f and n > 0:
                 coo_end = int(f["graph/mixing_coo/end"][n - 1])
@@ -140,7 +227,7 @@ class Writer:
                 if isinstance(obj, h5py.Dataset):
                     if obj.attrs.get("per_round", False):
                         per_round.append(name)
-                    elif "round" in obj.attrs and int(obj.attrs["round"]) >= n:
+                    elif "round" in obj.attrs and int(obj.attrs["round"]) >= cut:
                         once.append(name)
 
             f.visititems(visit)
@@ -206,20 +293,39 @@ class Run:
     def metric(self, name: str) -> np.ndarray:
         return self.get(f"metrics/{name}")
 
+    @property
+    def rounds(self) -> np.ndarray:
+        """The round number of each logged row (``log.every`` may skip rounds)."""
+        return self.get(ROUND_KEY)
+
     def mixing(self, t: int) -> np.ndarray:
+        """The dense [N, N] mixing matrix of logged row ``t`` (round ``rounds[t]``)."""
         with self._file() as f:
             g = f["graph"]
             if g.attrs.get("mixing_format", "dense") == "dense":
                 return g["mixing"][t]
             n = f["clients/cluster"].shape[0]
-            if g["mixing_kind"][t] == 1:
+            kind = g["mixing_kind"][t]
+            if kind == 1:
                 return np.broadcast_to(g["mixing_shared"][t], (n, n)).copy()
+            if kind == 2:
+                return group_matrix(g["mixing_group"][t], g["mixing_shared"][t])
             end = g["mixing_coo/end"]
             lo = int(end[t - 1]) if t > 0 else 0
             hi = int(end[t])
             m = np.zeros((n, n), np.float32)
             m[g["mixing_coo/row"][lo:hi], g["mixing_coo/col"][lo:hi]] = g["mixing_coo/val"][lo:hi]
             return m
+
+
+def group_matrix(group: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """Dense rows of the groups format: ``m[i, j] = weight[j]`` where j is in i's
+    group, and ``m[i] = e_i`` where that row would be all zero."""
+    group, weight = np.asarray(group), np.asarray(weight, np.float32)
+    m = np.where(group[:, None] == group[None, :], weight[None, :], np.float32(0)).astype(np.float32)
+    empty = np.flatnonzero(m.sum(1) == 0)
+    m[empty, empty] = 1.0
+    return m
 
 
 def open_run(path: str | Path) -> Run:

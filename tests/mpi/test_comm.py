@@ -142,3 +142,19 @@ def test_gather_and_allgather_rows(mpi):
     assert np.array_equal(comm.allgather_rows(local), ref)
     ints = comm.allgather_rows(comm.local_ids.astype(np.int64))
     assert np.array_equal(ints, np.arange(n))
+
+
+def test_pulled_rows_survive_the_next_pull(mpi):
+    """Receive buffers are pooled: a kept result must not be overwritten."""
+    size, rank = mpi.Get_size(), mpi.Get_rank()
+    comm = Comm(2 * size, mpi)
+    P = 1000
+    rows = torch.arange(comm.n_local * P, dtype=torch.float32).reshape(comm.n_local, P) + 1000 * rank
+    other = int(comm.placement.local_ids((rank + 1) % size)[0])
+    wanted = [[other]] + [[] for _ in range(comm.n_local - 1)]
+    first = comm.pull(rows, wanted)
+    kept = {k: v.clone() for k, v in first.items()}
+    second = comm.pull(rows + 7, wanted)
+    for k, v in kept.items():
+        torch.testing.assert_close(first[k], v)
+        torch.testing.assert_close(second[k], v + 7)

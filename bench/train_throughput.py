@@ -1,0 +1,149 @@
+"""Client-epochs per second on one rank: mpifl's batched training (``torch.func.vmap``
+over the stacked parameter rows), mpifl's per-client loop (``train.batched=off``),
+and a peer-style loop that keeps one ``nn.Module`` + ``torch.optim.SGD`` per client
+and trains them one after another (as PFLlib and most FL simulators do).
+
+All three draw the same batches (``Clients.plan``: same seed, same order) from the
+same tensors, for the same epochs; the peer loop is given pre-loaded tensors (no
+DataLoader), so its figure is an upper bound for such code.
+
+    python bench/train_throughput.py                       # digits MLP and LeNet-5, 8/32/128 clients
+    python bench/train_throughput.py --models mlp --clients 32 128 --repeats 5
+
+Data: scikit-learn's digits (1797 images), iid over the clients, 60% of each client's
+samples for training. MLP: the default ``model.hidden=[128, 128]`` on the 8x8
+images. LeNet-5 (conv 6@5x5, pool, conv 16@5x5, pool, fc 120, fc 84, fc 10; defined
+here because it is not in ``mpifl.models`` on this branch) on the digits resized to
+3x32x32. Times: the best of ``--repeats`` runs of ``--rounds`` rounds (after one
+warm-up round), the three variants interleaved so load drift hits them alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from mpifl import config, models
+from mpifl.clients import Clients
+from mpifl.data import build
+
+
+def lenet5(n_classes: int = 10, channels: int = 3) -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(channels, 6, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+        nn.Linear(16 * 5 * 5, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(), nn.Linear(84, n_classes))
+
+
+def make(model_name: str, n: int, batched: str, lr: float, batch_size: int) -> Clients:
+    cfg = config.load(None, ["data.name=digits", "data.partition=iid", f"data.n_clients={n}",
+                             f"train.batched={batched}", f"train.lr={lr}", f"train.batch_size={batch_size}"])
+    data = build(cfg.data, 0, np.arange(n))
+    if model_name == "lenet":
+        x = torch.from_numpy(data.x)
+        data.x = F.interpolate(x, size=(32, 32), mode="bilinear", align_corners=False).repeat(1, 3, 1, 1).numpy()
+        data.in_shape = (3, 32, 32)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            model = lenet5(data.n_classes)
+    else:
+        model = models.build(cfg.model, data.in_shape, data.n_classes, 0)
+    return Clients(model, data, cfg.train, torch.device("cpu"), 0)
+
+
+class Peer:
+    """One nn.Module and one torch.optim.SGD per client, trained in turn."""
+
+    def __init__(self, c: Clients):
+        self.c = c
+        self.models = []
+        self.opts = []
+        for _ in range(c.n):
+            m = copy.deepcopy(c.model)
+            self.models.append(m)
+            self.opts.append(torch.optim.SGD(m.parameters(), lr=c.cfg.lr))
+
+    def train(self, epochs: int, round: int) -> None:
+        c = self.c
+        plan = c.plan(np.arange(c.n), epochs, round)
+        for k in range(c.n):
+            model, opt = self.models[k], self.opts[k]
+            model.train()
+            for s in range(plan.steps):
+                idx = plan.idx[k, s]
+                idx = idx[idx >= 0]
+                if len(idx) == 0:
+                    break
+                opt.zero_grad()
+                F.cross_entropy(model(c.x[idx]), c.y[idx]).backward()
+                opt.step()
+
+    def params(self) -> torch.Tensor:
+        return torch.stack([self.c.layout.flatten(m) for m in self.models])
+
+
+def bench(model_name: str, n: int, epochs: int, rounds: int, repeats: int, lr: float, bs: int) -> dict:
+    on, off = make(model_name, n, "on", lr, bs), make(model_name, n, "off", lr, bs)
+    peer = Peer(make(model_name, n, "off", lr, bs))
+    everyone = np.arange(n)
+    runs = {"batched": lambda r: on.train(everyone, epochs, r),
+            "loop": lambda r: off.train(everyone, epochs, r),
+            "peer": lambda r: peer.train(epochs, r)}
+    for fn in runs.values():  # warm-up (vmap tracing, allocator)
+        fn(0)
+    best = {k: float("inf") for k in runs}
+    best_cpu = {k: float("inf") for k in runs}
+    r0 = 1
+    for _ in range(repeats):
+        for k, fn in runs.items():
+            t0, c0 = time.perf_counter(), time.process_time()
+            for r in range(r0, r0 + rounds):
+                fn(r)
+            best[k] = min(best[k], time.perf_counter() - t0)
+            best_cpu[k] = min(best_cpu[k], time.process_time() - c0)
+        r0 += rounds  # every variant sees the same rounds, so the same batches
+    ce = n * epochs * rounds
+    diff = max(float((on.params - off.params).abs().max()), float((on.params - peer.params()).abs().max()))
+    return {"model": model_name, "clients": n, "P": on.P, "train_per_client": float(on.sizes[:, 0].mean()),
+            **{f"{k}_ce_s": ce / best[k] for k in runs}, **{f"{k}_ce_cpu_s": ce / best_cpu[k] for k in runs},
+            "max_param_diff": diff}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", default=["mlp", "lenet"], choices=["mlp", "lenet"])
+    ap.add_argument("--clients", nargs="+", type=int, default=[8, 32, 128])
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=1)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    print(f"# torch {torch.__version__}, {a.threads} thread(s), load average {os.getloadavg()[0]:.2f}, "
+          f"epochs {a.epochs} x rounds {a.rounds}, best of {a.repeats}")
+    print("| model | clients/rank | train samples/client | batched ce/s | loop (batched=off) ce/s | peer ce/s "
+          "| batched / peer | batched / loop | batched / peer (CPU time) | max param diff |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for m in a.models:
+        for n in a.clients:
+            r = bench(m, n, a.epochs, a.rounds, a.repeats, a.lr, a.batch_size)
+            print(f"| {m} | {n} | {r['train_per_client']:.1f} | {r['batched_ce_s']:.0f} | {r['loop_ce_s']:.0f} "
+                  f"| {r['peer_ce_s']:.0f} | {r['batched_ce_s'] / r['peer_ce_s']:.2f}x "
+                  f"| {r['batched_ce_s'] / r['loop_ce_s']:.2f}x | {r['batched_ce_cpu_s'] / r['peer_ce_cpu_s']:.2f}x "
+                  f"| {r['max_param_diff']:.1e} |", flush=True)
+    print(f"# load average at end {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

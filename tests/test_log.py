@@ -1,0 +1,72 @@
+"""The HDF5 log's compact N x N storage and the ``log:`` config section."""
+
+import numpy as np
+import pytest
+from scipy import sparse
+
+from mpifl import config
+from mpifl.logging.h5 import Writer, group_matrix, open_run
+
+N = 6
+
+
+def oracle_rows(group, weight):
+    """Oracle's former per-row construction, the reference for the groups format."""
+    m = np.zeros((len(group), len(group)), np.float32)
+    for i in range(len(group)):
+        m[i] = np.where(group == group[i], weight, 0.0)
+        if m[i].sum() == 0:
+            m[i, i] = 1.0
+    return m
+
+
+def test_group_matrix_matches_per_row_construction():
+    group = np.array([0, 1, 2, 0, 1, 2])
+    weight = np.array([0.5, 0.25, 0.0, 0.5, 0.75, 0.0])  # cluster 2 not sampled
+    m = group_matrix(group, weight)
+    np.testing.assert_array_equal(m, oracle_rows(group, weight))
+    assert m[2, 2] == 1 and m[5, 5] == 1 and m[2, 5] == 0
+
+
+def write_all(tmp, name, dense_max, flush_s=0.0):
+    g = np.random.default_rng(0)
+    graph = sparse.random(N, N, density=0.3, random_state=1, format="csr") + sparse.eye(N)
+    graph = sparse.csr_matrix(graph.multiply(1 / graph.sum(1)))
+    dense = g.random((N, N)).astype(np.float32)
+    rounds = [
+        {"mixing": graph},
+        {"mixing": dense},
+        {"mixing_row": np.full(N, 1 / N)},
+        {"mixing_groups": (np.array([0, 1, 0, 1, 2, 2]), np.array([0.5, 0.5, 0.5, 0.5, 0, 0]))},
+    ]
+    w = Writer(tmp / f"{name}.h5", {"algorithm": "x"}, {"cluster": np.zeros(N, np.int64)}, N, dense_max=dense_max,
+               flush_s=flush_s)
+    for t, kw in enumerate(rounds):
+        w.write_round(10 * t, {"wall_s": 1.0}, {"metrics/test_acc": np.full(N, t, np.float32)}, **kw)
+        if flush_s:  # buffered: nothing on disk before close
+            assert open_run(tmp / f"{name}.h5").n_rounds == 0
+    w.close()
+    expected = [graph.toarray(), dense, np.full((N, N), 1 / N), oracle_rows(*rounds[3]["mixing_groups"])]
+    return open_run(tmp / f"{name}.h5"), expected
+
+
+@pytest.mark.parametrize("flush_s", [0.0, 1e9])
+@pytest.mark.parametrize("dense_max", [2, 100])
+def test_every_mixing_form_reads_back_dense(tmp_path, dense_max, flush_s):
+    run, expected = write_all(tmp_path, "r", dense_max, flush_s)
+    np.testing.assert_array_equal(run.metric("test_acc")[:, 0], [0, 1, 2, 3])
+    assert run.rounds.tolist() == [0, 10, 20, 30]  # rows carry their round numbers
+    for t, m in enumerate(expected):
+        np.testing.assert_allclose(run.mixing(t), m, rtol=1e-6, atol=1e-7)
+    keys = set(run.keys())
+    assert ("graph/mixing" in keys) == (dense_max >= N)
+    if dense_max < N:
+        coo = run.get("graph/mixing_coo/end")
+        assert coo[-1] == np.count_nonzero(expected[0]) + np.count_nonzero(expected[1])
+
+
+@pytest.mark.parametrize("key", ["log.every", "log.dense_max"])
+def test_log_section_rejects_non_positive(key):
+    with pytest.raises(config.ConfigError, match=key):
+        config.load(None, [f"{key}=0"])
+    assert getattr(config.load(None, [f"{key}=3"]).log, key.split(".")[1]) == 3
