@@ -42,10 +42,16 @@ mkdir -p "$WORK"/{state,spool,munge,log}
 chown munge:munge "$WORK/munge"
 chmod 755 "$WORK/munge"  # munged wants its socket folder reachable by all
 
-PIDS=()
 cleanup() {
     local rc=$?
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    # jobs first (their slurmstepd outlive slurmd), then the daemons, by pid
+    if [ -n "${SLURM_CONF:-}" ] && [ -f "$WORK/slurmctld.pid" ]; then
+        local pids
+        pids=$(scontrol listpids 2>/dev/null | awk 'NR > 1 && $1 ~ /^[0-9]+$/ {print $1}' || true)
+        scancel --quiet --user=root 2>/dev/null || true
+        for _ in $(seq 20); do [ -z "$(squeue -h 2>/dev/null)" ] && break; sleep 1; done
+        for pid in $pids; do kill "$pid" 2>/dev/null || true; done
+    fi
     for f in "$WORK"/slurmd.pid "$WORK"/slurmctld.pid "$WORK"/munge/munged.pid; do
         [ -f "$f" ] && kill "$(cat "$f")" 2>/dev/null || true
     done
@@ -68,6 +74,7 @@ runuser -u munge -- munged --socket="$SOCK" --key-file="$KEY" --pid-file="$WORK/
     || skip "munged did not start: $(tail -n 3 "$WORK/munge/munged.log" 2>/dev/null)"
 
 export SLURM_CONF="$WORK/slurm.conf"
+FIRST_JOB=$(( ($(date +%s) % 100000) * 100 + 1000 ))
 cat >"$SLURM_CONF" <<EOF
 ClusterName=mpifl-ci
 SlurmctldHost=$HOST(127.0.0.1)
@@ -93,6 +100,10 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 MpiDefault=none
 ReturnToService=2
+# MPICH names its shared-memory segments after the PMI job step: job ids that
+# restart at 1 with every fresh cluster meet the segments a killed run left in
+# /dev/shm and fail in MPI_Init, so each cluster starts at its own job id
+FirstJobId=$FIRST_JOB
 SlurmdTimeout=60
 NodeName=$HOST NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=$MEM_MB State=UNKNOWN
 PartitionName=ci Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
@@ -122,12 +133,10 @@ say "submitting the sweep"
 JOB=$(awk '/submitted array job/ {print $4}' "$WORK/submit.out")
 [ -n "$JOB" ] || { echo "error: no job id from --submit" >&2; exit 1; }
 
-for _ in $(seq 240); do
-    [ -z "$(squeue -h -j "$JOB" 2>/dev/null)" ] && break
-    sleep 1
-done
+# the whole script must stay under 5 minutes
+while [ -n "$(squeue -h -j "$JOB" 2>/dev/null)" ] && [ "$SECONDS" -lt 270 ]; do sleep 2; done
 if [ -n "$(squeue -h -j "$JOB" 2>/dev/null)" ]; then
-    squeue -j "$JOB"; echo "error: array $JOB still running after 240 s" >&2; exit 1
+    squeue -j "$JOB"; echo "error: array $JOB still running after ${SECONDS} s" >&2; exit 1
 fi
 say "array $JOB finished; logs:"
 tail -n 2 "$OUT"/ci-slurm/logs/*.out
