@@ -168,7 +168,8 @@ def _mapping(raw: Any, key: str) -> dict:
 
 def _slug(value: Any) -> str:
     text = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
-    return re.sub(r"[^A-Za-z0-9.+-]+", "-", text).strip("-") or "-"
+    text = text.strip("[]{}'\" ")  # a minus sign must survive: -1 is not 1
+    return re.sub(r"[^A-Za-z0-9.+-]+", "-", text) or "-"
 
 
 def _label_parts(key: str) -> list[str]:
@@ -390,7 +391,7 @@ def run_local(sweep: Sweep, ranks: int, workdir: Path) -> int:
         cmd = local_command(p.config, ranks, sweep.slurm.python or None)
         print(f"[{p.index}] {p.name}: {shlex.join(cmd)} > {log}", flush=True)
         with open(log, "a") as out:
-            rc = subprocess.run(cmd, cwd=workdir, stdout=out, stderr=subprocess.STDOUT).returncode
+            rc = subprocess.run(cmd, check=False, cwd=workdir, stdout=out, stderr=subprocess.STDOUT).returncode
         if rc != 0:
             failed += 1
             tail = log.read_text().splitlines()[-15:]
@@ -402,7 +403,7 @@ def _sbatch(args: list[str]) -> str:
     exe = shutil.which("sbatch")
     if exe is None:
         raise ConfigError("--submit needs sbatch, which was not found; use --local to run here")
-    res = subprocess.run([exe, "--parsable", *args], capture_output=True, text=True)
+    res = subprocess.run([exe, "--parsable", *args], check=False, capture_output=True, text=True)
     if res.returncode != 0:
         raise ConfigError(f"sbatch failed (exit {res.returncode}): {res.stderr.strip() or res.stdout.strip()}")
     return res.stdout.strip().split(";")[0]
