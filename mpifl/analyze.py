@@ -330,7 +330,9 @@ def plot_accuracy(groups: list[Group], path: Path) -> Path:
         line, = ax.plot(x[ok], 100 * mean[ok], marker="." if ok.sum() < 30 else None,
                         label=f"{g.label} (n={len(g.runs)})")
         if len(g.runs) > 1:
-            std = np.nanstd(curves, axis=0)
+            with warnings.catch_warnings():  # rounds nobody evaluated are all-nan
+                warnings.simplefilter("ignore", RuntimeWarning)
+                std = np.nanstd(curves, axis=0)
             ax.fill_between(x[ok], 100 * (mean - std)[ok], 100 * (mean + std)[ok], color=line.get_color(), alpha=0.2)
     from matplotlib.ticker import MaxNLocator
 
