@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -246,8 +247,26 @@ class Writer:
                 f.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else v
 
 
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What a log holds at a path, without reading it."""
+
+    path: str
+    shape: tuple[int, ...]  # per-round datasets: cut to the complete rounds
+    dtype: np.dtype
+    per_round: bool  # axis 0 is the round
+    round: int | None  # datasets logged once: the round they were written
+
+
 class Run:
-    """Read access to a run log, complete or still being written."""
+    """Read access to a run log, complete or still being written.
+
+    The writer opens and closes the file every round, so a reader normally finds
+    it closed; opening is retried for a moment when it catches the writer inside
+    a round.
+    """
+
+    open_tries = 10
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -257,7 +276,14 @@ class Run:
             raise FileNotFoundError(f"no run log at {self.path}")
 
     def _file(self) -> h5py.File:
-        return h5py.File(self.path, "r", locking=False)
+        for i in range(self.open_tries):
+            try:
+                return h5py.File(self.path, "r", locking=False)
+            except OSError:
+                if i == self.open_tries - 1:
+                    raise
+                time.sleep(0.2)
+        raise AssertionError("unreachable")
 
     @property
     def attrs(self) -> dict[str, Any]:
@@ -274,6 +300,66 @@ class Run:
     def n_rounds(self) -> int:
         with self._file() as f:
             return f[ROUND_KEY].shape[0] if ROUND_KEY in f else 0
+
+    @property
+    def planned_rounds(self) -> int | None:
+        """run.rounds of the config, when the log holds one."""
+        try:
+            return int(self.config["run"]["rounds"])
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    @property
+    def complete(self) -> bool:
+        planned = self.planned_rounds
+        return planned is not None and self.n_rounds >= planned
+
+    def datasets(self) -> dict[str, DatasetInfo]:
+        """Every dataset of the log by path, with shapes cut to the complete rounds."""
+        out: dict[str, DatasetInfo] = {}
+        with self._file() as f:
+            n = f[ROUND_KEY].shape[0] if ROUND_KEY in f else 0
+
+            def visit(name: str, obj) -> None:
+                if not isinstance(obj, h5py.Dataset):
+                    return
+                per_round = bool(obj.attrs.get("per_round", False))
+                shape = (min(obj.shape[0], n), *obj.shape[1:]) if per_round else tuple(obj.shape)
+                rnd = obj.attrs.get("round")
+                out[name] = DatasetInfo(name, shape, obj.dtype, per_round, None if rnd is None else int(rnd))
+
+            f.visititems(visit)
+        return out
+
+    def matrices(self) -> dict[str, DatasetInfo]:
+        """The [N, N, ...] datasets (per round or once), ``graph/mixing`` whatever its storage."""
+        n = self.attrs.get("n_clients")
+        info = self.datasets()
+        if n is None and "clients/cluster" in info:
+            n = info["clients/cluster"].shape[0]
+        out = {}
+        for k, d in info.items():
+            tail = d.shape[1:] if d.per_round else d.shape
+            if k.startswith("graph/mixing"):
+                continue
+            if len(tail) >= 2 and tail[0] == n and tail[1] == n:
+                out[k] = d
+        if "graph/mixing" in info or "graph/mixing_kind" in info:
+            src = info.get("graph/mixing") or info["graph/mixing_kind"]
+            out["graph/mixing"] = DatasetInfo("graph/mixing", (src.shape[0], n, n), np.dtype(np.float32), True, None)
+        return out
+
+    def row(self, path: str, t: int) -> np.ndarray:
+        """Round ``t`` of a per-round dataset (negative: from the last complete round);
+        ``graph/mixing`` in either storage."""
+        n = self.n_rounds
+        if not -n <= t < n:
+            raise IndexError(f"round {t} of {path}: the log holds {n} complete round(s)")
+        t = t % n
+        if path == "graph/mixing":
+            return self.mixing(t)
+        with self._file() as f:
+            return f[path][t]
 
     def keys(self) -> list[str]:
         out: list[str] = []

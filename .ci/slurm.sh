@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# A real SLURM test: a one-node cluster on this machine runs a 2 x 2 sweep
+# (.ci/slurm-sweep.yaml: two algorithms x two seeds of jobs/quickstart.yaml)
+# submitted with `python -m mpifl.sweep --submit`, then `python -m mpifl.analyze`
+# must give a 2-row table with mean +- std over 2 seeds.
+#
+#   .ci/slurm.sh [PYTHON]        PYTHON: the venv's python (or $MPIFL_PYTHON)
+#
+# Needs root (apt-get install of Debian's slurmctld slurmd slurm-client munge,
+# daemons started here). Where SLURM cannot start it prints a SKIPPED line and
+# exits 0; once it has started, any failure exits 1. The daemons are stopped at
+# the end whatever happens. Runs in about a minute.
+set -euo pipefail
+
+PY=${1:-${MPIFL_PYTHON:-python3}}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+skip() { echo "SKIPPED: .ci/slurm.sh: $*"; exit 0; }
+say() { echo "[slurm.sh $(date +%T)] $*"; }
+
+"$PY" -c "import mpifl, mpi4py" 2>/dev/null || { echo "error: $PY cannot import mpifl and mpi4py" >&2; exit 1; }
+[ "$(id -u)" = 0 ] || skip "needs root to install and start SLURM"
+
+if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! command -v sbatch >/dev/null \
+        || ! command -v munged >/dev/null; then
+    command -v apt-get >/dev/null || skip "SLURM is not installed and there is no apt-get"
+    say "installing slurmctld slurmd slurm-client munge"
+    export DEBIAN_FRONTEND=noninteractive
+    if ! timeout 240 apt-get install -y --no-install-recommends slurmctld slurmd slurm-client munge >/tmp/mpifl-slurm-apt.log 2>&1; then
+        timeout 120 apt-get update >>/tmp/mpifl-slurm-apt.log 2>&1 || true
+        timeout 240 apt-get install -y --no-install-recommends slurmctld slurmd slurm-client munge \
+            >>/tmp/mpifl-slurm-apt.log 2>&1 || skip "apt-get install failed (see /tmp/mpifl-slurm-apt.log)"
+    fi
+fi
+
+WORK=$(mktemp -d /tmp/mpifl-slurm.XXXXXX)
+chmod 755 "$WORK"
+HOST=$(hostname -s)
+CPUS=$(nproc)
+MEM_MB=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 - 1024 ))
+mkdir -p "$WORK"/{state,spool,munge,log}
+chown munge:munge "$WORK/munge"
+chmod 755 "$WORK/munge"  # munged wants its socket folder reachable by all
+
+cleanup() {
+    local rc=$?
+    # jobs first (their slurmstepd outlive slurmd), then the daemons, by pid
+    if [ -n "${SLURM_CONF:-}" ] && [ -f "$WORK/slurmctld.pid" ]; then
+        local pids
+        pids=$(scontrol listpids 2>/dev/null | awk 'NR > 1 && $1 ~ /^[0-9]+$/ {print $1}' || true)
+        scancel --quiet --user=root 2>/dev/null || true
+        for _ in $(seq 20); do [ -z "$(squeue -h 2>/dev/null)" ] && break; sleep 1; done
+        for pid in $pids; do kill "$pid" 2>/dev/null || true; done
+    fi
+    for f in "$WORK"/slurmd.pid "$WORK"/slurmctld.pid "$WORK"/munge/munged.pid; do
+        [ -f "$f" ] && kill "$(cat "$f")" 2>/dev/null || true
+    done
+    sleep 1
+    say "daemons stopped; files in $WORK"
+    exit "$rc"
+}
+trap cleanup EXIT
+
+# munge under its own user, with its socket in our folder: nothing system-wide changes
+KEY=/etc/munge/munge.key
+if [ ! -s "$KEY" ]; then
+    KEY="$WORK/munge/munge.key"
+    dd if=/dev/urandom of="$KEY" bs=1 count=1024 2>/dev/null
+    chown munge:munge "$KEY"; chmod 400 "$KEY"
+fi
+SOCK="$WORK/munge/munge.socket"
+runuser -u munge -- munged --socket="$SOCK" --key-file="$KEY" --pid-file="$WORK/munge/munged.pid" \
+    --log-file="$WORK/munge/munged.log" --seed-file="$WORK/munge/munged.seed" \
+    || skip "munged did not start: $(tail -n 3 "$WORK/munge/munged.log" 2>/dev/null)"
+
+export SLURM_CONF="$WORK/slurm.conf"
+FIRST_JOB=$(( ($(date +%s) % 100000) * 100 + 1000 ))
+cat >"$SLURM_CONF" <<EOF
+ClusterName=mpifl-ci
+SlurmctldHost=$HOST(127.0.0.1)
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$SOCK
+StateSaveLocation=$WORK/state
+SlurmdSpoolDir=$WORK/spool
+SlurmctldPidFile=$WORK/slurmctld.pid
+SlurmdPidFile=$WORK/slurmd.pid
+SlurmctldLogFile=$WORK/log/slurmctld.log
+SlurmdLogFile=$WORK/log/slurmd.log
+SlurmctldPort=16817
+SlurmdPort=16818
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+MpiDefault=none
+ReturnToService=2
+# MPICH names its shared-memory segments after the PMI job step: job ids that
+# restart at 1 with every fresh cluster meet the segments a killed run left in
+# /dev/shm and fail in MPI_Init, so each cluster starts at its own job id
+FirstJobId=$FIRST_JOB
+SlurmdTimeout=60
+NodeName=$HOST NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=$MEM_MB State=UNKNOWN
+PartitionName=ci Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
+EOF
+
+slurmctld -f "$SLURM_CONF" || skip "slurmctld did not start: $(tail -n 3 "$WORK/log/slurmctld.log" 2>/dev/null)"
+slurmd -f "$SLURM_CONF" || skip "slurmd did not start: $(tail -n 3 "$WORK/log/slurmd.log" 2>/dev/null)"
+
+for _ in $(seq 60); do
+    state=$(sinfo -h -N -o %T 2>/dev/null | head -n 1 || true)
+    [ "$state" = idle ] && break
+    sleep 1
+done
+[ "$state" = idle ] || skip "the SLURM node did not come up (state '${state:-none}'); $(tail -n 2 "$WORK/log/slurmd.log" 2>/dev/null)"
+say "one-node cluster up: $HOST, $CPUS CPUs, ${MEM_MB} MB"
+
+# the srun MPI plugin must start the MPI library's ranks; check it on a tiny step first
+if ! timeout 60 srun -n 2 --mpi=pmi2 "$PY" -m mpi4py -c \
+        "from mpi4py import MPI; c = MPI.COMM_WORLD; assert c.Get_size() == 2, c.Get_size(); print('rank', c.Get_rank(), 'of', c.Get_size(), MPI.Get_library_version().splitlines()[0])"; then
+    echo "error: srun --mpi=pmi2 did not start 2 MPI ranks" >&2
+    exit 1
+fi
+
+OUT="$WORK/results"
+say "submitting the sweep"
+"$PY" -m mpifl.sweep .ci/slurm-sweep.yaml --out-dir "$OUT" --submit | tee "$WORK/submit.out"
+JOB=$(awk '/submitted array job/ {print $4}' "$WORK/submit.out")
+[ -n "$JOB" ] || { echo "error: no job id from --submit" >&2; exit 1; }
+
+# the whole script must stay under 5 minutes
+while [ -n "$(squeue -h -j "$JOB" 2>/dev/null)" ] && [ "$SECONDS" -lt 270 ]; do sleep 2; done
+if [ -n "$(squeue -h -j "$JOB" 2>/dev/null)" ]; then
+    squeue -j "$JOB"; echo "error: array $JOB still running after ${SECONDS} s" >&2; exit 1
+fi
+say "array $JOB finished; logs:"
+tail -n 2 "$OUT"/ci-slurm/logs/*.out
+
+say "resubmitting: every run is complete, nothing must be submitted"
+"$PY" -m mpifl.sweep .ci/slurm-sweep.yaml --out-dir "$OUT" --submit | tee "$WORK/resubmit.out"
+grep -q "nothing to submit" "$WORK/resubmit.out" || { echo "error: complete runs were resubmitted" >&2; exit 1; }
+
+say "analysis"
+"$PY" -m mpifl.analyze "$OUT/ci-slurm" --out "$WORK/analysis"
+"$PY" - "$WORK/analysis/table.csv" <<'EOF'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+assert len(rows) == 2, f"expected 2 rows (fedavg, oracle), got {len(rows)}: {rows}"
+for r in rows:
+    assert int(r["n_seeds"]) == 2, r
+    assert r["final_acc_std"] not in ("", "nan"), r
+print("table: 2 rows x 2 seeds, mean +- std present")
+EOF
+echo "PASSED: .ci/slurm.sh"

@@ -1,0 +1,549 @@
+"""Tables and figures from run logs: ``python -m mpifl.analyze PATHS... [--out DIR]``.
+
+PATHS are ``run.h5`` files, run directories or any folder above them (a sweep
+directory): every ``run.h5`` below is read, through ``mpifl.logging.h5`` only,
+so logs of runs still going (or killed) are read up to their last complete
+round.
+
+Runs are grouped by the config keys whose values differ between them, leaving
+out the seed and where/how a run ran (``IGNORED``); each group's row holds mean
+± std over its runs (its seeds) of
+
+- ``final_acc``: mean over clients of test accuracy at the last evaluated round,
+  ``final_acc_w`` the same weighted by each client's test-set size;
+- ``best_acc`` / ``best_acc_w``: DPFL's best-val reporting: per client, test
+  accuracy at the round of its best validation accuracy (first such round);
+- ``ari_<source>``: cluster recovery, adjusted Rand index against
+  ``/clients/cluster``, where the log has something to recover it from: a logged
+  clustering (any ``.../cluster`` dataset), the connected components of the
+  collaboration graph ``/graph/mixing`` and of boolean ``[N, N]`` logs
+  (collaborators, candidates) at the last round, or a root attribute named
+  ``*ari*``.
+
+Written to ``--out``: ``table.csv`` (fractions), ``table.md`` (percent),
+``runs.csv`` (one row per run), and PNG figures: ``accuracy.png`` (mean test
+accuracy vs round per group), ``variance.png`` (per-client accuracy variance vs
+mean, DPFL Fig. 1), ``ari.png``, and ``heatmaps/<run>/<dataset>.png`` for every
+``[N, N]`` log at the chosen rounds with clients ordered by true cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import re
+import sys
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .logging.h5 import Run, open_run
+
+# keys that say where or how a run ran, not what it computed
+IGNORED = ("run.seed", "run.name", "run.out_dir", "run.threads", "run.device", "data.root")
+ACC = ("final_acc", "final_acc_w", "best_acc", "best_acc_w")
+
+
+# --------------------------------------------------------------------------- per run
+
+
+@dataclass
+class Summary:
+    path: Path
+    name: str
+    config: dict[str, Any]  # flattened: "section.key" -> value
+    seed: int
+    rounds_done: int
+    rounds_planned: int | None
+    final_round: int  # 0-based index of the last evaluated round; -1 if none
+    final_acc: float
+    final_acc_w: float
+    best_acc: float
+    best_acc_w: float
+    client_final: np.ndarray  # [N] test acc at the final round
+    curve: np.ndarray  # [rounds_done] mean test acc per round, nan where not evaluated
+    ari: dict[str, float] = field(default_factory=dict)
+    group: tuple = ()
+
+    @property
+    def complete(self) -> bool:
+        return self.rounds_planned is not None and self.rounds_done >= self.rounds_planned
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, dict):
+            out.update(flatten(v, key))
+        else:
+            out[key] = v
+    return out
+
+
+def _wmean(x: np.ndarray, w: np.ndarray) -> float:
+    ok = ~np.isnan(x)
+    if not ok.any() or w[ok].sum() <= 0:
+        return math.nan
+    return float(np.sum(x[ok] * w[ok]) / np.sum(w[ok]))
+
+
+def _nanmean(x: np.ndarray, axis: int | None = None) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmean(x, axis=axis)
+
+
+def best_val(val: np.ndarray, test: np.ndarray) -> np.ndarray:
+    """Per client, test accuracy at the (first) round of its best val accuracy; nan
+    for a client never evaluated on validation data."""
+    out = np.full(val.shape[1], np.nan)
+    for c in range(val.shape[1]):
+        v = val[:, c]
+        if np.isnan(v).all():
+            continue
+        out[c] = test[int(np.nanargmax(v)), c]
+    return out
+
+
+def components(adj: np.ndarray) -> np.ndarray:
+    """Connected-component label per node of an undirected graph (dense adjacency)."""
+    from scipy.sparse.csgraph import connected_components
+
+    _, labels = connected_components(adj, directed=False)
+    return labels
+
+
+def cluster_recovery(run: Run, n_clients: int) -> dict[str, float]:
+    """ARI against the true clusters from whatever the log holds to recover them."""
+    from sklearn.metrics import adjusted_rand_score
+
+    info = run.datasets()
+    if "clients/cluster" not in info or run.n_rounds == 0:
+        return {}
+    truth = run.get("clients/cluster")
+    if len(np.unique(truth)) < 2:  # no structure to recover (iid)
+        return {}
+    out = {}
+    for k, d in info.items():
+        if k == "clients/cluster" or k.rsplit("/", 1)[-1] != "cluster":
+            continue
+        if d.per_round and d.shape[1:] == (n_clients,) and d.shape[0] > 0:
+            pred = run.row(k, -1)
+        elif not d.per_round and d.shape == (n_clients,):
+            pred = run.get(k)
+        else:
+            continue
+        out[k.replace("/", ".")] = float(adjusted_rand_score(truth, pred))
+    for k, d in run.matrices().items():
+        if not d.per_round or d.shape[0] == 0 or len(d.shape) != 3:
+            continue
+        if k == "graph/mixing" or d.dtype == np.bool_:
+            m = np.asarray(run.row(k, -1)) != 0
+            out[k.replace("/", ".")] = float(adjusted_rand_score(truth, components(m | m.T)))
+    for k, v in run.attrs.items():
+        if "ari" in k.lower().split("_") and isinstance(v, (int, float, np.floating, np.integer)):
+            out[f"attr.{k}"] = float(v)
+    return out
+
+
+def summarize(path: Path) -> Summary:
+    run = open_run(path)
+    cfg = flatten(run.config)
+    n_rounds = run.n_rounds
+    test = run.metric("test_acc") if n_rounds else np.zeros((0, 0))
+    val = run.metric("val_acc") if n_rounds else np.zeros((0, 0))
+    n_test = run.get("clients/n_test").astype(float)
+    evaluated = np.flatnonzero(~np.isnan(test).all(axis=1)) if n_rounds else np.array([], int)
+    if len(evaluated):
+        last = int(evaluated[-1])
+        client_final = test[last]
+        best = best_val(val, test)
+        curve = _nanmean(test, axis=1)
+    else:
+        last, client_final = -1, np.full(len(n_test), np.nan)
+        best, curve = client_final, np.full(n_rounds, np.nan)
+    name = str(cfg.get("run.name") or run.path.parent.name)
+    return Summary(
+        path=run.path, name=name, config=cfg, seed=int(run.attrs.get("seed", cfg.get("run.seed", 0))),
+        rounds_done=n_rounds, rounds_planned=run.planned_rounds, final_round=last,
+        final_acc=float(_nanmean(client_final)), final_acc_w=_wmean(client_final, n_test),
+        best_acc=float(_nanmean(best)), best_acc_w=_wmean(best, n_test),
+        client_final=client_final, curve=curve, ari=cluster_recovery(run, len(n_test)),
+    )
+
+
+# --------------------------------------------------------------------------- grouping
+
+
+def find_logs(paths: list[str | Path]) -> list[Path]:
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_file():
+            out.append(p)
+        elif (p / "run.h5").is_file():
+            out.append(p / "run.h5")
+        elif p.is_dir():
+            out.extend(sorted(p.rglob("run.h5")))
+        else:
+            raise FileNotFoundError(f"{p}: no such file or directory")
+    seen: set[Path] = set()
+    return [p for p in out if not (p.resolve() in seen or seen.add(p.resolve()))]
+
+
+def _key(v: Any) -> str:
+    if isinstance(v, float) and math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    if isinstance(v, list):
+        return "[" + ", ".join(map(_key, v)) + "]"
+    return str(v)
+
+
+def varying_keys(runs: list[Summary]) -> list[str]:
+    """Config keys whose values differ between runs (besides IGNORED), in config order;
+    ``algorithm.name`` first and always."""
+    keys: list[str] = []
+    for r in runs:
+        keys += [k for k in r.config if k not in keys]
+    vary = [k for k in keys if k not in IGNORED and len({_key(r.config.get(k)) for r in runs}) > 1]
+    return ["algorithm.name"] + [k for k in vary if k != "algorithm.name"]
+
+
+@dataclass
+class Group:
+    key: tuple  # values of the varying keys
+    runs: list[Summary]
+
+    @property
+    def label(self) -> str:
+        return ", ".join(self.key)
+
+
+def group_runs(runs: list[Summary], keys: list[str]) -> list[Group]:
+    groups: dict[tuple, list[Summary]] = {}
+    for r in runs:
+        r.group = tuple(_key(r.config.get(k)) for k in keys)
+        groups.setdefault(r.group, []).append(r)
+    return [Group(k, sorted(v, key=lambda r: r.seed)) for k, v in groups.items()]
+
+
+def _stats(values: list[float], ddof: int) -> tuple[float, float]:
+    x = np.array([v for v in values if not math.isnan(v)], float)
+    if len(x) == 0:
+        return math.nan, math.nan
+    std = float(np.std(x, ddof=ddof)) if len(x) > ddof else math.nan
+    return float(np.mean(x)), std
+
+
+def table(groups: list[Group], keys: list[str], ddof: int = 0) -> tuple[list[str], list[dict[str, Any]]]:
+    """Columns and rows (fractions) of the summary table."""
+    ari_sources = sorted({s for g in groups for r in g.runs for s in r.ari})
+    cols = [*keys, "n_seeds", "seeds", "rounds"]
+    metrics = [*ACC, *(f"ari_{s}" for s in ari_sources)]
+    for m in metrics:
+        cols += [f"{m}_mean", f"{m}_std"]
+    rows = []
+    for g in groups:
+        row: dict[str, Any] = dict(zip(keys, g.key))
+        row["n_seeds"] = len(g.runs)
+        row["seeds"] = " ".join(str(r.seed) for r in g.runs)
+        done = [r.rounds_done for r in g.runs]
+        planned = {r.rounds_planned for r in g.runs}
+        row["rounds"] = f"{min(done)}" + (f"/{planned.pop()}" if len(planned) == 1 else "") + \
+            ("" if all(r.complete for r in g.runs) else " (incomplete)")
+        for m in ACC:
+            row[f"{m}_mean"], row[f"{m}_std"] = _stats([getattr(r, m) for r in g.runs], ddof)
+        for s in ari_sources:
+            row[f"ari_{s}_mean"], row[f"ari_{s}_std"] = _stats([r.ari.get(s, math.nan) for r in g.runs], ddof)
+        rows.append(row)
+    return cols, rows
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return "" if math.isnan(v) else f"{v:.6g}"
+    return str(v)
+
+
+def write_csv(path: Path, cols: list[str], rows: list[dict[str, Any]]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(cols)
+        for r in rows:
+            w.writerow([_fmt(r.get(c, "")) for c in cols])
+
+
+def markdown(cols: list[str], rows: list[dict[str, Any]], ddof: int) -> str:
+    """Accuracies in percent as mean ± std, ARI as mean ± std."""
+    head = [c for c in cols if not c.endswith(("_mean", "_std"))]
+    pairs = [c[: -len("_mean")] for c in cols if c.endswith("_mean")]
+    lines = ["| " + " | ".join([*head, *pairs]) + " |", "|" + "---|" * (len(head) + len(pairs))]
+    for r in rows:
+        cells = [str(r[c]) for c in head]
+        for m in pairs:
+            mean, std = r[f"{m}_mean"], r[f"{m}_std"]
+            scale, digits = (1.0, 3) if m.startswith("ari_") else (100.0, 2)
+            if math.isnan(mean):
+                cells.append("–")
+            elif math.isnan(std):
+                cells.append(f"{scale * mean:.{digits}f}")
+            else:
+                cells.append(f"{scale * mean:.{digits}f} ± {scale * std:.{digits}f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append(f"Accuracy in %, mean ± std over seeds (std with ddof={ddof}); `_w`: clients weighted by "
+                 f"test-set size; `best`: per client, test accuracy at its best-validation round.")
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.+=_-]+", "_", name)
+
+
+def plot_accuracy(groups: list[Group], path: Path) -> Path:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for g in groups:
+        n = max(len(r.curve) for r in g.runs)
+        curves = np.full((len(g.runs), n), np.nan)
+        for i, r in enumerate(g.runs):
+            curves[i, : len(r.curve)] = r.curve
+        x = np.arange(1, n + 1)
+        mean = _nanmean(curves, axis=0)
+        ok = ~np.isnan(mean)
+        line, = ax.plot(x[ok], 100 * mean[ok], marker="." if ok.sum() < 30 else None,
+                        label=f"{g.label} (n={len(g.runs)})")
+        if len(g.runs) > 1:
+            with warnings.catch_warnings():  # rounds nobody evaluated are all-nan
+                warnings.simplefilter("ignore", RuntimeWarning)
+                std = np.nanstd(curves, axis=0)
+            ax.fill_between(x[ok], 100 * (mean - std)[ok], 100 * (mean + std)[ok], color=line.get_color(), alpha=0.2)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("round")
+    ax.set_ylabel("mean client test accuracy (%)")
+    ax.set_title("Test accuracy vs round (mean ± std over seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_variance(groups: list[Group], path: Path) -> Path:
+    """DPFL Fig. 1: each run's variance of per-client final accuracy vs its mean."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    for g in groups:
+        xs = [100 * float(_nanmean(r.client_final)) for r in g.runs]
+        ys = [float(np.nanvar(100 * r.client_final)) if not np.isnan(r.client_final).all() else np.nan
+              for r in g.runs]
+        pts = ax.scatter(xs, ys, alpha=0.6, label=g.label)
+        ax.scatter([np.nanmean(xs)], [np.nanmean(ys)], marker="X", s=120, color=pts.get_facecolor()[0],
+                   edgecolors="black")
+    ax.set_xlabel("mean client test accuracy (%)")
+    ax.set_ylabel("variance over clients (%²)")
+    ax.set_title("Per-client accuracy: variance vs mean (X: group mean)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_ari(groups: list[Group], path: Path) -> Path | None:
+    sources = sorted({s for g in groups for r in g.runs for s in r.ari})
+    if not sources:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(groups) * len(sources)), 4.5))
+    width = 0.8 / len(sources)
+    for j, s in enumerate(sources):
+        vals = [[r.ari[s] for r in g.runs if s in r.ari] for g in groups]
+        mean = [np.mean(v) if v else np.nan for v in vals]
+        std = [np.std(v) if v else 0.0 for v in vals]
+        x = np.arange(len(groups)) + (j - (len(sources) - 1) / 2) * width
+        ax.bar(x, mean, width, yerr=std, capsize=3, label=s)
+        for xi, v in zip(x, vals):
+            ax.scatter([xi] * len(v), v, color="black", s=8, zorder=3)
+    ax.set_xticks(np.arange(len(groups)), [g.label for g in groups], rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel("adjusted Rand index vs true clusters")
+    ax.set_ylim(min(-0.1, ax.get_ylim()[0]), 1.05)
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set_title("Cluster recovery per run (bars: mean ± std, dots: runs)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _rounds(spec: list[int] | None, n: int) -> list[int]:
+    """Chosen rounds (negative: from the end) within the log; default first, middle, last."""
+    if n == 0:
+        return []
+    picks = spec if spec else [0, n // 2, n - 1]
+    out = []
+    for t in picks:
+        if -n <= t < n and t % n not in out:
+            out.append(t % n)
+    return out
+
+
+def plot_heatmaps(run: Run, out_dir: Path, rounds: list[int] | None) -> list[Path]:
+    """One PNG per [N, N] log, panels at the chosen rounds, clients ordered by true cluster."""
+    from matplotlib.colors import TwoSlopeNorm
+
+    plt = _plt()
+    cluster = run.get("clients/cluster")
+    order = np.argsort(cluster, kind="stable")
+    bounds = np.flatnonzero(np.diff(cluster[order])) + 0.5
+    edges = np.concatenate([[-0.5], bounds, [len(order) - 0.5]])
+    centers = (edges[:-1] + edges[1:]) / 2
+    names = [f"k{c}" for c in np.unique(cluster[order])]
+    written = []
+    for key, info in run.matrices().items():
+        if info.per_round:
+            picks = _rounds(rounds, info.shape[0])
+            mats = [(f"round {t + 1}", np.asarray(run.row(key, t), float)) for t in picks]
+        else:
+            label = f"round {info.round + 1} (logged once)" if info.round is not None else "logged once"
+            mats = [(label, np.asarray(run.get(key), float))]
+        if not mats:
+            continue
+        extra = mats[0][1].ndim > 2
+        mats = [(lab, m.reshape(m.shape[0], m.shape[1], -1).mean(axis=2) if m.ndim > 2 else m) for lab, m in mats]
+        mats = [(lab, m[order][:, order]) for lab, m in mats]
+        allv = np.concatenate([m.ravel() for _, m in mats])
+        allv = allv[np.isfinite(allv)]
+        lo, hi = (float(allv.min()), float(allv.max())) if len(allv) else (0.0, 1.0)
+        if lo < 0 < hi:  # signed (influence): diverging around 0
+            norm, cmap = TwoSlopeNorm(0.0, lo, hi), "RdBu_r"
+        else:  # weights: 0 means no collaboration, so the scale starts there
+            norm, cmap = None, "viridis"
+            lo, hi = min(lo, 0.0), max(hi, 0.0)
+            hi = hi if hi > lo else lo + 1.0
+        fig, axes = plt.subplots(1, len(mats), figsize=(3.4 * len(mats) + 1.0, 3.8), squeeze=False,
+                                 layout="constrained")
+        for ax, (lab, m) in zip(axes[0], mats):
+            im = ax.imshow(m, cmap=cmap, norm=norm, vmin=None if norm else lo, vmax=None if norm else hi,
+                           interpolation="nearest")
+            for b in bounds:
+                ax.axhline(b, color="white" if cmap == "viridis" else "black", lw=0.8)
+                ax.axvline(b, color="white" if cmap == "viridis" else "black", lw=0.8)
+            ax.set_title(lab, fontsize=9)
+            if len(names) <= 30:
+                ax.set_xticks(centers, names)
+                ax.set_yticks(centers, names)
+            ax.set_xlabel("client j, by true cluster", fontsize=8)
+            ax.set_ylabel("client i, by true cluster", fontsize=8)
+            ax.tick_params(labelsize=7, length=0)
+        fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8)
+        fig.suptitle(f"{run.path.parent.name}: /{key}" + (" (mean over last axis)" if extra else ""), fontsize=9)
+        path = out_dir / f"{_safe(key)}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def analyze(paths: list[str | Path], out: Path, heatmaps: str = "first", rounds: list[int] | None = None,
+            ddof: int = 0, echo=print) -> dict[str, Any]:
+    """Read the logs, write tables and figures under ``out``; returns what was made."""
+    runs, skipped = [], []
+    for p in find_logs(paths):
+        try:
+            runs.append(summarize(p))
+        except Exception as e:  # noqa: BLE001 - one broken log must not hide the others
+            skipped.append((p, f"{type(e).__name__}: {e}"))
+    for p, why in skipped:
+        echo(f"skipped {p}: {why}")
+    if not runs:
+        raise FileNotFoundError(f"no readable run log under {', '.join(map(str, paths))}")
+    keys = varying_keys(runs)
+    groups = group_runs(runs, keys)
+    out.mkdir(parents=True, exist_ok=True)
+    cols, rows = table(groups, keys, ddof)
+    write_csv(out / "table.csv", cols, rows)
+    md = markdown(cols, rows, ddof)
+    (out / "table.md").write_text(md)
+    run_cols = ["name", "path", *keys, "seed", "rounds_done", "rounds_planned", "final_round", *ACC]
+    ari_sources = sorted({s for r in runs for s in r.ari})
+    write_csv(out / "runs.csv", run_cols + [f"ari_{s}" for s in ari_sources],
+              [{"name": r.name, "path": str(r.path), **dict(zip(keys, r.group)), "seed": r.seed,
+                "rounds_done": r.rounds_done, "rounds_planned": r.rounds_planned if r.rounds_planned else "",
+                "final_round": r.final_round + 1, **{m: getattr(r, m) for m in ACC},
+                **{f"ari_{s}": r.ari.get(s, math.nan) for s in ari_sources}} for r in runs])
+    figures = [plot_accuracy(groups, out / "accuracy.png"), plot_variance(groups, out / "variance.png")]
+    ari = plot_ari(groups, out / "ari.png")
+    if ari:
+        figures.append(ari)
+    if heatmaps != "none":
+        chosen = [r for g in groups for r in (g.runs if heatmaps == "all" else g.runs[:1])]
+        for r in chosen:
+            figures += plot_heatmaps(open_run(r.path), out / "heatmaps" / _safe(r.name), rounds)
+    incomplete = [r for r in runs if not r.complete]
+    echo(f"{len(runs)} run(s) in {len(groups)} group(s); grouped by: {', '.join(keys)}")
+    for r in incomplete:
+        echo(f"  in progress or stopped: {r.name} ({r.rounds_done}/{r.rounds_planned} rounds)")
+    echo(md, end="")
+    echo(f"wrote {out / 'table.csv'}, {out / 'table.md'}, {out / 'runs.csv'} and {len(figures)} figure(s) under {out}")
+    return {"runs": runs, "groups": groups, "keys": keys, "rows": rows, "figures": figures, "skipped": skipped}
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated round numbers, e.g. 0,-1") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mpifl.analyze", description=__doc__.splitlines()[0])
+    ap.add_argument("paths", nargs="+", help="run.h5 files, run directories or sweep directories")
+    ap.add_argument("--out", type=Path,
+                    help="output folder (default: <PATH>/analysis for one directory, else ./analysis)")
+    ap.add_argument("--heatmaps", choices=("first", "all", "none"), default="first",
+                    help="heatmaps for the first seed of each group (default), every run, or none")
+    ap.add_argument("--rounds", type=_int_list, help="heatmap rounds, 0-based, negative from the end "
+                                                     "(default: first, middle, last)")
+    ap.add_argument("--ddof", type=int, default=0, choices=(0, 1), help="std over seeds: 0 = numpy's default, "
+                                                                         "1 = sample std")
+    a = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    out = a.out
+    if out is None:
+        one = Path(a.paths[0])
+        out = one / "analysis" if len(a.paths) == 1 and one.is_dir() else Path("analysis")
+    try:
+        analyze(a.paths, out, a.heatmaps, a.rounds, a.ddof)
+    except FileNotFoundError as e:
+        print(f"mpifl.analyze: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

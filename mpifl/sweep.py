@@ -1,0 +1,512 @@
+"""Sweeps: ``python -m mpifl.sweep SWEEP.yaml [--dry-run | --submit | --local]``.
+
+A sweep file names a base config, overrides for every point and a grid::
+
+    name: dpfl-budget            # sweep directory: <out_dir>/<name>
+    base: ../cifar10-dpfl.yaml   # relative to this file; optional
+    out_dir: results             # optional; default: the base config's run.out_dir
+    set:                         # optional; dotted keys applied to every point
+      run.rounds: 100
+    grid:                        # the cartesian product of these lists
+      dpfl.budget: [inf, 0.2N, 0.1N]
+      run.seed: [0, 1, 2]
+    slurm:                       # optional; see SlurmOptions
+      ntasks: 4
+      gpus_per_task: 1
+      time: "02:00:00"
+
+Every point becomes a validated config in its own run directory,
+``<sweep>/runs/<NNN_key-value_...>/config.yaml`` (``run.out_dir`` and ``run.name``
+are set by the sweep), and ``<sweep>/array.sbatch`` runs line i+1 of
+``<sweep>/runs.txt`` as array task i. A run directory is the unit of work:
+re-running the sweep leaves existing identical configs alone, ``--submit`` and
+``--local`` skip runs whose log is complete, and a resubmitted point continues in
+the same directory.
+
+``python -m mpifl.sweep --run CONFIG.yaml [a.b=v ...]`` renders the one-run
+script ``<run_dir>/run.sbatch`` instead (and submits it with ``--submit``).
+
+Templates live in ``slurm/`` at the repository root; ``{{name}}`` placeholders
+are filled here, and a placeholder alone on its line that renders empty drops the
+line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import itertools
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import config as config_mod
+from .config import Config, ConfigError
+from .paths import RunDir, atomic_write_text
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "slurm"
+RESERVED = ("run.name", "run.out_dir")  # the sweep owns where each point runs
+
+
+@dataclass
+class SlurmOptions:
+    ntasks: int = 1  # MPI ranks per run (srun tasks)
+    cpus_per_task: int = 1  # also OMP_NUM_THREADS and torch threads per rank
+    gpus_per_task: int = 0  # 0: no GPU request (the run picks CPU)
+    mpi: str = "pmi2"  # srun --mpi plugin that starts the MPI library's ranks
+    time: str = "01:00:00"  # per run; requeued ahead of it (signal_s)
+    signal_s: int = 300  # seconds before the time limit to requeue
+    partition: str = ""
+    account: str = ""
+    mem: str = ""  # e.g. 16G; empty: the cluster's default
+    max_parallel: int = 0  # array throttle (%N); 0 = no limit
+    python: str = ""  # interpreter on the compute nodes; empty: this one
+    sbatch: list = field(default_factory=list)  # extra "#SBATCH" arguments, e.g. ["--qos=long"]
+    srun: list = field(default_factory=list)  # extra srun arguments
+    setup: list = field(default_factory=list)  # shell lines before the launch, e.g. module load
+
+    @classmethod
+    def from_dict(cls, raw: Any, where: str = "slurm") -> SlurmOptions:
+        if raw is None:
+            return cls()
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{where} must be a mapping, got {raw!r}")
+        names = [f.name for f in fields(cls)]
+        unknown = sorted(set(raw) - set(names))
+        if unknown:
+            raise ConfigError(f"unknown key {where}.{unknown[0]!r}; valid keys: {', '.join(names)}")
+        out = cls()
+        for f in fields(cls):
+            if f.name not in raw:
+                continue
+            v = raw[f.name]
+            default = getattr(out, f.name)
+            if isinstance(default, list):
+                ok = isinstance(v, list) and all(isinstance(x, str) for x in v)
+                allowed = "must be a list of strings"
+            elif isinstance(default, int):
+                ok = isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                allowed = "must be an integer >= 0"
+            else:
+                ok = isinstance(v, (str, int)) and not isinstance(v, bool)
+                v = str(v) if ok else v
+                allowed = "must be a string"
+            if not ok:
+                raise ConfigError(f"{where}.{f.name}={v!r} is not allowed; {allowed}")
+            setattr(out, f.name, v)
+        if out.ntasks < 1:
+            raise ConfigError(f"{where}.ntasks={out.ntasks!r} is not allowed; must be >= 1")
+        if out.cpus_per_task < 1:
+            raise ConfigError(f"{where}.cpus_per_task={out.cpus_per_task!r} is not allowed; must be >= 1")
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", out.mpi):
+            raise ConfigError(f"{where}.mpi={out.mpi!r} is not allowed; an srun --mpi plugin name, e.g. pmi2, pmix")
+        return out
+
+
+@dataclass
+class Point:
+    index: int
+    name: str  # the run name, also the directory under <sweep>/runs
+    values: dict[str, Any]  # grid key -> value of this point
+    config: Config
+
+
+@dataclass
+class Sweep:
+    name: str
+    path: Path  # the sweep file
+    base: Path | None
+    root: Path  # the sweep directory
+    set: dict[str, Any]
+    grid: dict[str, list]
+    slurm: SlurmOptions
+    points: list[Point]
+
+    @property
+    def runs_file(self) -> Path:
+        return self.root / "runs.txt"
+
+    @property
+    def script(self) -> Path:
+        return self.root / "array.sbatch"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.root / "logs"
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _assign(raw: dict, key: str, value: Any, where: str) -> None:
+    """``raw[a][b] = value`` for ``key = "a.b"``, creating sections on the way."""
+    if not isinstance(key, str) or "." not in key:
+        raise ConfigError(f"{where} key {key!r} must look like section.key")
+    node = raw
+    *parents, leaf = key.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"{where} key {key!r}: {part!r} is not a section")
+    node[leaf] = copy.deepcopy(value)
+
+
+def _mapping(raw: Any, key: str) -> dict:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{key} must be a mapping of section.key: value, got {raw!r}")
+    return raw
+
+
+def _slug(value: Any) -> str:
+    text = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+    text = text.strip("[]{}'\" ")  # a minus sign must survive: -1 is not 1
+    return re.sub(r"[^A-Za-z0-9.+-]+", "-", text) or "-"
+
+
+def _label_parts(key: str) -> list[str]:
+    """``algorithm.name`` reads better as ``algorithm``."""
+    parts = key.split(".")
+    return parts[:-1] if parts[-1] == "name" and len(parts) > 1 else parts
+
+
+def _point_names(keys: list[str], combos: list[tuple]) -> list[str]:
+    """``007_budget-0.2N_seed-1``: the shortest key suffixes that stay distinct.
+
+    No "=" in the names: ``python -m mpifl.main`` takes an argument holding one
+    for an override, not for a config path."""
+    labels = []
+    for key in keys:
+        parts = _label_parts(key)
+        for n in range(1, len(parts) + 1):
+            label = ".".join(parts[-n:])
+            if sum(_label_parts(k)[-n:] == parts[-n:] for k in keys) == 1:
+                break
+        labels.append(label)
+    width = max(3, len(str(len(combos) - 1)))
+    return [f"{i:0{width}d}" + "".join(f"_{lab}-{_slug(v)}" for lab, v in zip(labels, combo))
+            for i, combo in enumerate(combos)]
+
+
+def load(path: str | Path, out_dir: str | None = None, slurm_overrides: dict | None = None,
+         n_ranks: int | None = None) -> Sweep:
+    """Read a sweep file and resolve and validate every point (nothing is written)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"sweep file {str(path)!r} not found")
+    try:
+        spec = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError:
+        raise ConfigError(f"sweep file {str(path)!r} is not valid YAML") from None
+    if not isinstance(spec, dict):
+        raise ConfigError(f"sweep file {str(path)!r} must hold a mapping")
+    allowed = ("name", "base", "out_dir", "set", "grid", "slurm")
+    unknown = sorted(set(spec) - set(allowed))
+    if unknown:
+        raise ConfigError(f"unknown key {unknown[0]!r} in sweep file {str(path)!r}; valid keys: {', '.join(allowed)}")
+    name = spec.get("name", path.stem)
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.+=-]+", name) or name in (".", ".."):
+        raise ConfigError(f"name={name!r} is not allowed; a plain directory name (letters, digits, _ . + = -)")
+    base = None
+    raw: dict = {}
+    if spec.get("base") is not None:
+        base = (path.parent / str(spec["base"])).resolve()
+        if not base.is_file():
+            raise ConfigError(f"base={spec['base']!r} is not allowed; no such file {str(base)!r}")
+        raw = yaml.safe_load(base.read_text()) or {}
+        if not isinstance(raw, dict):
+            raise ConfigError(f"base={spec['base']!r} must hold a mapping of sections")
+    sets = _mapping(spec.get("set"), "set")
+    grid = _mapping(spec.get("grid"), "grid")
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"grid.{key}={values!r} is not allowed; must be a non-empty list of values")
+    for key in [*sets, *grid]:
+        if key in RESERVED:
+            raise ConfigError(f"{key} is not allowed in a sweep; the sweep sets it for every point")
+    for key, value in sets.items():
+        _assign(raw, key, value, "set")
+    slurm_raw = dict(_mapping(spec.get("slurm"), "slurm"))
+    slurm_raw.update(slurm_overrides or {})
+    slurm = SlurmOptions.from_dict(slurm_raw)
+    if out_dir is None:
+        out_dir = spec.get("out_dir") or (raw.get("run") or {}).get("out_dir") or "results"
+    root = (Path(str(out_dir)) / name).resolve()
+
+    keys = list(grid)
+    combos = list(itertools.product(*(grid[k] for k in keys)))
+    points = []
+    for i, (pname, combo) in enumerate(zip(_point_names(keys, combos), combos)):
+        point_raw = copy.deepcopy(raw)
+        for key, value in zip(keys, combo):
+            _assign(point_raw, key, value, "grid")
+        _assign(point_raw, "run.name", pname, "sweep")
+        _assign(point_raw, "run.out_dir", str(root / "runs"), "sweep")
+        try:
+            cfg = config_mod.from_dict(point_raw, n_ranks=n_ranks or slurm.ntasks)
+        except ConfigError as e:
+            raise ConfigError(f"point {pname}: {e}") from None
+        points.append(Point(i, pname, dict(zip(keys, combo)), cfg))
+    return Sweep(name, path.resolve(), base, root, sets, grid, slurm, points)
+
+
+# --------------------------------------------------------------------------- scripts
+
+
+def render(template: str, values: dict[str, Any]) -> str:
+    """Fill ``{{name}}`` placeholders; unknown or unused names are errors."""
+    text = (TEMPLATES / template).read_text()
+    used = set(re.findall(r"{{(\w+)}}", text))
+    missing = used - set(values)
+    if missing:
+        raise KeyError(f"template {template} needs {sorted(missing)}")
+    extra = set(values) - used
+    if extra:
+        raise KeyError(f"template {template} has no {sorted(extra)}")
+    out = []
+    for line in text.splitlines():
+        whole = re.fullmatch(r"{{(\w+)}}", line)
+        if whole and str(values[whole.group(1)]) == "":
+            continue
+        out.append(re.sub(r"{{(\w+)}}", lambda m: str(values[m.group(1)]), line))
+    return "\n".join(out) + "\n"
+
+
+def _common(opts: SlurmOptions, job_name: str, log_dir: Path, workdir: Path) -> dict[str, Any]:
+    sbatch = []
+    if opts.gpus_per_task:
+        sbatch.append(f"--gpus-per-task={opts.gpus_per_task}")
+    if opts.partition:
+        sbatch.append(f"--partition={opts.partition}")
+    if opts.account:
+        sbatch.append(f"--account={opts.account}")
+    if opts.mem:
+        sbatch.append(f"--mem={opts.mem}")
+    sbatch += opts.sbatch
+    return {
+        "job_name": job_name, "ntasks": opts.ntasks, "cpus_per_task": opts.cpus_per_task,
+        "time": opts.time, "signal_s": opts.signal_s, "mpi": opts.mpi,
+        "log_dir": shlex.quote(str(log_dir)), "workdir": shlex.quote(str(workdir)),
+        "python": shlex.quote(opts.python or sys.executable),
+        "sbatch_extra": "\n".join(f"#SBATCH {a}" for a in sbatch),
+        "srun_extra": "".join(f" {shlex.quote(a)}" for a in opts.srun),
+        "setup": "\n".join(opts.setup),
+    }
+
+
+def array_script(sweep: Sweep, workdir: Path) -> str:
+    values = _common(sweep.slurm, sweep.name, sweep.log_dir, workdir)
+    values.update({
+        "sweep_name": sweep.name, "n_points": len(sweep.points), "last_index": len(sweep.points) - 1,
+        "throttle": f"%{sweep.slurm.max_parallel}" if sweep.slurm.max_parallel else "",
+        "runs_file": shlex.quote(str(sweep.runs_file)),
+    })
+    return render("array.sbatch", values)
+
+
+def run_script(cfg: Config, opts: SlurmOptions, workdir: Path) -> str:
+    rd = RunDir(cfg.run_dir.resolve())
+    values = _common(opts, cfg.run.name, rd.root, workdir)
+    values.update({"run_dir": shlex.quote(str(rd.root)), "script": shlex.quote(str(rd.root / "run.sbatch"))})
+    return render("run.sbatch", values)
+
+
+# --------------------------------------------------------------------------- state
+
+
+def is_complete(cfg: Config) -> bool:
+    """The run's log holds all its rounds (a partial or unreadable log is not)."""
+    from .logging.h5 import open_run
+
+    try:
+        return open_run(cfg.run_dir).n_rounds >= cfg.run.rounds
+    except (OSError, KeyError):
+        return False
+
+
+def status(cfg: Config) -> str:
+    from .logging.h5 import open_run
+
+    if is_complete(cfg):
+        return "done"
+    try:
+        return f"{open_run(cfg.run_dir).n_rounds}/{cfg.run.rounds} rounds"
+    except (OSError, KeyError):
+        return "new" if not RunDir(cfg.run_dir).log.exists() else "unreadable log"
+
+
+def write(sweep: Sweep, workdir: Path, force: bool = False) -> None:
+    """Configs, runs.txt and array.sbatch; an existing different config is an error."""
+    for p in sweep.points:
+        rd = RunDir(p.config.run_dir)
+        text = p.config.to_yaml()
+        if rd.config.exists() and rd.config.read_text() != text and not force:
+            raise ConfigError(f"{rd.config} holds a different config than this sweep makes for point {p.name}; "
+                              f"use another sweep name or out_dir, or --force to overwrite it")
+        if not rd.config.exists() or rd.config.read_text() != text:
+            atomic_write_text(rd.config, text)
+    sweep.log_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(sweep.runs_file, "".join(f"{p.config.run_dir}\n" for p in sweep.points))
+    atomic_write_text(sweep.root / "sweep.yaml", yaml.safe_dump({
+        "name": sweep.name, "source": str(sweep.path), "base": str(sweep.base) if sweep.base else None,
+        "set": sweep.set, "grid": sweep.grid, "slurm": sweep.slurm.__dict__,
+        "points": [{"name": p.name, "values": p.values} for p in sweep.points],
+    }, sort_keys=False))
+    atomic_write_text(sweep.script, array_script(sweep, workdir))
+    sweep.script.chmod(0o755)
+
+
+def _mpiexec() -> str | None:
+    sibling = Path(sys.executable).parent / "mpiexec"
+    return str(sibling) if sibling.is_file() else shutil.which("mpiexec")
+
+
+def local_command(cfg: Config, ranks: int, python: str | None = None) -> list[str]:
+    py = python or sys.executable
+    cmd = [py, "-m", "mpi4py", "-m", "mpifl.main", str(RunDir(cfg.run_dir).config)]
+    launcher = _mpiexec()
+    if launcher is None:
+        if ranks != 1:
+            raise ConfigError(f"slurm.ntasks={ranks} needs mpiexec, which was not found; use --ranks 1")
+        return cmd
+    return [launcher, "-n", str(ranks), *cmd]
+
+
+def run_local(sweep: Sweep, ranks: int, workdir: Path) -> int:
+    """Run the unfinished points one after another; returns the number that failed."""
+    failed = 0
+    for p in sweep.points:
+        if is_complete(p.config):
+            print(f"[{p.index}] {p.name}: done, skipped", flush=True)
+            continue
+        log = sweep.log_dir / f"local_{p.index}.out"
+        cmd = local_command(p.config, ranks, sweep.slurm.python or None)
+        print(f"[{p.index}] {p.name}: {shlex.join(cmd)} > {log}", flush=True)
+        with open(log, "a") as out:
+            rc = subprocess.run(cmd, check=False, cwd=workdir, stdout=out, stderr=subprocess.STDOUT).returncode
+        if rc != 0:
+            failed += 1
+            tail = log.read_text().splitlines()[-15:]
+            print(f"[{p.index}] {p.name}: FAILED (exit {rc}); last lines of {log}:", *tail, sep="\n  ", flush=True)
+    return failed
+
+
+def _sbatch(args: list[str]) -> str:
+    exe = shutil.which("sbatch")
+    if exe is None:
+        raise ConfigError("--submit needs sbatch, which was not found; use --local to run here")
+    res = subprocess.run([exe, "--parsable", *args], check=False, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise ConfigError(f"sbatch failed (exit {res.returncode}): {res.stderr.strip() or res.stdout.strip()}")
+    return res.stdout.strip().split(";")[0]
+
+
+def submit(sweep: Sweep) -> str | None:
+    """Submit the unfinished points as one array; returns the job id (None: nothing to do)."""
+    todo = [p.index for p in sweep.points if not is_complete(p.config)]
+    if not todo:
+        return None
+    array = ",".join(map(str, todo))
+    if sweep.slurm.max_parallel:
+        array += f"%{sweep.slurm.max_parallel}"
+    return _sbatch([f"--array={array}", str(sweep.script)])
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _slurm_flags(a: argparse.Namespace) -> dict[str, Any]:
+    keys = ("ntasks", "cpus_per_task", "gpus_per_task", "mpi", "time", "partition", "account", "mem", "python")
+    return {k: getattr(a, k) for k in keys if getattr(a, k) is not None}
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m mpifl.sweep", description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("file", help="SWEEP.yaml, or with --run a run's CONFIG.yaml")
+    ap.add_argument("overrides", nargs="*", help="with --run: section.key=value")
+    ap.add_argument("--run", action="store_true", help="one run: render <run_dir>/run.sbatch from CONFIG.yaml")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true", help="list the points and their state; write nothing")
+    mode.add_argument("--submit", action="store_true", help="write, then sbatch the unfinished points")
+    mode.add_argument("--local", action="store_true", help="write, then run the unfinished points here with mpiexec")
+    ap.add_argument("--out-dir", help="parent of the sweep directory (default: the sweep file's out_dir)")
+    ap.add_argument("--ranks", type=int, help="--local: MPI ranks per run (default slurm.ntasks)")
+    ap.add_argument("--force", action="store_true", help="overwrite point configs that differ from this sweep")
+    g = ap.add_argument_group("SLURM options (override the sweep file's slurm section)")
+    g.add_argument("--ntasks", type=int)
+    g.add_argument("--cpus-per-task", type=int)
+    g.add_argument("--gpus-per-task", type=int)
+    g.add_argument("--mpi")
+    g.add_argument("--time")
+    g.add_argument("--partition")
+    g.add_argument("--account")
+    g.add_argument("--mem")
+    g.add_argument("--python", help="interpreter on the compute nodes (default: this one)")
+    return ap
+
+
+def _main_run(a: argparse.Namespace, workdir: Path) -> int:
+    opts = SlurmOptions.from_dict(_slurm_flags(a), "option")
+    cfg = config_mod.load(a.file, a.overrides, n_ranks=opts.ntasks)
+    rd = RunDir(cfg.run_dir.resolve())
+    script = run_script(cfg, opts, workdir)
+    if a.dry_run:
+        print(script, end="")
+        return 0
+    if a.local:
+        raise ConfigError("--local with --run: launch it directly, mpiexec -n N python -m mpifl.main CONFIG.yaml")
+    if rd.config.exists() and rd.config.read_text() != cfg.to_yaml() and not a.force:
+        raise ConfigError(f"{rd.config} holds a different config; pick another run.name or pass --force")
+    atomic_write_text(rd.config, cfg.to_yaml())
+    atomic_write_text(rd.root / "run.sbatch", script)
+    print(f"wrote {rd.root / 'run.sbatch'}")
+    if a.submit:
+        print(f"submitted job {_sbatch([str(rd.root / 'run.sbatch')])}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    workdir = Path.cwd().resolve()
+    try:
+        if a.run:
+            return _main_run(a, workdir)
+        if a.overrides:
+            raise ConfigError(f"overrides {a.overrides} are for --run; put a sweep's overrides under set:")
+        sweep = load(a.file, a.out_dir, _slurm_flags(a), n_ranks=a.ranks)
+        if a.dry_run:
+            print(f"sweep {sweep.name}: {len(sweep.points)} runs in {sweep.root}")
+            for p in sweep.points:
+                vals = " ".join(f"{k}={v}" for k, v in p.values.items())
+                print(f"[{p.index}] {p.name}  {vals}  ({status(p.config)})")
+            return 0
+        write(sweep, workdir, force=a.force)
+        print(f"sweep {sweep.name}: {len(sweep.points)} configs under {sweep.root / 'runs'}; script {sweep.script}")
+        if a.submit:
+            job = submit(sweep)
+            print("nothing to submit: every run is complete" if job is None else f"submitted array job {job}")
+        elif a.local:
+            ranks = a.ranks or sweep.slurm.ntasks
+            failed = run_local(sweep, ranks, workdir)
+            if failed:
+                print(f"{failed} run(s) failed", file=sys.stderr)
+                return 1
+        else:
+            print(f"submit with: python -m mpifl.sweep {a.file} --submit   (or: sbatch {sweep.script})")
+        return 0
+    except ConfigError as e:
+        print(f"mpifl.sweep: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

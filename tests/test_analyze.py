@@ -1,0 +1,257 @@
+"""python -m mpifl.analyze on logs written by real short runs (complete, in
+progress and killed) and on hand-written logs holding the seed algorithms' extras."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from mpifl import analyze as an
+from mpifl import config
+from mpifl.logging.h5 import Writer, open_run
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = {
+    "run": {"rounds": 3, "threads": 1},
+    "data": {"name": "synthetic", "n_samples": 300, "n_clients": 6, "n_clusters": 3},
+    "model": {"hidden": [8]},
+}
+
+
+def _cfg(**sections) -> config.Config:
+    raw = {k: dict(v) for k, v in TINY.items()}
+    for sec, vals in sections.items():
+        raw.setdefault(sec, {}).update(vals)
+    return config.from_dict(raw)
+
+
+@pytest.fixture(scope="module")
+def sweep_dir(tmp_path_factory) -> Path:
+    """2 algorithms x 2 seeds of real runs (this process, one rank)."""
+    from mpifl import runtime
+    from mpifl.comm import world
+
+    root = tmp_path_factory.mktemp("sweep")
+    for algo in ("fedavg", "oracle"):
+        for seed in (0, 1):
+            runtime.run(_cfg(run={"seed": seed, "name": f"{algo}-{seed}", "out_dir": str(root / "runs")},
+                             algorithm={"name": algo}), world())
+    return root
+
+
+def _png_ok(path: Path) -> None:
+    import matplotlib.image as mpimg
+
+    img = mpimg.imread(path)
+    assert img.ndim == 3 and img.shape[0] >= 200 and img.shape[1] >= 200, (path, img.shape)
+    assert img[..., :3].std() > 0.01, f"{path} is blank"
+
+
+def _by_hand(path: Path) -> dict:
+    """Independent reading of one log with h5py: final, weighted final, best-val."""
+    with h5py.File(path, "r") as f:
+        n = f["rounds/round"].shape[0]
+        test, val = f["metrics/test_acc"][:n], f["metrics/val_acc"][:n]
+        w = f["clients/n_test"][()].astype(float)
+    last = max(t for t in range(n) if not np.isnan(test[t]).all())
+    best = test[np.nanargmax(np.where(np.isnan(val), -np.inf, val), axis=0), np.arange(test.shape[1])]
+    return {"final_acc": test[last].mean(), "final_acc_w": (test[last] * w).sum() / w.sum(),
+            "best_acc": best.mean(), "best_acc_w": (best * w).sum() / w.sum()}
+
+
+# --------------------------------------------------------------------------- real runs
+
+
+def test_table_groups_by_what_varies_with_mean_and_std_over_seeds(sweep_dir, tmp_path):
+    res = an.analyze([sweep_dir], tmp_path, heatmaps="none", echo=lambda *a, **k: None)
+    assert res["keys"] == ["algorithm.name"]  # seed, name, out_dir vary but are not groups
+    rows = {r["algorithm.name"]: r for r in res["rows"]}
+    assert set(rows) == {"fedavg", "oracle"}
+    for algo, row in rows.items():
+        assert row["n_seeds"] == 2 and row["seeds"] == "0 1" and row["rounds"] == "3/3"
+        per_seed = [_by_hand(sweep_dir / "runs" / f"{algo}-{s}" / "run.h5") for s in (0, 1)]
+        for m in an.ACC:
+            vals = [p[m] for p in per_seed]
+            assert row[f"{m}_mean"] == pytest.approx(np.mean(vals), abs=1e-9), m
+            assert row[f"{m}_std"] == pytest.approx(np.std(vals), abs=1e-9), m
+    # the true-cluster oracle's collaboration graph is the clusters; FedAvg's is one block
+    assert rows["oracle"]["ari_graph.mixing_mean"] == pytest.approx(1.0)
+    assert rows["fedavg"]["ari_graph.mixing_mean"] == pytest.approx(0.0)
+
+    csv_rows = (tmp_path / "table.csv").read_text().splitlines()
+    assert len(csv_rows) == 3 and csv_rows[0].startswith("algorithm.name,n_seeds,seeds,rounds,final_acc_mean")
+    md = (tmp_path / "table.md").read_text()
+    assert sum(line.startswith("| ") for line in md.splitlines()) == 3 and "±" in md
+    assert len((tmp_path / "runs.csv").read_text().splitlines()) == 5
+
+
+def test_figures_are_non_empty_pngs(sweep_dir, tmp_path):
+    res = an.analyze([sweep_dir], tmp_path, heatmaps="all", rounds=[0, -1], echo=lambda *a, **k: None)
+    names = {p.relative_to(tmp_path).as_posix() for p in res["figures"]}
+    assert {"accuracy.png", "variance.png", "ari.png"} <= names
+    assert {f"heatmaps/{a}-{s}/graph_mixing.png" for a in ("fedavg", "oracle") for s in (0, 1)} <= names
+    for p in res["figures"]:
+        _png_ok(p)
+
+
+def test_cli_defaults_to_an_analysis_folder_and_reports_missing_paths(sweep_dir, tmp_path, capsys):
+    one = sweep_dir / "runs" / "oracle-1"
+    assert an.main([str(one)]) == 0
+    assert (one / "analysis" / "table.md").is_file()
+    assert "oracle" in capsys.readouterr().out
+    assert an.main([str(tmp_path / "nothing")]) == 2
+
+
+def test_a_run_in_progress_and_then_killed_is_analyzed_up_to_its_last_round(tmp_path):
+    out = tmp_path / "runs"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "mpifl.main", "run.rounds=100000", "run.eval_every=2", "run.name=long",
+           f"run.out_dir={out}", "run.threads=1", "data.name=synthetic", "data.n_samples=300",
+           "data.n_clients=6", "data.n_clusters=3", "model.hidden=[8]", "algorithm.name=oracle"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            try:
+                if open_run(out / "long").n_rounds >= 3:
+                    break
+            except (OSError, KeyError):
+                pass
+            assert proc.poll() is None, proc.stderr.read().decode()
+            time.sleep(0.2)
+        live = an.analyze([out], tmp_path / "live", echo=lambda *a, **k: None)
+        (r,) = live["runs"]
+        assert 3 <= r.rounds_done < 100000 and not r.complete
+        assert "(incomplete)" in live["rows"][0]["rounds"]
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    res = an.analyze([out], tmp_path / "dead", echo=lambda *a, **k: None)
+    (r,) = res["runs"]
+    log = open_run(out / "long")
+    assert r.rounds_done == log.n_rounds >= 3 and r.rounds_planned == 100000
+    # eval_every=2: rounds 2, 4, ... are evaluated; the final one is the last of them
+    assert r.final_round == (log.n_rounds // 2) * 2 - 1
+    assert r.final_acc == pytest.approx(_by_hand(log.path)["final_acc"])
+    assert r.best_acc == pytest.approx(_by_hand(log.path)["best_acc"])
+    for p in res["figures"]:
+        _png_ok(p)
+
+
+# --------------------------------------------------------------------------- hand-written logs
+
+
+N, R, C = 6, 4, 3
+CLUSTER = np.array([2, 0, 1, 0, 2, 1])  # not sorted: heatmaps must order them
+
+
+def _write_log(path: Path, dense_max: int = 1024, extras: bool = True) -> Writer:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cfg = _cfg(run={"rounds": R + 2, "name": path.parent.name}, algorithm={"name": "oracle"})
+    clients = {"cluster": CLUSTER, "n_test": np.array([10, 20, 10, 20, 10, 30])}
+    w = Writer(path, {"algorithm": "oracle", "seed": 0, "n_clients": N, "config_yaml": cfg.to_yaml()}, clients, N,
+               dense_max=dense_max)
+    same = (CLUSTER[:, None] == CLUSTER[None, :]).astype(np.float32)
+    for t in range(R):
+        evaluated = t != 1  # round 1 not evaluated (eval_every)
+        val = np.full(N, np.nan) if not evaluated else np.full(N, 0.5)
+        test = np.full(N, np.nan) if not evaluated else np.full(N, 0.1 * (t + 1))
+        if t == 2:
+            val[:3] = 0.9  # clients 0-2 peak on validation at round 2
+        rows = {"metrics/val_acc": val, "metrics/test_acc": test, "metrics/train_loss": np.ones(N)}
+        once = {}
+        if extras:
+            rows["federico/client_weights"] = same / same.sum(1, keepdims=True)
+            rows["dpfl/collaborators"] = same.astype(bool)
+            rows["fedc2i/class_influence"] = np.repeat(same[:, :, None], 5, axis=2)
+            if t == 2:
+                once["lia/influence"] = same - 0.5  # signed
+                once["pfedlia/cluster"] = (CLUSTER + 1) % 3  # the true clusters under other names
+        w.write_round(t, {"wall_s": 1.0}, rows, mixing=same / same.sum(1, keepdims=True), once=once)
+    return w
+
+
+def test_best_val_and_final_follow_their_definitions(tmp_path):
+    _write_log(tmp_path / "a" / "run.h5")
+    s = an.summarize(tmp_path / "a" / "run.h5")
+    assert s.rounds_done == R and s.rounds_planned == R + 2 and not s.complete
+    assert s.final_round == R - 1 and s.final_acc == pytest.approx(0.1 * R)
+    # clients 0-2 best on val at round 2 (test 0.3); 3-5 tie at 0.5 from round 0 on: first one (0.1)
+    best = np.array([0.3, 0.3, 0.3, 0.1, 0.1, 0.1])
+    w = np.array([10, 20, 10, 20, 10, 30])
+    assert s.best_acc == pytest.approx(best.mean())
+    assert s.best_acc_w == pytest.approx((best * w).sum() / w.sum())
+    assert np.isnan(s.curve[1]) and s.curve[3] == pytest.approx(0.1 * R)
+
+
+def test_every_matrix_log_gets_a_heatmap_and_clusterings_an_ari(tmp_path):
+    _write_log(tmp_path / "a" / "run.h5")
+    run = open_run(tmp_path / "a")
+    assert set(run.matrices()) == {"graph/mixing", "federico/client_weights", "dpfl/collaborators",
+                                   "fedc2i/class_influence", "lia/influence"}
+    s = an.summarize(run.path)
+    assert s.ari == pytest.approx({"graph.mixing": 1.0, "dpfl.collaborators": 1.0, "pfedlia.cluster": 1.0})
+    written = an.plot_heatmaps(run, tmp_path / "h", rounds=[0, -1])
+    assert {p.name for p in written} == {"graph_mixing.png", "federico_client_weights.png",
+                                         "dpfl_collaborators.png", "fedc2i_class_influence.png",
+                                         "lia_influence.png"}
+    for p in written:
+        _png_ok(p)
+
+
+def test_compact_mixing_reads_and_plots_like_dense(tmp_path):
+    _write_log(tmp_path / "d" / "run.h5", extras=False)
+    _write_log(tmp_path / "c" / "run.h5", dense_max=2, extras=False)
+    dense, compact = open_run(tmp_path / "d"), open_run(tmp_path / "c")
+    assert "graph/mixing" not in compact.keys()  # noqa: SIM118 - a list of dataset paths
+    assert "graph/mixing" in compact.matrices()
+    for t in (0, -1):
+        np.testing.assert_array_equal(dense.row("graph/mixing", t), compact.row("graph/mixing", t))
+    assert an.summarize(compact.path).ari == an.summarize(dense.path).ari
+    (p,) = an.plot_heatmaps(compact, tmp_path / "h", rounds=None)
+    _png_ok(p)
+
+
+def test_reader_cuts_to_complete_rounds_and_indexes_from_the_end(tmp_path):
+    _write_log(tmp_path / "a" / "run.h5", extras=False)
+    with h5py.File(tmp_path / "a" / "run.h5", "a") as f:  # a round cut short: rows past /rounds/round
+        f["metrics/test_acc"].resize(R + 1, axis=0)
+        f["metrics/test_acc"][R] = 7.0
+    run = open_run(tmp_path / "a")
+    info = run.datasets()
+    assert info["metrics/test_acc"].shape == (R, N) and info["metrics/test_acc"].per_round
+    assert run.row("metrics/test_acc", -1) == pytest.approx(np.full(N, 0.1 * R))
+    with pytest.raises(IndexError):
+        run.row("metrics/test_acc", R)
+    assert an.summarize(run.path).final_acc == pytest.approx(0.1 * R)
+
+
+def test_unreadable_logs_are_reported_not_fatal(tmp_path):
+    _write_log(tmp_path / "good" / "run.h5", extras=False)
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "run.h5").write_bytes(b"not hdf5")
+    lines = []
+    res = an.analyze([tmp_path], tmp_path / "out", heatmaps="none", echo=lambda *a, **k: lines.append(a[0]))
+    assert len(res["runs"]) == 1 and len(res["skipped"]) == 1
+    assert any(line.startswith(f"skipped {tmp_path / 'bad' / 'run.h5'}") for line in lines)
+
+
+def test_grouping_keys_are_the_config_keys_that_differ(tmp_path):
+    def summary(lr: float, seed: int) -> an.Summary:
+        cfg = an.flatten(_cfg(train={"lr": lr}, run={"seed": seed, "name": f"r{lr}{seed}"}).to_dict())
+        return an.Summary(Path("x"), "x", cfg, seed, 1, 1, 0, 0.5, 0.5, 0.5, 0.5, np.zeros(N), np.zeros(1))
+
+    runs = [summary(lr, s) for lr in (0.1, 0.2) for s in (0, 1, 2)]
+    keys = an.varying_keys(runs)
+    assert keys == ["algorithm.name", "train.lr"]
+    groups = an.group_runs(runs, keys)
+    assert [g.key for g in groups] == [("fedavg", "0.1"), ("fedavg", "0.2")]
+    assert all(len(g.runs) == 3 for g in groups)

@@ -1,0 +1,200 @@
+"""python -m mpifl.sweep: grid -> configs -> scripts, golden SLURM scripts,
+--submit. The --local path against the SLURM script: test_sweep_local.py."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from mpifl import sweep as sw
+from mpifl.config import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = Path(__file__).resolve().parent / "golden"
+TINY = {  # seconds per run, also under mpiexec -n 2
+    "run": {"rounds": 2, "threads": 1},
+    "data": {"name": "synthetic", "n_samples": 240, "n_clients": 4, "n_clusters": 2},
+    "model": {"hidden": [8]},
+}
+
+
+def _sweep_file(tmp: Path, grid: dict, slurm: dict | None = None, name: str = "s", **extra) -> Path:
+    base = tmp / "base.yaml"
+    base.write_text(yaml.safe_dump(TINY))
+    spec = {"name": name, "base": "base.yaml", "grid": grid, **extra}
+    if slurm is not None:
+        spec["slurm"] = slurm
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def test_grid_is_the_cartesian_product_with_values_applied(tmp_path):
+    path = _sweep_file(tmp_path, {"algorithm.name": ["fedavg", "local", "oracle"], "run.seed": [0, 1]},
+                       set={"train.lr": 0.1})
+    s = sw.load(path, out_dir=str(tmp_path / "out"))
+    assert len(s.points) == 6
+    assert len({p.name for p in s.points}) == 6
+    seen = set()
+    for p in s.points:
+        c = p.config
+        assert c.algorithm.name == p.values["algorithm.name"] and c.run.seed == p.values["run.seed"]
+        assert c.train.lr == 0.1 and c.data.name == "synthetic"  # set: and base
+        assert c.run.name == p.name and Path(c.run.out_dir) == s.root / "runs"
+        assert "=" not in p.name  # mpifl.main reads a "=" argument as an override
+        seen.add((c.algorithm.name, c.run.seed))
+    assert len(seen) == 6
+    assert s.root == (tmp_path / "out" / "s").resolve()
+
+
+def test_point_names_use_distinct_key_suffixes(tmp_path):
+    path = _sweep_file(tmp_path, {"algorithm.name": ["fedavg"], "run.seed": [3], "data.n_clients": [4]})
+    (p,) = sw.load(path, out_dir=str(tmp_path)).points
+    assert p.name == "000_algorithm-fedavg_seed-3_n_clients-4"
+
+
+@pytest.mark.parametrize("grid, extra, message", [
+    ({"run.name": ["a", "b"]}, {}, "run.name is not allowed in a sweep"),
+    ({"run.seed": []}, {}, "grid.run.seed=[] is not allowed"),
+    ({"train.lr": [0.1, -1.0]}, {}, "point 001_lr--1.0: train.lr=-1.0 is not allowed"),
+    ({"train.nope": [1]}, {}, "unknown key 'train.nope'"),
+    ({"run.seed": [0]}, {"slurm": {"ntasks": 8}},
+     "data.n_clients=4 is not allowed; must be >= the number of MPI ranks (8)"),
+    ({"run.seed": [0]}, {"slurm": {"gpus": 1}}, "unknown key slurm.'gpus'"),
+    ({"run.seed": [0]}, {"bogus": 1}, "unknown key 'bogus' in sweep file"),
+])
+def test_bad_sweeps_fail_with_one_line_naming_the_key(tmp_path, grid, extra, message):
+    slurm = extra.pop("slurm", None)
+    path = _sweep_file(tmp_path, grid, slurm, **extra)
+    with pytest.raises(ConfigError) as e:
+        sw.load(path, out_dir=str(tmp_path))
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_write_is_idempotent_and_refuses_a_different_config(tmp_path):
+    path = _sweep_file(tmp_path, {"run.seed": [0, 1]})
+    s = sw.load(path, out_dir=str(tmp_path / "out"))
+    sw.write(s, ROOT)
+    first = {p: p.read_text() for p in s.root.rglob("*") if p.is_file()}
+    assert (s.root / "runs.txt").read_text().splitlines() == [str(p.config.run_dir) for p in s.points]
+    assert os.access(s.script, os.X_OK)
+    sw.write(sw.load(path, out_dir=str(tmp_path / "out")), ROOT)
+    assert {p: p.read_text() for p in s.root.rglob("*") if p.is_file()} == first
+
+    changed = _sweep_file(tmp_path, {"run.seed": [0, 1]}, set={"train.lr": 0.2})
+    with pytest.raises(ConfigError, match="holds a different config"):
+        sw.write(sw.load(changed, out_dir=str(tmp_path / "out")), ROOT)
+    sw.write(sw.load(changed, out_dir=str(tmp_path / "out")), ROOT, force=True)
+    assert yaml.safe_load(s.points[0].config.run_dir.joinpath("config.yaml").read_text())["train"]["lr"] == 0.2
+
+
+def test_dry_run_lists_points_and_writes_nothing(tmp_path, capsys):
+    path = _sweep_file(tmp_path, {"algorithm.name": ["fedavg", "local"]})
+    assert sw.main([str(path), "--out-dir", str(tmp_path / "out"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "000_algorithm-fedavg" in out and "001_algorithm-local" in out and "(new)" in out
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_reports_config_errors_with_exit_2(tmp_path, capsys):
+    path = _sweep_file(tmp_path, {"train.lr": [0]})
+    assert sw.main([str(path), "--out-dir", str(tmp_path), "--dry-run"]) == 2
+    assert "mpifl.sweep: error: point 000_lr-0: train.lr=0.0 is not allowed" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- scripts
+
+
+def _golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("MPIFL_UPDATE_GOLDEN"):
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+    assert text == path.read_text(), f"{name} changed; rerun with MPIFL_UPDATE_GOLDEN=1 if on purpose"
+
+
+def _fixed(s: sw.Sweep) -> sw.Sweep:
+    s.root = Path("/scratch/me/results/dpfl-budget")
+    return s
+
+
+def test_array_script_matches_golden_file(tmp_path):
+    path = _sweep_file(tmp_path, {"algorithm.name": ["fedavg", "oracle"], "run.seed": [0, 1, 2]},
+                       slurm={"ntasks": 4, "cpus_per_task": 2, "gpus_per_task": 1, "time": "02:00:00",
+                              "partition": "gpu", "max_parallel": 3, "python": "/opt/venv/bin/python",
+                              "setup": ["module load cuda/12.4"], "sbatch": ["--qos=normal"]},
+                       name="dpfl-budget")
+    s = _fixed(sw.load(path, out_dir=str(tmp_path)))
+    text = sw.array_script(s, Path("/home/me/mpifl"))
+    _golden("array.sbatch", text)
+    assert "#SBATCH --array=0-5%3" in text and "srun --mpi=pmi2" in text
+    assert subprocess.run(["bash", "-n"], check=False, input=text, text=True).returncode == 0
+
+
+def test_run_script_matches_golden_file(tmp_path):
+    from mpifl import config
+
+    cfg = config.from_dict({**TINY, "run": {**TINY["run"], "name": "q", "out_dir": "/scratch/me/results"}})
+    opts = sw.SlurmOptions(python="/opt/venv/bin/python", mpi="pmix")
+    text = sw.run_script(cfg, opts, Path("/home/me/mpifl"))
+    _golden("run.sbatch", text)
+    assert "--gpus-per-task" not in text and "srun --mpi=pmix" in text
+    assert subprocess.run(["bash", "-n"], check=False, input=text, text=True).returncode == 0
+
+
+def test_render_refuses_missing_or_unknown_placeholders():
+    with pytest.raises(KeyError, match="needs"):
+        sw.render("run.sbatch", {"job_name": "x"})
+
+
+def test_run_mode_writes_the_script_into_the_run_dir(tmp_path, capsys):
+    base = tmp_path / "c.yaml"
+    base.write_text(yaml.safe_dump(TINY))
+    assert sw.main(["--run", str(base), f"run.out_dir={tmp_path}", "run.name=one", "--ntasks", "2"]) == 0
+    script = (tmp_path / "one" / "run.sbatch").read_text()
+    assert f"RUN_DIR={tmp_path / 'one'}" in script and "#SBATCH --ntasks=2" in script
+    assert (tmp_path / "one" / "config.yaml").is_file()
+
+
+# --------------------------------------------------------------------------- --submit / --local / SLURM path
+
+
+def _exe(path: Path, text: str) -> None:
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+
+
+def test_submit_sends_only_unfinished_points(tmp_path, monkeypatch):
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    _exe(bin_ / "sbatch", f'#!/bin/sh\necho "$@" >> {tmp_path}/sbatch.args\necho 4242\n')
+    monkeypatch.setenv("PATH", f"{bin_}{os.pathsep}{os.environ['PATH']}")
+    path = _sweep_file(tmp_path, {"run.seed": [0, 1, 2]}, slurm={"max_parallel": 2})
+    s = sw.load(path, out_dir=str(tmp_path / "out"))
+    sw.write(s, ROOT)
+    # a finished run: make point 1's log by running it here (1 rank, in this process)
+    from mpifl import runtime
+    from mpifl.comm import world
+
+    runtime.run(s.points[1].config, world())
+    assert sw.submit(s) == "4242"
+    args = (tmp_path / "sbatch.args").read_text().split()
+    assert args == ["--parsable", "--array=0,2%2", str(s.script)]
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "jobs" / "sweeps").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_sweeps_validate_where_their_base_exists(path, tmp_path):
+    base = yaml.safe_load(path.read_text()).get("base")
+    if base and not (path.parent / base).is_file():
+        pytest.skip(f"{path.name}: base {base} arrives with its algorithm's branch")
+    s = sw.load(path, out_dir=str(tmp_path))
+    assert len(s.points) == np.prod([len(v) for v in s.grid.values()])
