@@ -68,6 +68,10 @@ CASES = {
     "resume other config": ("", ["run.name=other", "train.lr=0.2"], "different config: train.lr"),
     "checkpoint meta garbage": ("", ["run.name=badmeta"], "is unreadable"),
     "checkpoint part garbage": ("", ["run.name=badpart"], "is unreadable"),
+    "data root missing": ("", ["data.name=cifar10", "data.root=/nonexistent/data"], "/nonexistent/data"),
+    "data root not given": ("", ["data.name=fashionmnist"], "fashionmnist"),
+    "data root is a file": ("", ["data.name=mnist", "data.root=FILE"], "mnist"),
+    "features file not npz": ("", ["data.name=features", "data.root=FILE"], "features"),
 }
 
 

@@ -32,6 +32,8 @@ def assert_same_logs(a, b):
     ("federico", "1:3:kill"), ("fedc2i", "1:3:kill"), ("dpfl", "1:3:kill"),
     ("pfedlia", "1:3:kill"), ("pfedlia-p2p", "1:3:kill"),  # warm-up and LIA happen before the kill
     ("fedavg", "0:3:kill_in_checkpoint"),  # killed between writing its part and publishing
+    ("fedavg", "1:1:kill"),  # before the first checkpoint: the rerun starts over
+    ("oracle", "0:5:kill"), ("federico", "0:5:kill_in_checkpoint"),
 ])
 def test_sigkill_then_resume_is_identical(tmp_path, algo, fault):
     extra = {"pfedlia": ["pfedlia.warmup_rounds=2", "pfedlia.lia_epochs=2"],
@@ -43,12 +45,18 @@ def test_sigkill_then_resume_is_identical(tmp_path, algo, fault):
     cmd = [str(MPIEXEC), "-n", "2", sys.executable, "-m", "mpifl.main", *args, "run.name=cut"]
     killed = subprocess.run(cmd, cwd=REPO, env=env_kill, capture_output=True, text=True, timeout=300, check=False)
     assert killed.returncode != 0
-    cut = open_run(tmp_path / "cut")
-    assert cut.n_rounds in (3, 4)  # rounds 0-2 complete (+3 when killed inside its checkpoint)
-    assert (tmp_path / "cut" / "checkpoint" / "latest").read_text() == "round-000001"
+    k, kind = int(fault.split(":")[1]), fault.split(":")[2]
+    done = k + 1 if kind == "kill_in_checkpoint" else k  # rounds logged before the kill
+    saved = [t for t in range(k) if (t + 1) % 2 == 0]  # checkpoint_every=2, published ones
+    assert open_run(tmp_path / "cut").n_rounds == done
+    latest = tmp_path / "cut" / "checkpoint" / "latest"
+    assert (latest.read_text() == f"round-{saved[-1]:06d}") if saved else not latest.exists()
     resumed = launch([*args, "run.name=cut"], n=2)
     assert resumed.returncode == 0, resumed.stderr
-    assert "resumed after round 2" in resumed.stdout
+    if saved:
+        assert f"resumed after round {saved[-1] + 1}" in resumed.stdout
+    else:
+        assert "resumed" not in resumed.stdout
     assert_same_logs(open_run(tmp_path / "ref"), open_run(tmp_path / "cut"))
 
 
@@ -88,7 +96,7 @@ def test_exception_on_rank_1_of_4_aborts_fast_and_names_it(tmp_path):
                          capture_output=True, text=True, timeout=120, check=False)
     started = res.stdout.count("round")  # sanity: it did train before failing
     assert res.returncode != 0
-    assert time.time() - t0 < 60 and started >= 3
+    assert time.time() - t0 < 30 and started >= 3
     assert "mpifl: rank 1 of 4 failed" in res.stderr
     assert res.stderr.count("Traceback") == 1  # once, from the failing rank only
     run = open_run(tmp_path / "boom")
