@@ -34,6 +34,9 @@ def atomic_write_text(path: Path, text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide results from the group
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
