@@ -34,6 +34,7 @@ import csv
 import math
 import re
 import sys
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -337,9 +338,15 @@ def plot_accuracy(groups: list[Group], path: Path) -> Path:
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("round")
-    ax.set_ylabel("mean client test accuracy (%)")
-    ax.set_title("Test accuracy vs round (mean ± std over seeds)")
+    return _finish(plt, fig, ax, path, "round", "mean client test accuracy (%)",
+                   "Test accuracy vs round (mean ± std over seeds)")
+
+
+def _finish(plt, fig, ax, path: Path, xlabel: str, ylabel: str, title: str) -> Path:
+    """Labels, grid and legend, then save the figure and free it."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -359,15 +366,8 @@ def plot_variance(groups: list[Group], path: Path) -> Path:
         pts = ax.scatter(xs, ys, alpha=0.6, label=g.label)
         ax.scatter([np.nanmean(xs)], [np.nanmean(ys)], marker="X", s=120, color=pts.get_facecolor()[0],
                    edgecolors="black")
-    ax.set_xlabel("mean client test accuracy (%)")
-    ax.set_ylabel("variance over clients (%²)")
-    ax.set_title("Per-client accuracy: variance vs mean (X: group mean)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _finish(plt, fig, ax, path, "mean client test accuracy (%)", "variance over clients (%²)",
+                   "Per-client accuracy: variance vs mean (X: group mean)")
 
 
 def plot_ari(groups: list[Group], path: Path) -> Path | None:
@@ -475,10 +475,15 @@ def analyze(paths: list[str | Path], out: Path, heatmaps: str = "first", rounds:
     """Read the logs, write tables and figures under ``out``; returns what was made."""
     runs, skipped = [], []
     for p in find_logs(paths):
-        try:
-            runs.append(summarize(p))
-        except Exception as e:  # noqa: BLE001 - one broken log must not hide the others
-            skipped.append((p, f"{type(e).__name__}: {e}"))
+        for attempt in range(3):  # a log being written can be caught mid-round: look again
+            try:
+                runs.append(summarize(p))
+                break
+            except Exception as e:  # noqa: BLE001 - one broken log must not hide the others
+                if attempt == 2:
+                    skipped.append((p, f"{type(e).__name__}: {e}"))
+                else:
+                    time.sleep(0.5)
     for p, why in skipped:
         echo(f"skipped {p}: {why}")
     if not runs:
