@@ -421,10 +421,12 @@ def agree(comm: Comm | MPI.Comm, fn: Callable):
 
 
 def _as_wanted(wanted, n_local: int) -> dict[int, list[int]]:
-    if isinstance(wanted, dict):
-        return {int(i): [int(j) for j in js] for i, js in wanted.items()}
-    assert len(wanted) == n_local, "one list of wanted ids per local client"
-    return {i: [int(j) for j in js] for i, js in enumerate(wanted)}
+    """Per local client its distinct wanted ids: a model asked for twice arrives
+    (and is charged) once."""
+    if not isinstance(wanted, dict):
+        assert len(wanted) == n_local, "one list of wanted ids per local client"
+        wanted = dict(enumerate(wanted))
+    return {int(i): sorted({int(j) for j in js}) for i, js in wanted.items()}
 
 
 def _take_rows(host: np.ndarray, idx: np.ndarray) -> np.ndarray:

@@ -158,3 +158,13 @@ def test_pulled_rows_survive_the_next_pull(mpi):
     for k, v in kept.items():
         torch.testing.assert_close(first[k], v)
         torch.testing.assert_close(second[k], v + 7)
+
+
+def test_pull_charges_a_repeated_request_once(mpi):
+    n = 6
+    comm = Comm(n, mpi)
+    rows = all_rows(n)
+    far = (comm.local_ids[-1] + 1) % n
+    got = comm.pull(local_block(comm, rows), {0: [far, far, far]})
+    torch.testing.assert_close(got[far], rows[far], rtol=0, atol=0)
+    assert comm.models_recv[0] == 1 and comm.bytes_recv[0] == P * F32
