@@ -385,9 +385,6 @@ class Clients:
             losses[bad] = np.nan
         return losses / np.maximum(seen, 1)
 
-    def set_rows(self, local: np.ndarray | slice, value: torch.Tensor) -> None:
-        self.params[local] = value
-
     # ------------------------------------------------------------------ evaluation
     def split_index(self, local: np.ndarray, split: str) -> np.ndarray:
         """``[m, n_max]`` indices of each client's split samples, -1 padded."""

@@ -139,9 +139,6 @@ class Comm:
     def allreduce_sum(self, x: float) -> float:
         return self.mpi.allreduce(x, op=MPI.SUM)
 
-    def abort(self, code: int = 1) -> None:
-        self.mpi.Abort(code)
-
     # ------------------------------------------------------------------ collectives
     @_timed
     def weighted_sum(self, rows: torch.Tensor, weights: torch.Tensor | np.ndarray) -> torch.Tensor:
