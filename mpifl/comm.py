@@ -25,6 +25,7 @@ import torch
 from mpi4py import MPI
 
 F32 = 4  # bytes per model coordinate on the wire
+_SMALL = 32  # below this many ids a plain Python loop beats numpy's per-call cost
 
 
 def _timed(fn):
@@ -103,6 +104,7 @@ class Comm:
         self.n_local = len(self.local_ids)
         self.first = int(self.local_ids[0]) if self.n_local else 0
         self.pool = BufferPool()
+        self._bounds = self.placement.starts.tolist()  # plain ints: small requests skip numpy
         self.reset_counters()
 
     # ------------------------------------------------------------------ counters
@@ -128,6 +130,14 @@ class Comm:
                 counter[local] += amount
             else:
                 np.add.at(counter, local, amount)
+
+    def _by_owner(self, ids: list[int]) -> list[list[int]]:
+        """Sorted global ``ids`` split by the rank hosting them."""
+        if len(ids) <= _SMALL:
+            bounds = self._bounds
+            return [[j for j in ids if bounds[r] <= j < bounds[r + 1]] for r in range(self.size)]
+        cut = np.searchsorted(np.asarray(ids, np.int64), self.placement.starts[1:-1])
+        return [part.tolist() for part in np.split(np.asarray(ids, np.int64), cut)]
 
     def to_local(self, ids: np.ndarray) -> np.ndarray:
         return np.asarray(ids) - self.first
@@ -257,14 +267,11 @@ class Comm:
         for js in wanted.values():
             for j in js:
                 askers[j] = askers.get(j, 0) + 1
-        need = sorted(askers)
-        owners = self.placement.owner(np.array(need, dtype=np.int64)) if need else np.array([], np.int64)
-        req = [[j for j, o in zip(need, owners) if o == r] for r in range(self.size)]
+        req = self._by_owner(sorted(askers))
         # asked[r]: (id, number of asking clients) that rank r needs from us
         asked_n = self.mpi.alltoall([[(j, askers[j]) for j in ids] for ids in req])
         asked = [[j for j, _ in pairs] for pairs in asked_n]
 
-        host = _host(rows)
         out: dict[int, torch.Tensor] = {}
         recv_bufs, reqs = {}, []
         for r in range(self.size):
@@ -277,6 +284,8 @@ class Comm:
         for r in range(self.size):
             if r == self.rank or not asked[r]:
                 continue
+            if not send_keep:
+                host = _host(rows)
             sb = _take_rows(host, self.to_local(asked[r]))
             send_keep.append(sb)
             reqs.append(self.mpi.Isend([sb, MPI.FLOAT], dest=r, tag=11))
@@ -295,12 +304,21 @@ class Comm:
         for j in req[self.rank]:
             out[j] = rows[j - self.first].clone()
 
-        # logical accounting: every (asking client, id) pair is one model moved
-        n_wanted = np.array([len(js) for js in wanted.values()], np.int64)
-        self.count(np.fromiter(wanted, np.int64, len(wanted)), recv=n_wanted * P * F32, models=n_wanted)
+        # logical accounting: every (asking client, id) pair is one model moved;
         # owners are charged one model sent per asking client
-        pairs = np.array([jn for ps in asked_n for jn in ps], np.int64).reshape(-1, 2)
-        self.count(pairs[:, 0] - self.first, sent=pairs[:, 1] * P * F32)
+        pairs = [jn for ps in asked_n for jn in ps]
+        if len(wanted) + len(pairs) <= _SMALL:  # numpy's per-call cost would dominate
+            for i, js in wanted.items():
+                if js:
+                    self.bytes_recv[i] += len(js) * P * F32
+                    self.models_recv[i] += len(js)
+            for j, n in pairs:
+                self.bytes_sent[j - self.first] += n * P * F32
+        else:
+            n_wanted = np.array([len(js) for js in wanted.values()], np.int64)
+            self.count(np.fromiter(wanted, np.int64, len(wanted)), recv=n_wanted * P * F32, models=n_wanted)
+            pairs = np.array(pairs, np.int64).reshape(-1, 2)
+            self.count(pairs[:, 0] - self.first, sent=pairs[:, 1] * P * F32)
         MPI.Request.Waitall(reqs)
         if not cpu:  # one host-to-device copy per received block
             for r, buf in recv_bufs.items():
@@ -328,9 +346,7 @@ class Comm:
                 senders[j] = senders.get(j, 0) + 1
         n_sent = np.array([len(cs) for cs in contributions.values()], np.int64)
         self.count(np.fromiter(contributions, np.int64, len(contributions)), sent=n_sent * P * F32)
-        ids = sorted(per_target)
-        owners = self.placement.owner(np.array(ids, dtype=np.int64)) if ids else np.array([], np.int64)
-        send_ids = [[j for j, o in zip(ids, owners) if o == r] for r in range(self.size)]
+        send_ids = self._by_owner(sorted(per_target))
         recv_n = self.mpi.alltoall([[(j, senders[j]) for j in js] for js in send_ids])
         recv_ids = [[j for j, _ in pairs] for pairs in recv_n]
 

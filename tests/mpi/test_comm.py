@@ -62,8 +62,9 @@ def wanted_for(ids: np.ndarray, n: int) -> dict[int, list[int]]:
     return {k: sorted({(int(c) + 1) % n, (int(c) + 2) % n, 0} - {int(c)}) for k, c in enumerate(ids)}
 
 
-def test_pull_returns_rows_and_counts_each_pair(mpi):
-    n = 9
+# 70 clients ask for more ids than comm._SMALL: the vectorised bookkeeping path
+@pytest.mark.parametrize("n", [9, 70])
+def test_pull_returns_rows_and_counts_each_pair(mpi, n):
     comm = Comm(n, mpi)
     rows = all_rows(n)
     wanted = wanted_for(comm.local_ids, n)
@@ -86,8 +87,8 @@ def test_pull_returns_rows_and_counts_each_pair(mpi):
     assert comm.wire_recv == len(need) * P * F32
 
 
-def test_push_sums_at_owner_and_counts(mpi):
-    n = 9
+@pytest.mark.parametrize("n", [9, 70])
+def test_push_sums_at_owner_and_counts(mpi, n):
     comm = Comm(n, mpi)
     wanted = wanted_for(comm.local_ids, n)
     # client i sends (i+1) * e_j-ish contributions to each j it wants
