@@ -105,6 +105,7 @@ class Comm:
         self.first = int(self.local_ids[0]) if self.n_local else 0
         self.pool = BufferPool()
         self._bounds = self.placement.starts.tolist()  # plain ints: small requests skip numpy
+        self._layouts: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.reset_counters()
 
     # ------------------------------------------------------------------ counters
@@ -213,13 +214,21 @@ class Comm:
         """Stack every rank's ``[n_local, ...]`` rows in client order on ``root``."""
         arr = np.ascontiguousarray(local.detach().cpu().numpy() if torch.is_tensor(local) else local)
         trailing = arr.shape[1:]
-        per = int(np.prod(trailing)) if trailing else 1
-        counts = self.placement.counts() * per
         out = np.empty((self.placement.n_clients, *trailing), arr.dtype) if self.rank == root else None
         mpitype = MPI._typedict[arr.dtype.char]
-        recv = [out, (counts, np.concatenate([[0], np.cumsum(counts)[:-1]])), mpitype] if self.rank == root else None
+        recv = [out, self._layout(arr), mpitype] if self.rank == root else None
         self.mpi.Gatherv([arr, mpitype], recv, root=root)
         return out
+
+    def _layout(self, arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(counts, displacements) of every rank's rows shaped like ``arr``'s in a
+        gather: a round's logging gathers the same few shapes each round, so cached."""
+        per = int(np.prod(arr.shape[1:]))
+        got = self._layouts.get(per)
+        if got is None:
+            counts = self.placement.counts() * per
+            got = self._layouts[per] = (counts, np.concatenate([[0], np.cumsum(counts)[:-1]]))
+        return got
 
     @_timed
     def gather_concat(self, local: np.ndarray, root: int = 0) -> np.ndarray | None:
@@ -241,12 +250,9 @@ class Comm:
     def allgather_rows(self, local: np.ndarray | torch.Tensor) -> np.ndarray:
         """Every rank gets the ``[N, ...]`` stack of every client's small row."""
         arr = np.ascontiguousarray(local.detach().cpu().numpy() if torch.is_tensor(local) else local)
-        trailing = arr.shape[1:]
-        per = int(np.prod(trailing)) if trailing else 1
-        counts = self.placement.counts() * per
-        out = np.empty((self.placement.n_clients, *trailing), arr.dtype)
+        out = np.empty((self.placement.n_clients, *arr.shape[1:]), arr.dtype)
         mpitype = MPI._typedict[arr.dtype.char]
-        self.mpi.Allgatherv([arr, mpitype], [out, (counts, np.concatenate([[0], np.cumsum(counts)[:-1]])), mpitype])
+        self.mpi.Allgatherv([arr, mpitype], [out, self._layout(arr), mpitype])
         return out
 
     # ------------------------------------------------------------------ point to point

@@ -46,6 +46,7 @@ import numpy as np
 from scipy import sparse
 
 ROUND_KEY = "rounds/round"
+CHUNK_BYTES = 1 << 12  # per-round datasets: rows per chunk up to this size (measured: 4 KiB best)
 
 
 class _Log:
@@ -61,13 +62,24 @@ class _Log:
         self.f = f
         self.ds: dict[str, h5py.Dataset] = {}
         self.size: dict[str, int] = {}  # rows allocated per dataset, to skip a shape query
+        # h5py builds a file space, a memory space and a memory type for every
+        # write, three times the cost of HDF5's own write of a cached chunk: kept
+        # here (a dataset's file space until it is resized)
+        self._fspace: dict[str, Any] = {}
+        self._mspace: dict[tuple, Any] = {}
+        self._types: dict[str, tuple[np.dtype, Any]] = {}
 
     def _dataset(self, path: str, row: np.ndarray) -> h5py.Dataset:
         ds = self.ds.get(path)
         if ds is None:
             if path not in self.f:
-                chunk = (1, *row.shape) if row.ndim else (256,)
-                big = row.size > 64
+                # rows of a round are small at small N: a chunk of many rounds stays in
+                # HDF5's chunk cache, so a round's write is a copy rather than a new
+                # chunk's allocation and index insert
+                per = max(1, min(self.GROW, CHUNK_BYTES // max(row.nbytes, 1)))
+                chunk = (per, *row.shape) if row.ndim else (256,)
+                # a chunk rewritten every round would be recompressed every round
+                big = row.size > 64 and per == 1
                 self.f.create_dataset(path, shape=(0, *row.shape), maxshape=(None, *row.shape), dtype=row.dtype,
                                       chunks=chunk, compression="gzip" if big else None,
                                       compression_opts=1 if big else None)
@@ -83,15 +95,34 @@ class _Log:
     def append_block(self, path: str, block: np.ndarray, at: int) -> None:
         """Write ``block`` (k rows) as rows ``at .. at+k-1`` of the per-round dataset ``path``."""
         block = np.asarray(block)
-        ds = self._dataset(path, block[0])
+        ds = self.ds.get(path)
+        if ds is None:
+            ds = self._dataset(path, block[0])
         end = at + len(block)
         if self.size[path] < end:
             # readers stop at the length of rounds/round, so other datasets may run
             # ahead of it: growing them in steps saves a resize per round each
             grow = end if path == ROUND_KEY else -(-end // self.GROW) * self.GROW
-            ds.resize(grow, axis=0)
+            ds.id.set_extent((grow, *block.shape[1:]))  # h5py's resize re-reads the shape: 10x slower
             self.size[path] = grow
-        _write(ds, block, at)
+            self._fspace.pop(path, None)
+        self._write(path, block, at)
+
+    def _write(self, path: str, block: np.ndarray, at: int) -> None:
+        """``ds[at:at+len(block)] = block`` through the low-level API."""
+        ds = self.ds[path]
+        kind = self._types.get(path)
+        if kind is None:
+            kind = self._types[path] = (ds.dtype, h5py.h5t.py_create(ds.dtype))
+        block = np.ascontiguousarray(block, dtype=kind[0])
+        space = self._fspace.get(path)
+        if space is None:
+            space = self._fspace[path] = ds.id.get_space()
+        space.select_hyperslab((at,) + (0,) * (block.ndim - 1), block.shape)
+        mem = self._mspace.get(block.shape)
+        if mem is None:
+            mem = self._mspace[block.shape] = h5py.h5s.create_simple(block.shape)
+        ds.id.write(mem, space, block, mtype=kind[1])
 
     def trim(self, rows: int) -> None:
         """Cut the datasets grown ahead back to ``rows`` (at close: exact shapes)."""
@@ -99,6 +130,7 @@ class _Log:
             if ds.attrs.get("per_round", False) and self.size[path] > rows:
                 ds.resize(rows, axis=0)
                 self.size[path] = rows
+                self._fspace.pop(path, None)
 
     def append_flat(self, path: str, values: np.ndarray) -> int:
         """Extend a 1-D dataset by ``values``; returns its new length."""
@@ -111,17 +143,15 @@ class _Log:
             ds = self.ds[path] = self.f[path]
         n = ds.shape[0]
         ds.resize(n + len(values), axis=0)
+        self._fspace.pop(path, None)
         if len(values):
-            _write(ds, values, n)
+            self._write(path, values, n)
         return n + len(values)
 
 
-def _write(ds: h5py.Dataset, block: np.ndarray, at: int) -> None:
-    """``ds[at:at+len(block)] = block`` through the low-level API."""
-    block = np.ascontiguousarray(block, dtype=ds.dtype)
-    space = ds.id.get_space()
-    space.select_hyperslab((at,) + (0,) * (block.ndim - 1), block.shape)
-    ds.id.write(h5py.h5s.create_simple(block.shape), space, block)
+def _stack(rows: list) -> np.ndarray:
+    """``np.stack(rows)``, without its generic machinery for the usual single round."""
+    return np.asarray(rows[0])[None] if len(rows) == 1 else np.stack([np.asarray(r) for r in rows])
 
 
 class Writer:
@@ -201,7 +231,7 @@ class Writer:
                    for r in recs)
         if same:  # one extension per dataset for all the buffered rounds
             for k in recs[0]["rows"]:
-                log.append_block(k, np.stack([np.asarray(r["rows"][k]) for r in recs]), at)
+                log.append_block(k, _stack([r["rows"][k] for r in recs]), at)
         for i, r in enumerate(recs):
             if not same:
                 for k, v in r["rows"].items():
@@ -229,7 +259,7 @@ class Writer:
     def _mixing_rounds(self, log: _Log, at: int, recs: list[dict[str, Any]]) -> None:
         args = [(r["mixing"], r["mixing_row"], r["mixing_groups"]) for r in recs]
         if not self.compact and all(any(x is not None for x in a) for a in args):
-            log.append_block("graph/mixing", np.stack([self._dense(*a) for a in args]), at)
+            log.append_block("graph/mixing", _stack([self._dense(*a) for a in args]), at)
             return
         for i, a in enumerate(args):
             self._mixing(log, at + i, *a)
