@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The DPFL acceptance grid on built-in data (jobs/README.md, DPFL): for each
 # partition and seed, DPFL at budgets inf/0.2N/0.1N/0.05N, the random graph at
-# 0.2N/0.1N, FedAvg and Local, all from one jobs file by command-line overrides.
+# 0.2N/0.1N/0.05N, FedAvg and Local, all from one jobs file by command-line overrides.
 # Usage: jobs/dpfl-grid.sh [DATASET=mnist1d] [PARALLEL=2]   (from the repo root)
 set -euo pipefail
 DATASET=${1:-mnist1d}
@@ -14,7 +14,7 @@ for part in dir patho; do
     for b in inf 0.2N 0.1N 0.05N; do
       echo "$f run.name=$n-dpfl-$b-s$seed run.seed=$seed dpfl.budget=$b"
     done
-    for b in 0.2N 0.1N; do
+    for b in 0.2N 0.1N 0.05N; do
       echo "$f run.name=$n-random-$b-s$seed run.seed=$seed dpfl.budget=$b dpfl.random_graph=true"
     done
     echo "$f run.name=$n-fedavg-s$seed run.seed=$seed algorithm.name=fedavg"

@@ -21,7 +21,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mpifl.logging.h5 import open_run
 
-METHODS = ["dpfl-inf", "dpfl-0.2N", "dpfl-0.1N", "dpfl-0.05N", "random-0.2N", "random-0.1N", "fedavg", "local"]
+METHODS = ["dpfl-inf", "dpfl-0.2N", "dpfl-0.1N", "dpfl-0.05N", "random-0.2N", "random-0.1N", "random-0.05N", "fedavg",
+           "local"]
 
 
 def accs(path: Path, trained: bool = False) -> tuple[float, float]:
