@@ -3,6 +3,7 @@ against 2 ranks (one thread each), same config, same results.
 
     python bench/scaling.py                      # 256 clients, MLP, 5 rounds
     python bench/scaling.py --clients 512 --rounds 8
+    python bench/scaling.py --job jobs/federico-digits.yaml run.rounds=100   # any jobs file + overrides
 
 It runs, as a user would:
 
@@ -30,6 +31,8 @@ from mpifl.logging.h5 import open_run  # noqa: E402 - after the sys.path line
 
 
 def job(a, out: str, name: str) -> list[str]:
+    if a.job:  # a jobs file as users run it, with the given overrides
+        return [a.job, *a.overrides, f"run.out_dir={out}", f"run.name={name}"]
     return ["data.name=synthetic", f"data.n_clients={a.clients}", f"data.n_samples={a.samples * a.clients}",
             "data.partition=iid", "data.synthetic_dim=64", f"model.hidden={a.hidden}", "algorithm.name=fedavg",
             f"train.local_epochs={a.epochs}", f"run.rounds={a.rounds}", f"run.out_dir={out}", f"run.name={name}"]
@@ -55,10 +58,13 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--job", help="a jobs file to run instead of the built-in FedAvg MLP job")
+    ap.add_argument("overrides", nargs="*", help="section.key=value for --job")
     a = ap.parse_args()
     out = tempfile.mkdtemp(prefix="mpifl-scaling-")
-    print(f"# load average {os.getloadavg()[0]:.2f}, {a.clients} clients, MLP {a.hidden}, {a.epochs} local epochs, "
-          f"{a.rounds} rounds, best of {a.repeats}")
+    what = (f"{a.job} {' '.join(a.overrides)}" if a.job else
+            f"{a.clients} clients, MLP {a.hidden}, {a.epochs} local epochs, {a.rounds} rounds")
+    print(f"# load average {os.getloadavg()[0]:.2f}, {what}, best of {a.repeats}")
     res = {}
     for _ in range(a.repeats):  # interleaved, so load drift hits all three alike
         for ranks, threads in ((1, 2), (2, 1), (1, 1)):
