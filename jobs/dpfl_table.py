@@ -69,7 +69,8 @@ def flip(paths: list[str]) -> None:
         per = c[:, bad].sum(1) / np.maximum(c.sum(1), 1)
         cm = coll[-1][bad]
         mb = cm[:, ~bad].sum() / max(cm.sum(), 1)
-        print(f"| {Path(p).name} | {100 * out[0]:.1f}% | {100 * out[1]:.1f}% | {100 * per.mean():.1f}% | {100 * mb:.1f}% |")
+        print(f"| {Path(p).name} | {100 * out[0]:.1f}% | {100 * out[1]:.1f}% | {100 * per.mean():.1f}% "
+              f"| {100 * mb:.1f}% |")
 
 
 if __name__ == "__main__":
