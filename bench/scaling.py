@@ -3,6 +3,7 @@ against 2 ranks (one thread each), same config, same results.
 
     python bench/scaling.py                      # 256 clients, MLP, 5 rounds
     python bench/scaling.py --clients 512 --rounds 8
+    python bench/scaling.py --clients 64 train.batched=off                 # overrides for the built-in job
     python bench/scaling.py --job jobs/federico-digits.yaml run.rounds=100   # any jobs file + overrides
 
 It runs, as a user would:
@@ -35,7 +36,8 @@ def job(a, out: str, name: str) -> list[str]:
         return [a.job, *a.overrides, f"run.out_dir={out}", f"run.name={name}"]
     return ["data.name=synthetic", f"data.n_clients={a.clients}", f"data.n_samples={a.samples * a.clients}",
             "data.partition=iid", "data.synthetic_dim=64", f"model.hidden={a.hidden}", "algorithm.name=fedavg",
-            f"train.local_epochs={a.epochs}", f"run.rounds={a.rounds}", f"run.out_dir={out}", f"run.name={name}"]
+            f"train.local_epochs={a.epochs}", f"run.rounds={a.rounds}", f"run.out_dir={out}", f"run.name={name}",
+            *a.overrides]
 
 
 def launch(ranks: int, threads: int, a, out: str) -> tuple[float, float]:
@@ -59,11 +61,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--job", help="a jobs file to run instead of the built-in FedAvg MLP job")
-    ap.add_argument("overrides", nargs="*", help="section.key=value for --job")
+    ap.add_argument("overrides", nargs="*", help="section.key=value for --job or the built-in job")
     a = ap.parse_args()
     out = tempfile.mkdtemp(prefix="mpifl-scaling-")
     what = (f"{a.job} {' '.join(a.overrides)}" if a.job else
-            f"{a.clients} clients, MLP {a.hidden}, {a.epochs} local epochs, {a.rounds} rounds")
+            f"{a.clients} clients, MLP {a.hidden}, {a.epochs} local epochs, {a.rounds} rounds {' '.join(a.overrides)}")
     print(f"# load average {os.getloadavg()[0]:.2f}, {what}, best of {a.repeats}")
     res = {}
     for _ in range(a.repeats):  # interleaved, so load drift hits all three alike
