@@ -65,6 +65,33 @@ def test_every_mixing_form_reads_back_dense(tmp_path, dense_max, flush_s):
         assert coo[-1] == np.count_nonzero(expected[0]) + np.count_nonzero(expected[1])
 
 
+def test_rows_read_back_across_chunks_growth_and_a_resume(tmp_path):
+    """150 rounds cross the 64-row growth steps and many chunks of each row size (64
+    small rows per chunk, 28 of the [N, N] ones, one per round for rows over 4 KiB);
+    a resume cuts the log inside a chunk and the rounds after it are written again."""
+    path = tmp_path / "r.h5"
+    g = np.random.default_rng(0)
+    rows = {t: {"metrics/test_acc": g.random(N).astype(np.float32), "comm/bytes_sent": g.integers(0, 1 << 40, N),
+                "x/w": g.random((N, N)).astype(np.float32), "x/big": g.random((N, 700)).astype(np.float32)}
+            for t in range(150)}
+
+    def write(w, ts, shift=0.0):
+        for t in ts:
+            w.write_round(t, {"wall_s": t + shift}, {k: v + shift for k, v in rows[t].items()},
+                          mixing_row=np.full(N, 1 / N))
+        w.close()
+
+    write(Writer(path, {"algorithm": "x"}, {"cluster": np.zeros(N, np.int64)}, N), range(100), shift=7.0)
+    write(Writer(path, {"algorithm": "x", "n_ranks": 1}, {}, N, keep_rounds=70), range(70, 150))
+    run = open_run(path)
+    assert run.rounds.tolist() == list(range(150))
+    for k in rows[0]:  # rounds 0-69 from the first run (shifted), 70-149 from the resumed one
+        expect = np.stack([rows[t][k] + (7 if t < 70 else 0) for t in range(150)])
+        np.testing.assert_array_equal(run.get(k), expect)
+    np.testing.assert_array_equal(run.get("rounds/wall_s"), np.arange(150.0) + np.where(np.arange(150) < 70, 7, 0))
+    np.testing.assert_allclose(run.mixing(149), np.full((N, N), 1 / N), rtol=1e-6)
+
+
 @pytest.mark.parametrize("key", ["log.every", "log.dense_max"])
 def test_log_section_rejects_non_positive(key):
     with pytest.raises(config.ConfigError, match=key):
