@@ -70,22 +70,22 @@ class _Log:
         self._types: dict[str, tuple[np.dtype, Any]] = {}
 
     def _dataset(self, path: str, row: np.ndarray) -> h5py.Dataset:
-        ds = self.ds.get(path)
-        if ds is None:
-            if path not in self.f:
-                # rows of a round are small at small N: a chunk of many rounds stays in
-                # HDF5's chunk cache, so a round's write is a copy rather than a new
-                # chunk's allocation and index insert
-                per = max(1, min(self.GROW, CHUNK_BYTES // max(row.nbytes, 1)))
-                chunk = (per, *row.shape) if row.ndim else (256,)
-                # a chunk rewritten every round would be recompressed every round
-                big = row.size > 64 and per == 1
-                self.f.create_dataset(path, shape=(0, *row.shape), maxshape=(None, *row.shape), dtype=row.dtype,
-                                      chunks=chunk, compression="gzip" if big else None,
-                                      compression_opts=1 if big else None)
-                self.f[path].attrs["per_round"] = True
-            ds = self.ds[path] = self.f[path]
-            self.size[path] = ds.shape[0]
+        """Open (or create, for rows like ``row``) the per-round dataset ``path`` and
+        keep its handle."""
+        if path not in self.f:
+            # rows of a round are small at small N: a chunk of many rounds stays in
+            # HDF5's chunk cache, so a round's write is a copy rather than a new
+            # chunk's allocation and index insert
+            per = max(1, min(self.GROW, CHUNK_BYTES // max(row.nbytes, 1)))
+            chunk = (per, *row.shape) if row.ndim else (256,)
+            # a chunk rewritten every round would be recompressed every round
+            big = row.size > 64 and per == 1
+            self.f.create_dataset(path, shape=(0, *row.shape), maxshape=(None, *row.shape), dtype=row.dtype,
+                                  chunks=chunk, compression="gzip" if big else None,
+                                  compression_opts=1 if big else None)
+            self.f[path].attrs["per_round"] = True
+        ds = self.ds[path] = self.f[path]
+        self.size[path] = ds.shape[0]
         return ds
 
     def append(self, path: str, row: np.ndarray, at: int) -> None:
