@@ -1,0 +1,24 @@
+"""rng.streams gives exactly rng()'s streams, client after client."""
+
+import numpy as np
+
+from mpifl.rng import GLOBAL, rng, streams
+
+
+def test_streams_equal_numpy_seeded_generators():
+    g = np.random.default_rng(0)
+    for t in range(60):
+        seed, round = int(g.integers(0, 2**32 - 2)), int(g.integers(-1, 10**6))
+        clients = [GLOBAL, 0, *g.integers(0, 10**7, size=20).tolist()]
+        purpose = ["train", "lia_batch", "", "kmeans"][t % 4]
+        for c, s in zip(clients, streams(seed, round, clients, purpose), strict=True):
+            ref = rng(seed, round, c, purpose)
+            assert np.array_equal(s.permutation(37), ref.permutation(37))
+            assert np.array_equal(s.random(5), ref.random(5))
+            assert np.array_equal(s.integers(0, 1000, 7), ref.integers(0, 1000, 7))
+
+
+def test_streams_with_keys_past_32_bits_fall_back_to_numpy():
+    for c, s in zip([3, 4], streams(2**40 + 5, 2, [3, 4], "train"), strict=True):
+        assert np.array_equal(s.random(4), rng(2**40 + 5, 2, c, "train").random(4))
+    assert list(streams(1, 1, [], "train")) == []
