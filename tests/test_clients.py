@@ -6,9 +6,11 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
+from mpifl import clients as clients_mod
 from mpifl import config, models
 from mpifl.clients import Clients, Layout
 from mpifl.data import build
+from mpifl.rng import rng
 
 
 def make(batched: str, **over) -> Clients:
@@ -22,6 +24,7 @@ def make(batched: str, **over) -> Clients:
 
 @pytest.mark.parametrize("opt", [
     {"train.optimizer": "sgd"},
+    {"train.optimizer": "sgd", "train.weight_decay": 1e-2},  # fused into the weight-gradient kernel
     {"train.optimizer": "sgd", "train.momentum": 0.9, "train.weight_decay": 1e-3},
     {"train.optimizer": "adam", "train.lr": 1e-3, "train.weight_decay": 1e-4},
 ])
@@ -75,6 +78,59 @@ def test_evaluate_shared_and_rows_agree_with_direct_forward():
     np.testing.assert_array_equal(acs, ar)
 
 
+def test_chunked_training_equals_sequential(monkeypatch):
+    """Clients trained a few at a time, each chunk taking all its steps before the
+    next, end where one-by-one training does: unequal client sizes (so clients drop
+    out at different steps), non-contiguous rows, chunks of two clients."""
+    opt = {"data.partition": "dirichlet", "data.dirichlet_alpha": 0.3, "data.n_clients": 7, "train.momentum": 0.9}
+    a, b = make("on", **opt), make("off", **opt)
+    monkeypatch.setattr(clients_mod, "_CHUNK_BYTES", 2 * 4 * a.P)
+    assert len(a._chunks(5)) == 3
+    has = (a.plan(np.arange(7), 2, 0).idx >= 0).any(2)  # [client, step]
+    assert has[:, 0].all() and not has.all()  # some clients stop early
+    local = np.array([0, 1, 3, 4, 6])
+    for t in range(3):
+        np.testing.assert_allclose(a.train(local, 2, t), b.train(local, 2, t), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(a.params, b.params, rtol=1e-4, atol=1e-5)
+
+
+def reference_plan(c: Clients, local, epochs, round, bs, max_batches=None, subsets=None) -> np.ndarray:
+    """The batch plan written out the plain way: per client, its own ``rng`` stream,
+    one permutation per epoch, batches of ``bs``, the last one short."""
+    rows = []
+    for i, k in enumerate(local):
+        pool = np.arange(*c.split_range(int(k), "train")) if subsets is None else np.asarray(subsets[i])
+        n = len(pool)
+        g = rng(c.seed, round, int(c.ids[k]), "train")
+        batches = []
+        for _ in range(epochs):
+            perm = pool[g.permutation(n)]
+            if c.bn and n % bs == 1 and n > bs:
+                perm = perm[:-1]  # BatchNorm: no batch of one sample
+            batches += [perm[j:j + bs] for j in range(0, len(perm), bs)]
+        rows.append(batches[:max_batches] if max_batches else batches)
+    idx = np.full((len(rows), max((len(r) for r in rows), default=0), bs), -1, np.int64)
+    for i, r in enumerate(rows):
+        for s, batch in enumerate(r):
+            idx[i, s, :len(batch)] = batch
+    return idx
+
+
+@pytest.mark.parametrize("bn", [False, True])
+def test_plan_matches_plain_construction(bn):
+    c = make("off", **{"data.partition": "dirichlet", "data.dirichlet_alpha": 0.5})
+    c.bn = bn
+    g = np.random.default_rng(0)
+    for t in range(40):
+        local = g.choice(c.n, size=int(g.integers(1, c.n + 1)), replace=False)
+        bs, ep, mb = int(g.integers(1, 40)), int(g.integers(0, 4)), [None, 1, 3][t % 3]
+        subsets = None
+        if t % 4 == 0:
+            subsets = [g.choice(len(c.x), size=int(g.integers(0, 50)), replace=False) for _ in local]
+        got = c.plan(local, ep, t, batch_size=bs, max_batches=mb, subsets=subsets).idx
+        np.testing.assert_array_equal(got, reference_plan(c, local, ep, t, bs, mb, subsets))
+
+
 def test_batches_depend_on_client_not_position():
     a = make("on")
     p1 = a.plan(np.array([1, 4]), 1, 3).idx
@@ -106,7 +162,8 @@ def test_conv_model_batched_and_sequential_agree():
     assert not torch.equal(a.params[0], a.init)
 
 
-@pytest.mark.parametrize("opt", [{"train.optimizer": "sgd", "train.momentum": 0.9},
+@pytest.mark.parametrize("opt", [{"train.optimizer": "sgd", "train.weight_decay": 1e-2},
+                                 {"train.optimizer": "sgd", "train.momentum": 0.9},
                                  {"train.optimizer": "adam", "train.lr": 1e-3, "train.weight_decay": 1e-4}])
 def test_stacked_mlp_path_equals_vmap_path(opt):
     a, b = make("on", **opt), make("on", **opt)
