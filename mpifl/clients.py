@@ -332,7 +332,7 @@ class Clients:
         start = np.arange(epochs)[None, :] * per_epoch[:, None] * bs + np.arange(m)[:, None] * S * bs
         cnt = np.clip(np.minimum((n - drop)[:, None], (steps + np.arange(m) * S)[:, None] * bs - start), 0, None)
         perms = []
-        for i, g in enumerate(streams(self.seed, round, self.ids[local].tolist(), purpose)):
+        for i, g in enumerate(streams(self.seed, round, self.ids[local], purpose)):
             ni = int(n[i])
             for c in cnt[i].tolist():  # one permutation per epoch, in order, from the client's stream
                 if c == 0:

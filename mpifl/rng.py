@@ -82,13 +82,16 @@ def streams(seed: int, round: int, clients, purpose: str) -> Iterator[np.random.
     """``rng(seed, round, c, purpose)`` for each ``c`` of ``clients`` in turn, at a
     fraction of the cost: one Generator re-seeded per client, so use each stream
     before taking the next."""
-    keys = np.array([_key(seed, round, c, purpose) for c in clients], np.int64).reshape(-1, 4)
-    if len(keys) and (keys.min() < 0 or keys.max() > _M32):  # multi-word keys: numpy's own path
-        for c in clients:
-            yield rng(seed, round, c, purpose)
+    base = _key(seed, round, 0, purpose)  # only the client word differs between clients
+    cl = np.asarray(clients, np.int64).reshape(-1) + 2
+    if min(base) < 0 or max(base) > _M32 or (len(cl) and (cl.min() < 0 or cl.max() > _M32)):
+        yield from (rng(seed, round, c, purpose) for c in clients)  # multi-word keys: numpy's own path
         return
+    words = np.empty((len(cl), 4), np.uint32)
+    words[:] = np.array(base, np.uint32)
+    words[:, 2] = cl
     bg = np.random.PCG64(0)
     g = np.random.Generator(bg)
-    for state, inc in _pcg64_states(keys.astype(np.uint32)):
+    for state, inc in _pcg64_states(words):
         bg.state = {"bit_generator": "PCG64", "state": {"state": state, "inc": inc}, "has_uint32": 0, "uinteger": 0}
         yield g

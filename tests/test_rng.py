@@ -22,3 +22,11 @@ def test_streams_with_keys_past_32_bits_fall_back_to_numpy():
     for c, s in zip([3, 4], streams(2**40 + 5, 2, [3, 4], "train"), strict=True):
         assert np.array_equal(s.random(4), rng(2**40 + 5, 2, c, "train").random(4))
     assert list(streams(1, 1, [], "train")) == []
+
+
+def test_streams_take_an_array_of_clients_and_a_seed_past_63_bits():
+    ids = np.array([5, 9, 2])
+    for c, s in zip(ids.tolist(), streams(7, 3, ids, "x"), strict=True):
+        assert np.array_equal(s.permutation(9), rng(7, 3, c, "x").permutation(9))
+    for c, s in zip([1], streams(2**70, 0, [1], "x"), strict=True):
+        assert np.array_equal(s.random(3), rng(2**70, 0, c, "x").random(3))
