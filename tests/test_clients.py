@@ -22,13 +22,32 @@ def make(batched: str, **over) -> Clients:
     return Clients(model, data, cfg.train, torch.device("cpu"), 0)
 
 
+@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
+def threads(request, monkeypatch):
+    """torch's thread count, and the SGD-fusion flags of the stacked step's calls:
+    plain SGD is fused into the weight-gradient kernel on one CPU thread only."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    fused: list[bool] = []
+    inner = clients_mod._stacked_grads
+
+    def spy(*a, **k):
+        fused.append(len(a) > 6 and a[6] is not None)
+        return inner(*a, **k)
+
+    monkeypatch.setattr(clients_mod, "_stacked_grads", spy)
+    yield request.param, fused
+    torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("opt", [
     {"train.optimizer": "sgd"},
-    {"train.optimizer": "sgd", "train.weight_decay": 1e-2},  # fused into the weight-gradient kernel
+    {"train.optimizer": "sgd", "train.weight_decay": 1e-2},
     {"train.optimizer": "sgd", "train.momentum": 0.9, "train.weight_decay": 1e-3},
     {"train.optimizer": "adam", "train.lr": 1e-3, "train.weight_decay": 1e-4},
 ])
-def test_batched_and_sequential_training_agree(opt):
+def test_batched_and_sequential_training_agree(opt, threads):
+    n_threads, fused = threads
     a, b = make("on", **opt), make("off", **opt)
     assert a.batched and not b.batched
     local = np.array([0, 2, 3, 5])  # not contiguous: exercises the gather/scatter path
@@ -39,6 +58,8 @@ def test_batched_and_sequential_training_agree(opt):
     torch.testing.assert_close(a.params, b.params, rtol=1e-4, atol=1e-5)
     assert torch.equal(a.params[1], a.init)  # untouched clients stay put
     assert not torch.equal(a.params[0], a.init)
+    plain_sgd = opt["train.optimizer"] == "sgd" and "train.momentum" not in opt
+    assert fused and all(f == (plain_sgd and n_threads == 1) for f in fused)
 
 
 def test_training_matches_plain_torch_loop():
@@ -78,11 +99,13 @@ def test_evaluate_shared_and_rows_agree_with_direct_forward():
     np.testing.assert_array_equal(acs, ar)
 
 
-def test_chunked_training_equals_sequential(monkeypatch):
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_chunked_training_equals_sequential(monkeypatch, threads, momentum):
     """Clients trained a few at a time, each chunk taking all its steps before the
     next, end where one-by-one training does: unequal client sizes (so clients drop
-    out at different steps), non-contiguous rows, chunks of two clients."""
-    opt = {"data.partition": "dirichlet", "data.dirichlet_alpha": 0.3, "data.n_clients": 7, "train.momentum": 0.9}
+    out at different steps), non-contiguous rows, chunks of two clients; fused SGD
+    (one thread, no momentum) and the optimizer's own update."""
+    opt = {"data.partition": "dirichlet", "data.dirichlet_alpha": 0.3, "data.n_clients": 7, "train.momentum": momentum}
     a, b = make("on", **opt), make("off", **opt)
     monkeypatch.setattr(clients_mod, "_CHUNK_BYTES", 2 * 4 * a.P)
     assert len(a._chunks(5)) == 3
@@ -165,7 +188,7 @@ def test_conv_model_batched_and_sequential_agree():
 @pytest.mark.parametrize("opt", [{"train.optimizer": "sgd", "train.weight_decay": 1e-2},
                                  {"train.optimizer": "sgd", "train.momentum": 0.9},
                                  {"train.optimizer": "adam", "train.lr": 1e-3, "train.weight_decay": 1e-4}])
-def test_stacked_mlp_path_equals_vmap_path(opt):
+def test_stacked_mlp_path_equals_vmap_path(opt, threads):
     a, b = make("on", **opt), make("on", **opt)
     assert a.stacked is not None
     b.stacked = None  # force vmap over functional_call
