@@ -556,9 +556,10 @@ def _stacked_grads(ops: list[tuple[str, ...]], p: dict[str, torch.Tensor], x: to
     ``sgd = (lr, weight_decay)``: plain SGD is applied here to the weight blocks, as
     ``W <- (1 - lr wd) W - lr dz^T h`` in one ``baddbmm_``, and their entries in the
     returned list are None (the caller's optimizer updates the biases). No weight
-    gradient is stored and read back: 7% less time per call at 128 clients, although
-    torch runs an in-place baddbmm_ into rows of the [n, P] parameters (not
-    contiguous) client by client (bench/README.md)."""
+    gradient is stored and read back: 7% less time per call at 128 clients on one
+    thread, although torch runs an in-place baddbmm_ into rows of the [n, P]
+    parameters (not contiguous) client by client, which is why the caller fuses on
+    one thread only (bench/README.md)."""
     keep: list[torch.Tensor] = []
     logits = stacked_forward(ops, p, x, keep)
     wn = (w / w.sum(1, keepdim=True).clamp_min(1.0)).unsqueeze(-1)  # [m, b, 1]: each sample's share
