@@ -31,6 +31,7 @@ from mpifl import config, models
 from mpifl.algorithms import fedc2i
 from mpifl.clients import Clients, stacked_forward
 from mpifl.data import FederatedData
+from mpifl.head import find_head
 
 
 def lenet(n_classes: int) -> tuple[nn.Module, str]:
@@ -58,7 +59,7 @@ def make_clients(model: nn.Module, in_shape: tuple[int, ...], m: int, bs: int, C
 
 def measure(name: str, model: nn.Module, in_shape, N: int, m: int, bs: int, C: int, device, min_time: float):
     c = make_clients(model, in_shape, m, bs, C, device)
-    head = fedc2i.find_head(c, name)
+    head = find_head(c, name, "fedc2i")
     gen = torch.Generator().manual_seed(1)
     rows = (c.init[None].cpu() + 0.05 * torch.randn(m, c.P, generator=gen)).to(device)
     v_all = head.rows((c.init[None].cpu() + 0.05 * torch.randn(N, c.P, generator=gen)).to(device))
@@ -74,7 +75,7 @@ def measure(name: str, model: nn.Module, in_shape, N: int, m: int, bs: int, C: i
 
     @torch.no_grad()
     def class_step():
-        h = fedc2i.features(c, head, rows, x)
+        h = head.features_of(c, rows, x)
         mat = torch.softmax(alpha * fedc2i.class_losses(h, y, w, v_all, head.bias is not None), dim=1)
         return head.put(scratch, torch.einsum("mjc,jcd->mcd", mat, v_all))
 

@@ -94,6 +94,8 @@ class BufferPool:
 class Comm:
     """A communicator plus the clients placed on it and their traffic counters."""
 
+    itemsize = F32  # bytes per model coordinate, for algorithms counting traffic themselves
+
     def __init__(self, n_clients: int, mpi_comm: MPI.Comm | None = None):
         self.mpi = mpi_comm if mpi_comm is not None else MPI.COMM_WORLD
         self.rank = self.mpi.Get_rank()

@@ -10,14 +10,16 @@ differs from them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+
+from .algorithms import NAMES as ALGORITHM_NAMES
 
 
 class ConfigError(ValueError):
@@ -99,83 +101,9 @@ class TrainConfig:
 
 @dataclass
 class AlgorithmConfig:
-    name: Literal["local", "fedavg", "fedavg_ft", "oracle", "federico", "fedc2i", "dpfl", "pfedlia"] = "fedavg"
+    name: Literal[ALGORITHM_NAMES] = "fedavg"  # every module of mpifl/algorithms
     fraction: float = 1.0  # participation fraction C per round (fedavg-like)
     ft_epochs: int = 1  # fedavg_ft: local fine-tuning epochs before evaluation
-
-
-@dataclass
-class FedericoConfig:
-    k: int = 3  # neighbours each client samples per round (never itself)
-    eps: float = 0.3  # probability of k uniform draws instead of the k highest weights
-    beta: float = 0.6  # EMA momentum of the tracked losses: Lhat <- (1-beta) Lhat + beta L
-    temperature: float = 1.0  # client weights w = softmax(-Lhat / temperature)
-    loss_scale: Literal["mean", "sum"] = "mean"  # sum: Lhat times n_i^train, as in the likelihood
-    estep_batches: str = "1"  # local train batches of the E-step loss: a count, or all
-    # Lhat before any measurement: first = the loss a client measures in round 0 for its
-    # own model (with init=shared that is every model's); zero = optimistic
-    loss_init: Literal["first", "zero"] = "first"
-    # each client's model at round 0: per_client (default) = drawn from the client's own
-    # seeded stream (the paper's clients own and initialise their models, as FedEM's
-    # learners are built one by one with their own seeds); shared = the run's one init
-    init: Literal["per_client", "shared"] = "per_client"
-
-
-@dataclass
-class FedC2IConfig:
-    alpha: float = 5.0  # influence sensitivity; 0 = uniform weights (paper grid {0.5, 1, 2, 5, 10})
-    # the paper's Table 3: none = full method; client_only = whole model by the influence vector;
-    # class_only_local / class_only_global = classifier by the class matrix on local / averaged features
-    ablation: Literal["none", "client_only", "class_only_local", "class_only_global"] = "none"
-
-
-@dataclass
-class DPFLConfig:
-    # max collaborators besides self: an integer, a fraction of N ("0.1N"), or inf
-    budget: str = "inf"
-    tau_init: int = 10  # local epochs before the preprocessing BGGC (round 0)
-    tau_train: int = 5  # local epochs per training round
-    period: int = 1  # run GGC every `period` training rounds (collaborators kept between)
-    malicious: float = 0.0  # fraction of clients whose labels go through one fixed permutation
-    malicious_run_ggc: bool = True  # false: malicious clients only train locally (still serve models)
-    random_graph: bool = False  # ablation: random candidates of the same budget, all used, no GGC
-
-    def budget_for(self, n_clients: int) -> float:
-        """B_c as a number of clients (math.inf when unbounded), at least 1."""
-        text = str(self.budget).strip()
-        if text.lower() in ("inf", "+inf", ".inf", "infinity"):
-            return math.inf
-        try:
-            if text[-1:] in ("N", "n"):
-                b = math.floor(float(text[:-1]) * n_clients + 0.5)
-                return float(max(1, b)) if float(text[:-1]) > 0 else 0.0
-            if not re.fullmatch(r"[0-9]+", text):
-                raise ValueError(text)
-            return float(int(text))
-        except (ValueError, OverflowError):
-            raise ConfigError(f"dpfl.budget={self.budget!r} is not allowed; use a positive integer, "
-                              f"a fraction of N like 0.1N, or inf") from None
-
-
-@dataclass
-class PFedLIAConfig:
-    mode: Literal["central", "p2p"] = "central"  # OPTICS at a center, or 2-means per client
-    warmup_rounds: int = 20  # FedAvg rounds before the one-off clustering (paper: 20)
-    fraction: float = 0.1  # clients sampled per round, warm-up and after (paper: 10%)
-    lia_epochs: int = 20  # epochs on the one LIA batch from theta_0 (paper: 20)
-    lia_batch: int = 64  # samples of the LIA batch (all of a smaller training split)
-    min_samples: int = 2  # OPTICS min_samples (central); its noise become singletons
-    # OPTICS xi: least relative reachability jump that bounds a cluster. sklearn's
-    # 0.05 with min_samples=2 cuts true clusters into pairs (2-NN distances of
-    # influence rows fluctuate by tens of percent inside a cluster)
-    xi: float = 0.7
-    # distance between influence rows for OPTICS (central; neither source names one).
-    # Eq. 1 sums over D_i^val, so a row's scale grows with the client's validation
-    # size (noisy_clusters clients hold 3 labels, not 2): cosine compares the rows'
-    # direction only; correlation also centres each row. euclidean (sklearn's default)
-    # stays the default: on very clean clusters cosine distances inside a cluster are
-    # ~1e-3 and xi's relative-jump rule can split them (tests/test_pfedlia.py)
-    metric: Literal["euclidean", "cosine", "correlation"] = "euclidean"
 
 
 @dataclass
@@ -187,18 +115,15 @@ class LogConfig:
     flush_s: float = 0.0
 
 
-@dataclass
-class Config:
-    run: RunConfig = field(default_factory=RunConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
-    federico: FedericoConfig = field(default_factory=FedericoConfig)
-    fedc2i: FedC2IConfig = field(default_factory=FedC2IConfig)
-    dpfl: DPFLConfig = field(default_factory=DPFLConfig)
-    pfedlia: PFedLIAConfig = field(default_factory=PFedLIAConfig)
-    log: LogConfig = field(default_factory=LogConfig)
+# the core sections, in the order they are printed; algorithm sections come from
+# mpifl.algorithms (each module's Params) and sit between ``algorithm`` and ``log``
+CORE_SECTIONS = {"run": RunConfig, "data": DataConfig, "model": ModelConfig, "train": TrainConfig,
+                 "algorithm": AlgorithmConfig}
+TAIL_SECTIONS = {"log": LogConfig}
+
+
+class _ConfigMethods:
+    """What every Config has besides its sections."""
 
     @property
     def run_dir(self) -> Path:
@@ -211,10 +136,33 @@ class Config:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
 
+@functools.cache
+def config_class() -> type:
+    """The ``Config`` dataclass: one field per section, the algorithm sections read
+    from the registry. Built on first use, since that imports every algorithm."""
+    from . import algorithms
+
+    secs = {**CORE_SECTIONS, **algorithms.sections(), **TAIL_SECTIONS}
+    cls = dataclasses.make_dataclass(
+        "Config", [(name, sec, field(default_factory=sec)) for name, sec in secs.items()],
+        bases=(_ConfigMethods,))
+    cls.__module__ = __name__  # pickles as mpifl.config.Config (module __getattr__ below)
+    cls.__doc__ = "The whole run configuration: one dataclass per section."
+    return cls
+
+
+def __getattr__(name: str) -> Any:
+    # ``config.Config`` (and ``from mpifl.config import Config``) without importing
+    # every algorithm when only the sections or the errors are needed
+    if name == "Config":
+        return config_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 # --------------------------------------------------------------------------- loading
 
 
-def load(path: str | Path | None, overrides: list[str] = (), n_ranks: int = 1) -> Config:
+def load(path: str | Path | None, overrides: list[str] = (), n_ranks: int = 1) -> Any:
     """YAML file (may be None) + ``a.b=value`` overrides -> validated Config."""
     raw: dict = {}
     if path is not None:
@@ -248,13 +196,13 @@ def load(path: str | Path | None, overrides: list[str] = (), n_ranks: int = 1) -
             if not isinstance(node, dict):
                 raise ConfigError(f"override {item!r}: {part!r} is not a section")
         node[leaf] = value
-    cfg = _build(Config, raw, "")
+    cfg = _build(config_class(), raw, "")
     validate(cfg, n_ranks)
     return cfg
 
 
-def from_dict(raw: dict, n_ranks: int = 1) -> Config:
-    cfg = _build(Config, raw, "")
+def from_dict(raw: dict, n_ranks: int = 1) -> Any:
+    cfg = _build(config_class(), raw, "")
     validate(cfg, n_ranks)
     return cfg
 
@@ -326,97 +274,64 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
 # --------------------------------------------------------------------------- validation
 
 
-def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
+def check(ok: bool, key: str, value: Any, allowed: str) -> None:
     if not ok:
         raise ConfigError(f"{key}={value!r} is not allowed; {allowed}")
 
 
-def validate(cfg: Config, n_ranks: int = 1) -> None:
-    """Ranges and combinations; types and choices were checked while building."""
+def validate(cfg: Any, n_ranks: int = 1) -> None:
+    """Ranges and combinations; types and choices were checked while building.
+    Each algorithm section validates itself (``Params.validate``), and the chosen
+    algorithm may refuse a combination (``check_config``)."""
+    from . import algorithms
+
     r, d, m, t, a = cfg.run, cfg.data, cfg.model, cfg.train, cfg.algorithm
-    _check(bool(r.name) and "/" not in r.name and r.name not in (".", ".."), "run.name", r.name,
+    check(bool(r.name) and "/" not in r.name and r.name not in (".", ".."), "run.name", r.name,
            "must be a plain non-empty directory name")
-    _check(r.rounds >= 1, "run.rounds", r.rounds, "must be >= 1")
-    _check(r.seed >= 0, "run.seed", r.seed, "must be >= 0")
-    _check(r.eval_every >= 1, "run.eval_every", r.eval_every, "must be >= 1")
-    _check(r.threads >= 0, "run.threads", r.threads, "must be >= 0 (0 = automatic)")
-    _check(r.checkpoint_every >= 0, "run.checkpoint_every", r.checkpoint_every, "must be >= 0")
-    _check(d.n_clients >= 1, "data.n_clients", d.n_clients, "must be >= 1")
-    _check(d.n_clients >= n_ranks, "data.n_clients", d.n_clients,
+    check(r.rounds >= 1, "run.rounds", r.rounds, "must be >= 1")
+    check(r.seed >= 0, "run.seed", r.seed, "must be >= 0")
+    check(r.eval_every >= 1, "run.eval_every", r.eval_every, "must be >= 1")
+    check(r.threads >= 0, "run.threads", r.threads, "must be >= 0 (0 = automatic)")
+    check(r.checkpoint_every >= 0, "run.checkpoint_every", r.checkpoint_every, "must be >= 0")
+    check(d.n_clients >= 1, "data.n_clients", d.n_clients, "must be >= 1")
+    check(d.n_clients >= n_ranks, "data.n_clients", d.n_clients,
            f"must be >= the number of MPI ranks ({n_ranks}); use fewer ranks or more clients")
-    _check(d.n_clusters >= 1, "data.n_clusters", d.n_clusters, "must be >= 1")
-    _check(d.n_samples >= 10, "data.n_samples", d.n_samples, "must be >= 10")
-    _check(0 <= d.val_frac < 1, "data.val_frac", d.val_frac, "must be in [0, 1)")
-    _check(0 < d.test_frac < 1, "data.test_frac", d.test_frac, "must be in (0, 1)")
-    _check(d.val_frac + d.test_frac < 1, "data.test_frac", d.test_frac,
+    check(d.n_clusters >= 1, "data.n_clusters", d.n_clusters, "must be >= 1")
+    check(d.n_samples >= 10, "data.n_samples", d.n_samples, "must be >= 10")
+    check(0 <= d.val_frac < 1, "data.val_frac", d.val_frac, "must be in [0, 1)")
+    check(0 < d.test_frac < 1, "data.test_frac", d.test_frac, "must be in (0, 1)")
+    check(d.val_frac + d.test_frac < 1, "data.test_frac", d.test_frac,
            f"data.val_frac + data.test_frac must be < 1 (val_frac is {d.val_frac})")
-    _check(0 < d.subsample <= 1, "data.subsample", d.subsample, "must be in (0, 1]")
-    _check(d.per_class >= 0, "data.per_class", d.per_class, "must be >= 0 (0 = all)")
-    _check(d.image_size >= 0, "data.image_size", d.image_size, "must be >= 0 (0 = the dataset's default)")
-    _check(d.dirichlet_alpha > 0 and math.isfinite(d.dirichlet_alpha), "data.dirichlet_alpha",
+    check(0 < d.subsample <= 1, "data.subsample", d.subsample, "must be in (0, 1]")
+    check(d.per_class >= 0, "data.per_class", d.per_class, "must be >= 0 (0 = all)")
+    check(d.image_size >= 0, "data.image_size", d.image_size, "must be >= 0 (0 = the dataset's default)")
+    check(d.dirichlet_alpha > 0 and math.isfinite(d.dirichlet_alpha), "data.dirichlet_alpha",
            d.dirichlet_alpha, "must be a finite number > 0")
-    _check(d.min_client_size >= 0, "data.min_client_size", d.min_client_size, "must be >= 0")
-    _check(d.classes_per_client >= 1, "data.classes_per_client", d.classes_per_client, "must be >= 1")
-    _check(0 <= d.noisy_prob <= 1, "data.noisy_prob", d.noisy_prob, "must be in [0, 1]")
-    _check(d.noisy_labels >= 0, "data.noisy_labels", d.noisy_labels, "must be >= 0 (0 = the paper's choice)")
-    _check(0 <= d.flip_frac <= 1, "data.flip_frac", d.flip_frac, "must be in [0, 1]")
-    _check(d.name != "features" or bool(d.root), "data.root", d.root,
+    check(d.min_client_size >= 0, "data.min_client_size", d.min_client_size, "must be >= 0")
+    check(d.classes_per_client >= 1, "data.classes_per_client", d.classes_per_client, "must be >= 1")
+    check(0 <= d.noisy_prob <= 1, "data.noisy_prob", d.noisy_prob, "must be in [0, 1]")
+    check(d.noisy_labels >= 0, "data.noisy_labels", d.noisy_labels, "must be >= 0 (0 = the paper's choice)")
+    check(0 <= d.flip_frac <= 1, "data.flip_frac", d.flip_frac, "must be in [0, 1]")
+    check(d.name != "features" or bool(d.root), "data.root", d.root,
            "data.name=features needs data.root=PATH of a .npz with features and labels")
-    _check(d.synthetic_dim >= 1, "data.synthetic_dim", d.synthetic_dim, "must be >= 1")
-    _check(d.synthetic_classes >= 2, "data.synthetic_classes", d.synthetic_classes, "must be >= 2")
-    _check(len(m.hidden) >= 1 and all(h >= 1 for h in m.hidden), "model.hidden", m.hidden,
+    check(d.synthetic_dim >= 1, "data.synthetic_dim", d.synthetic_dim, "must be >= 1")
+    check(d.synthetic_classes >= 2, "data.synthetic_classes", d.synthetic_classes, "must be >= 2")
+    check(len(m.hidden) >= 1 and all(h >= 1 for h in m.hidden), "model.hidden", m.hidden,
            "must be a non-empty list of positive widths")
-    _check(t.lr > 0 and math.isfinite(t.lr), "train.lr", t.lr, "must be a finite number > 0")
-    _check(0 <= t.momentum < 1, "train.momentum", t.momentum, "must be in [0, 1)")
-    _check(t.weight_decay >= 0, "train.weight_decay", t.weight_decay, "must be >= 0")
-    _check(t.batch_size >= 1, "train.batch_size", t.batch_size, "must be >= 1")
-    _check(t.local_epochs >= 0, "train.local_epochs", t.local_epochs, "must be >= 0")
-    _check(0 < a.fraction <= 1, "algorithm.fraction", a.fraction, "must be in (0, 1]")
-    _check(a.ft_epochs >= 0, "algorithm.ft_epochs", a.ft_epochs, "must be >= 0")
-    f = cfg.federico
-    _check(f.k >= 1, "federico.k", f.k, "must be >= 1")
-    if a.name == "federico":
-        _check(f.k <= d.n_clients - 1, "federico.k", f.k,
-               f"must be <= data.n_clients - 1 ({d.n_clients - 1}): a client never samples itself")
-    _check(0 <= f.eps <= 1, "federico.eps", f.eps, "must be in [0, 1]")
-    _check(0 < f.beta <= 1, "federico.beta", f.beta, "must be in (0, 1]")
-    _check(f.temperature > 0 and math.isfinite(f.temperature), "federico.temperature", f.temperature,
-           "must be a finite number > 0")
-    _check(f.estep_batches == "all" or (f.estep_batches.isdigit() and int(f.estep_batches) >= 1),
-           "federico.estep_batches", f.estep_batches, "must be a positive integer or all")
-    if a.name == "federico":
-        _check(f.init == "shared" or not cfg.model.weights, "federico.init", f.init,
-               "model.weights gives every client the same weights: use federico.init=shared")
-    _check(cfg.fedc2i.alpha >= 0 and math.isfinite(cfg.fedc2i.alpha), "fedc2i.alpha", cfg.fedc2i.alpha,
-           "must be a finite number >= 0")
-    if a.name == "fedc2i":
-        _check(d.n_clients >= 2, "data.n_clients", d.n_clients, "fedc2i needs >= 2 clients (leave-one-out models)")
-    dp = cfg.dpfl
-    _check(dp.budget_for(d.n_clients) >= 1, "dpfl.budget", dp.budget, "must be >= 1 client (or inf)")
-    _check(dp.tau_init >= 0, "dpfl.tau_init", dp.tau_init, "must be >= 0")
-    _check(dp.tau_train >= 0, "dpfl.tau_train", dp.tau_train, "must be >= 0")
-    _check(dp.period >= 1, "dpfl.period", dp.period, "must be >= 1")
-    _check(0 <= dp.malicious < 1, "dpfl.malicious", dp.malicious, "must be in [0, 1)")
-    if a.name == "dpfl":
-        _check(d.val_frac > 0, "data.val_frac", d.val_frac, "dpfl's rewards are validation losses: must be > 0")
-    lia = cfg.pfedlia
-    _check(lia.warmup_rounds >= 0, "pfedlia.warmup_rounds", lia.warmup_rounds, "must be >= 0")
-    if a.name == "pfedlia":
-        _check(lia.warmup_rounds < r.rounds, "pfedlia.warmup_rounds", lia.warmup_rounds,
-               f"must be < run.rounds ({r.rounds}) so that the clustering round happens")
-    _check(0 < lia.fraction <= 1, "pfedlia.fraction", lia.fraction, "must be in (0, 1]")
-    _check(lia.lia_epochs >= 1, "pfedlia.lia_epochs", lia.lia_epochs, "must be >= 1")
-    _check(lia.lia_batch >= 1, "pfedlia.lia_batch", lia.lia_batch, "must be >= 1")
-    _check(0 < lia.xi < 1, "pfedlia.xi", lia.xi, "must be in (0, 1)")
-    _check(2 <= lia.min_samples <= max(2, d.n_clients), "pfedlia.min_samples", lia.min_samples,
-           f"must be in [2, data.n_clients] (n_clients is {d.n_clients})")
-    _check(cfg.log.every >= 1, "log.every", cfg.log.every, "must be >= 1")
-    _check(cfg.log.dense_max >= 1, "log.dense_max", cfg.log.dense_max, "must be >= 1")
-    _check(0 <= cfg.log.flush_s < math.inf, "log.flush_s", cfg.log.flush_s, "must be a finite number >= 0")
-    if a.name == "oracle":
-        _check(d.partition not in ("iid", "patho", "dirichlet"), "algorithm.name", a.name,
-               f"oracle needs true clusters: data.partition={d.partition!r} records none; "
-               "use clusters, noisy_clusters, permuted_clusters, domains, feature_shift or label_flip")
+    check(t.lr > 0 and math.isfinite(t.lr), "train.lr", t.lr, "must be a finite number > 0")
+    check(0 <= t.momentum < 1, "train.momentum", t.momentum, "must be in [0, 1)")
+    check(t.weight_decay >= 0, "train.weight_decay", t.weight_decay, "must be >= 0")
+    check(t.batch_size >= 1, "train.batch_size", t.batch_size, "must be >= 1")
+    check(t.local_epochs >= 0, "train.local_epochs", t.local_epochs, "must be >= 0")
+    check(0 < a.fraction <= 1, "algorithm.fraction", a.fraction, "must be in (0, 1]")
+    check(a.ft_epochs >= 0, "algorithm.ft_epochs", a.ft_epochs, "must be >= 0")
+    check(cfg.log.every >= 1, "log.every", cfg.log.every, "must be >= 1")
+    check(cfg.log.dense_max >= 1, "log.dense_max", cfg.log.dense_max, "must be >= 1")
+    check(0 <= cfg.log.flush_s < math.inf, "log.flush_s", cfg.log.flush_s, "must be a finite number >= 0")
+    for name in algorithms.sections():
+        getattr(cfg, name).validate(cfg)
+    if hasattr(algorithms.get(a.name), "check_config"):
+        algorithms.get(a.name).check_config(cfg)
 
 
 # --------------------------------------------------------------------------- reference
@@ -429,8 +344,8 @@ def reference() -> str:
     import re
 
     out = ["| key | default | meaning |", "|---|---|---|"]
-    for section in dataclasses.fields(Config):
-        cls = typing.get_type_hints(Config)[section.name]
+    for section in dataclasses.fields(config_class()):
+        cls = section.type
         src = inspect.getsource(cls).splitlines()
         pending: list[str] = []
         for line in src:

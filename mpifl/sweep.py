@@ -43,13 +43,16 @@ import subprocess
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from . import config as config_mod
-from .config import Config, ConfigError
+from .config import ConfigError
 from .paths import RunDir, atomic_write_text
+
+if TYPE_CHECKING:  # building Config imports every algorithm: only when points are loaded
+    from .config import Config
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "slurm"
 RESERVED = ("run.name", "run.out_dir")  # the sweep owns where each point runs

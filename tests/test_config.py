@@ -27,3 +27,43 @@ def test_resolved_config_round_trips(tmp_path):
 
 def test_readme_reference_is_current():
     assert config.reference() in README.read_text()
+
+
+def test_every_algorithm_module_is_registered_with_its_contract_and_section():
+    import dataclasses
+    import importlib
+    import pkgutil
+    import typing
+
+    from mpifl import algorithms
+
+    files = {m.name for m in pkgutil.iter_modules(algorithms.__path__)} - {"base"}
+    assert set(algorithms.NAMES) == {f for f in files if not f.startswith("_")}
+    hint = typing.get_type_hints(config.AlgorithmConfig)["name"]
+    assert typing.get_args(hint) == algorithms.NAMES  # the one list of names
+    cfg = config.Config()
+    for name in algorithms.NAMES:
+        mod = importlib.import_module(f"mpifl.algorithms.{name}")
+        for attr in ("State", "init", "round", "evaluate"):
+            assert hasattr(mod, attr), f"{name} has no {attr}"
+        assert mod.__doc__ and "mpifl.main" in mod.__doc__, f"{name}'s docstring has no runnable command"
+        params = getattr(mod, "Params", None)
+        if params is not None:  # its section, every key defaulted, validating itself
+            section = getattr(cfg, name)
+            assert isinstance(section, params)
+            assert all(f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+                       for f in dataclasses.fields(params))
+            section.validate(cfg)
+            assert f"`{name}." in config.reference()
+        # an algorithm picked by name loads with every default
+        config.load(None, [f"algorithm.name={name}", "data.partition=clusters"])
+
+
+def test_a_section_validates_itself_with_one_line_naming_the_key():
+    import pytest
+
+    for override, key in [("federico.eps=2", "federico.eps"), ("dpfl.period=0", "dpfl.period"),
+                          ("pfedlia.xi=1", "pfedlia.xi"), ("fedc2i.alpha=-1", "fedc2i.alpha")]:
+        with pytest.raises(config.ConfigError, match=f"^{key}=") as e:
+            config.load(None, [override])
+        assert "\n" not in str(e.value)

@@ -14,6 +14,7 @@ from mpifl import config
 from mpifl.algorithms import fedc2i
 from mpifl.clients import Clients
 from mpifl.data import FederatedData
+from mpifl.head import find_head
 
 
 class TinyLeNet(nn.Module):
@@ -54,11 +55,11 @@ def clients_for(model: nn.Module, batched: str = "auto") -> Clients:
 def test_head_split_reproduces_the_model(batched):
     torch.manual_seed(0)
     c = clients_for(TinyLeNet(), batched)
-    head = fedc2i.find_head(c, "tiny")
+    head = find_head(c, "tiny", "fedc2i")
     assert (head.n_classes, head.dim, head.names) == (10, 12, ("classifier.weight", "classifier.bias"))
     rows = c.init[None] + 0.1 * torch.randn(2, c.P)
     x = c.x[:12].reshape(2, 6, 1, 8, 8)
-    h = fedc2i.features(c, head, rows, x)
+    h = head.features_of(c, rows, x)
     v = head.rows(rows)
     z = torch.einsum("mbd,mcd->mbc", torch.cat([h, torch.ones_like(h[..., :1])], -1), v)
     np.testing.assert_allclose(z.numpy(), c.logits(rows, x, np.array([0, 0])).numpy(), rtol=1e-5, atol=1e-5)
@@ -75,7 +76,7 @@ def test_head_split_reproduces_the_model(batched):
 def test_head_rejects_output_that_is_not_the_last_linear():
     torch.manual_seed(0)
     with pytest.raises(config.ConfigError, match="model.name='squashed'.*last"):
-        fedc2i.find_head(clients_for(SquashedOutput()), "squashed")
+        find_head(clients_for(SquashedOutput()), "squashed", "fedc2i")
 
 
 @pytest.mark.parametrize("bias,scale", [(True, 1.0), (False, 1.0), (True, 40.0)])
@@ -116,11 +117,11 @@ def test_mlp_features_fast_path_matches_the_model(batched):
     from mpifl import models
     torch.manual_seed(0)
     c = clients_for(models.mlp((1, 8, 8), 10, [16, 12]), batched)
-    head = fedc2i.find_head(c, "mlp")
+    head = find_head(c, "mlp", "fedc2i")
     assert head.body is not None
     rows = c.init[None] + 0.1 * torch.randn(3, c.P)
     x = c.x[:15].reshape(3, 5, 1, 8, 8)
-    got = fedc2i.features(c, head, rows, x)
+    got = head.features_of(c, rows, x)
     want = torch.stack([head.features(rows[i], x[i]) for i in range(3)])
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
-    assert fedc2i.find_head(clients_for(TinyLeNet(), batched), "tiny").body is None
+    assert find_head(clients_for(TinyLeNet(), batched), "tiny", "fedc2i").body is None

@@ -9,16 +9,19 @@ nothing itself: what it returns is logged by the runtime.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from scipy import sparse
 
 from ..clients import Clients
-from ..comm import Comm
-from ..config import Config
 from ..data import FederatedData
 from ..rng import GLOBAL, rng
+
+if TYPE_CHECKING:  # algorithms are imported by the config (their Params) before MPI is wanted
+    from ..comm import Comm
+    from ..config import Config
 
 
 @dataclass

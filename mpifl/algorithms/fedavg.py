@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..comm import F32
 from .base import Context, Round, own_rows_metrics
 
 
@@ -37,7 +36,7 @@ def local_update(ctx: Context, start: torch.Tensor, sampled: np.ndarray, t: int)
         idx = torch.as_tensor(mine, device=c.device)
         c.params[idx] = start if start.dim() == 1 else start[idx]
         c.opt.reset(idx)
-        ctx.comm.count(mine, recv=c.P * F32, models=1)
+        ctx.comm.count(mine, recv=c.P * ctx.comm.itemsize, models=1)
     loss = np.full(ctx.comm.n_local, np.nan)
     loss[mine] = c.train(mine, ctx.cfg.train.local_epochs, t)
     return mine, loss

@@ -48,108 +48,41 @@ Logs per round: /fedc2i/influence [R,N,N] (a), /fedc2i/class_influence
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable
+import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
-from torch.func import functional_call, vmap
 
 from ..checkpoint import transient
-from ..clients import Clients, stacked_forward
-from ..config import ConfigError
+from ..clients import Clients
+from ..config import check
+from ..head import Head, find_head
 from .base import Context, Round, identity_rows, own_rows_metrics
+
+if TYPE_CHECKING:
+    from ..config import Config
+
 
 
 @dataclass
-class Head:
-    """The classifier (the model's last ``nn.Linear``) inside a parameter row."""
+class Params:
+    """Hyper-parameters: the config section ``fedc2i``."""
 
-    weight: slice  # W [C, d] in the row
-    bias: slice | None  # b [C] in the row, None when the layer has no bias
-    n_classes: int
-    dim: int  # feature width d
-    names: tuple[str, ...]  # its parameter names
-    features: Callable[..., torch.Tensor]  # (row, x, bufs=None) -> phi(x), the model without its head
-    # an MLP ending in the head: the layers before it in Clients.stacked's form,
-    # so the features of m rows are m-batched matmuls instead of vmap; else None
-    body: list[tuple[str, ...]] | None = None
+    alpha: float = 5.0  # influence sensitivity; 0 = uniform weights (paper grid {0.5, 1, 2, 5, 10})
+    # the paper's Table 3: none = full method; client_only = whole model by the influence vector;
+    # class_only_local / class_only_global = classifier by the class matrix on local / averaged features
+    ablation: Literal["none", "client_only", "class_only_local", "class_only_global"] = "none"
 
-    @property
-    def width(self) -> int:
-        """Length of one class row v_c: [W_c, b_c]."""
-        return self.dim + (self.bias is not None)
-
-    def rows(self, params: torch.Tensor) -> torch.Tensor:
-        """``[m, P]`` parameter rows -> ``[m, C, D]`` classifier rows."""
-        m = params.shape[0]
-        v = params[:, self.weight].reshape(m, self.n_classes, self.dim)
-        if self.bias is not None:
-            v = torch.cat([v, params[:, self.bias].reshape(m, self.n_classes, 1)], dim=2)
-        return v
-
-    def put(self, params: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Write classifier rows ``v [m, C, D]`` into ``params`` (in place); returns it."""
-        out = params
-        out[:, self.weight] = v[..., :self.dim].reshape(len(out), -1)
-        if self.bias is not None:
-            out[:, self.bias] = v[..., self.dim]
-        return out
+    def validate(self, cfg: Config) -> None:
+        check(self.alpha >= 0 and math.isfinite(self.alpha), "fedc2i.alpha", self.alpha, "must be a finite number >= 0")
 
 
-def find_head(clients: Clients, model_name: str) -> Head:
-    """Split the model into feature extractor and classifier at its last nn.Linear,
-    and check on a probe input that the output really is that layer's."""
-    model = clients.model
-    layout = clients.layout
-    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
-    if not linears:
-        raise ConfigError(f"model.name={model_name!r} is not allowed with fedc2i: it has no nn.Linear classifier")
-    name, lin = linears[-1]
-    wname = f"{name}.weight"
-    bname = f"{name}.bias" if lin.bias is not None else None
-    fmodel = copy.deepcopy(model).eval()
-    parent, _, leaf = name.rpartition(".")
-    setattr(fmodel.get_submodule(parent) if parent else fmodel, leaf, nn.Identity())
-    names = (wname,) + ((bname,) if bname else ())
-
-    def features(flat: torch.Tensor, x: torch.Tensor, bufs: torch.Tensor | None = None) -> torch.Tensor:
-        state = {k: v for k, v in layout.unflatten(flat).items() if k not in names}
-        if bufs is not None and layout.B:
-            state.update(layout.unflatten_buffers(bufs))
-        return functional_call(fmodel, state, (x,))
-
-    head = Head(weight=layout.slices([wname])[0], bias=layout.slices([bname])[0] if bname else None,
-                n_classes=lin.out_features, dim=lin.in_features, names=names, features=features,
-                body=_mlp_body(clients.stacked, wname))
-    gen = torch.Generator().manual_seed(0)
-    probe = torch.randn(3, *clients.data.in_shape, generator=gen).to(clients.device)
-    with torch.no_grad():
-        model.eval()
-        row = clients.init[None]
-        h = features(clients.init, probe)
-        v = head.rows(row)[0]
-        ok = h.dim() == 2 and h.shape[1] == head.dim and lin.out_features == clients.n_classes
-        if ok:
-            z = h @ v[:, :head.dim].T + (v[:, head.dim] if head.bias is not None else 0)
-            ok = torch.allclose(z, model(probe), atol=1e-4, rtol=1e-4)
-        if ok and head.body is not None and not torch.allclose(
-                stacked_forward(head.body, clients.parts(row), probe[None])[0], h, atol=1e-5, rtol=1e-5):
-            head.body = None  # not the plain MLP it looked like: keep the functional path
-    if not ok:
-        raise ConfigError(f"model.name={model_name!r} is not allowed with fedc2i: its output must be its last "
-                          f"nn.Linear ({name!r}) applied to flat features")
-    return head
-
-
-def _mlp_body(ops: list[tuple[str, ...]] | None, head_weight: str) -> list[tuple[str, ...]] | None:
-    """The layers before the head of an MLP whose last layer is the head, or None."""
-    if ops and ops[-1][0] == "linear" and ops[-1][1] == head_weight:
-        return ops[:-1]
-    return None
+def check_config(cfg: Config) -> None:
+    n = cfg.data.n_clients
+    check(n >= 2, "data.n_clients", n, "fedc2i needs >= 2 clients (leave-one-out models)")
 
 
 @dataclass
@@ -168,7 +101,7 @@ class Aggregation:
 
 
 def init(ctx: Context) -> State:
-    return State(head=find_head(ctx.clients, ctx.cfg.model.name))
+    return State(head=find_head(ctx.clients, ctx.cfg.model.name, "fedc2i"))
 
 
 # --------------------------------------------------------------------------- measurements
@@ -240,17 +173,6 @@ def _lse_without_each(z: torch.Tensor) -> torch.Tensor:
     return torch.where(is_top, without_top, without_c)
 
 
-def features(c: Clients, head: Head, rows: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """``[m, bs, d]`` features of local batch i under row i's feature extractor."""
-    with torch.no_grad():
-        if head.body is not None:
-            return stacked_forward(head.body, c.parts(rows), x)
-        if c.batched:
-            return vmap(head.features)(rows, x)
-        bufs = c.buffers if c.layout.B else [None] * len(rows)
-        return torch.stack([head.features(rows[i], x[i], bufs[i]) for i in range(len(rows))])
-
-
 def influence_batch(ctx: Context, t: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One random training batch per local client, from its (t, client) stream."""
     c = ctx.clients
@@ -309,7 +231,7 @@ def aggregate(ctx: Context, state: State, t: int) -> Aggregation:
         base, influence = (total / N).expand(m, -1).clone(), nan_a
         mixing = np.full((m, N), 1.0 / N, np.float32)
 
-    h = features(c, head, base, x)
+    h = head.features_of(c, base, x)
     mat = torch.softmax(alpha * class_losses(h, y, w, v_all, head.bias is not None), dim=1)  # over j
     v_new = torch.einsum("mjc,jcd->mcd", mat, v_all)
     return Aggregation(head.put(base, v_new), influence, mat.cpu().numpy(), mixing)

@@ -67,7 +67,9 @@ weights). The runtime logs bytes and models received per client.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
@@ -75,11 +77,51 @@ import torch
 from .. import models
 from ..checkpoint import per_client, transient
 from ..clients import loss_acc_from_probs
+from ..config import check
 from .base import Context, Round
+
+if TYPE_CHECKING:
+    from ..config import Config
 
 PURPOSE = "federico/neighbours"
 BATCH_PURPOSE = "federico/batch"
 INIT_PURPOSE = "federico/init"
+
+
+
+@dataclass
+class Params:
+    """Hyper-parameters: the config section ``federico``."""
+
+    k: int = 3  # neighbours each client samples per round (never itself)
+    eps: float = 0.3  # probability of k uniform draws instead of the k highest weights
+    beta: float = 0.6  # EMA momentum of the tracked losses: Lhat <- (1-beta) Lhat + beta L
+    temperature: float = 1.0  # client weights w = softmax(-Lhat / temperature)
+    loss_scale: Literal["mean", "sum"] = "mean"  # sum: Lhat times n_i^train, as in the likelihood
+    estep_batches: str = "1"  # local train batches of the E-step loss: a count, or all
+    # Lhat before any measurement: first = the loss a client measures in round 0 for its
+    # own model (with init=shared that is every model's); zero = optimistic
+    loss_init: Literal["first", "zero"] = "first"
+    # each client's model at round 0: per_client (default) = drawn from the client's own
+    # seeded stream (the paper's clients own and initialise their models, as FedEM's
+    # learners are built one by one with their own seeds); shared = the run's one init
+    init: Literal["per_client", "shared"] = "per_client"
+
+    def validate(self, cfg: Config) -> None:
+        check(self.k >= 1, "federico.k", self.k, "must be >= 1")
+        check(0 <= self.eps <= 1, "federico.eps", self.eps, "must be in [0, 1]")
+        check(0 < self.beta <= 1, "federico.beta", self.beta, "must be in (0, 1]")
+        check(self.temperature > 0 and math.isfinite(self.temperature), "federico.temperature", self.temperature,
+              "must be a finite number > 0")
+        check(self.estep_batches == "all" or (self.estep_batches.isdigit() and int(self.estep_batches) >= 1),
+              "federico.estep_batches", self.estep_batches, "must be a positive integer or all")
+
+
+def check_config(cfg: Config) -> None:
+    f, n = cfg.federico, cfg.data.n_clients
+    check(f.k <= n - 1, "federico.k", f.k, f"must be <= data.n_clients - 1 ({n - 1}): a client never samples itself")
+    check(f.init == "shared" or not cfg.model.weights, "federico.init", f.init,
+          "model.weights gives every client the same weights: use federico.init=shared")
 
 
 @dataclass

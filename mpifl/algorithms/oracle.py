@@ -10,12 +10,24 @@ clients was sampled keeps its model for that round.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from ..config import check
 from .base import Context, Round, own_rows_metrics
 from .fedavg import local_update
+
+if TYPE_CHECKING:
+    from ..config import Config
+
+
+def check_config(cfg: Config) -> None:
+    p = cfg.data.partition
+    check(p not in ("iid", "patho", "dirichlet"), "algorithm.name", "oracle",
+          f"oracle needs true clusters: data.partition={p!r} records none; "
+          "use clusters, noisy_clusters, permuted_clusters, domains, feature_shift or label_flip")
 
 
 @dataclass

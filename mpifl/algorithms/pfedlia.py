@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
@@ -62,11 +63,52 @@ from sklearn.cluster import OPTICS, KMeans
 from sklearn.metrics import adjusted_rand_score
 
 from ..checkpoint import per_client
-from ..comm import F32
-from ..config import ConfigError
+from ..config import ConfigError, check
 from . import fedavg
 from .base import Context, Round, own_rows_metrics
 from .oracle import cluster_fedavg
+
+if TYPE_CHECKING:
+    from ..config import Config
+
+
+
+@dataclass
+class Params:
+    """Hyper-parameters: the config section ``pfedlia``."""
+
+    mode: Literal["central", "p2p"] = "central"  # OPTICS at a center, or 2-means per client
+    warmup_rounds: int = 20  # FedAvg rounds before the one-off clustering (paper: 20)
+    fraction: float = 0.1  # clients sampled per round, warm-up and after (paper: 10%)
+    lia_epochs: int = 20  # epochs on the one LIA batch from theta_0 (paper: 20)
+    lia_batch: int = 64  # samples of the LIA batch (all of a smaller training split)
+    min_samples: int = 2  # OPTICS min_samples (central); its noise become singletons
+    # OPTICS xi: least relative reachability jump that bounds a cluster. sklearn's
+    # 0.05 with min_samples=2 cuts true clusters into pairs (2-NN distances of
+    # influence rows fluctuate by tens of percent inside a cluster)
+    xi: float = 0.7
+    # distance between influence rows for OPTICS (central; neither source names one).
+    # Eq. 1 sums over D_i^val, so a row's scale grows with the client's validation
+    # size (noisy_clusters clients hold 3 labels, not 2): cosine compares the rows'
+    # direction only; correlation also centres each row. euclidean (sklearn's default)
+    # stays the default: on very clean clusters cosine distances inside a cluster are
+    # ~1e-3 and xi's relative-jump rule can split them (tests/test_pfedlia.py)
+    metric: Literal["euclidean", "cosine", "correlation"] = "euclidean"
+
+    def validate(self, cfg: Config) -> None:
+        n = cfg.data.n_clients
+        check(self.warmup_rounds >= 0, "pfedlia.warmup_rounds", self.warmup_rounds, "must be >= 0")
+        check(0 < self.fraction <= 1, "pfedlia.fraction", self.fraction, "must be in (0, 1]")
+        check(self.lia_epochs >= 1, "pfedlia.lia_epochs", self.lia_epochs, "must be >= 1")
+        check(self.lia_batch >= 1, "pfedlia.lia_batch", self.lia_batch, "must be >= 1")
+        check(0 < self.xi < 1, "pfedlia.xi", self.xi, "must be in (0, 1)")
+        check(2 <= self.min_samples <= max(2, n), "pfedlia.min_samples", self.min_samples,
+              f"must be in [2, data.n_clients] (n_clients is {n})")
+
+
+def check_config(cfg: Config) -> None:
+    w, R = cfg.pfedlia.warmup_rounds, cfg.run.rounds
+    check(w < R, "pfedlia.warmup_rounds", w, f"must be < run.rounds ({R}) so that the clustering round happens")
 
 
 @dataclass
@@ -187,7 +229,7 @@ def cluster(ctx: Context, state: State, t: int) -> tuple[dict, dict]:
     truth = ctx.data.cluster
     if cfg.mode == "central":
         # each client reports its row to the center, which clusters and answers
-        comm.count(np.arange(comm.n_local), sent=ctx.N * F32)
+        comm.count(np.arange(comm.n_local), sent=ctx.N * comm.itemsize)
         I_all = comm.gather_rows(I_local)
         labels = optics_clusters(I_all, cfg.min_samples, cfg.xi, cfg.metric) if comm.is_writer else None
         labels = np.asarray(comm.bcast(labels))
