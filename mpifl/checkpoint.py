@@ -15,8 +15,9 @@ complete; ``latest`` is replaced atomically after that. A kill at any moment
 leaves the previous checkpoint intact.
 
 Algorithm state: fields of the ``State`` dataclass marked with
-:func:`per_client` hold one row (or list item) per local client; every other
-field must be identical on all ranks and is saved once, by rank 0.
+:func:`per_client` hold one row (or list item) per local client — a tensor,
+an array, a list, or a dict of those (an optimizer state of extra rows); every
+other field must be identical on all ranks and is saved once, by rank 0.
 """
 
 from __future__ import annotations
@@ -175,7 +176,10 @@ def load(path: Path, ctx, state: Any) -> int:
 
 
 def _fill_rows(dst: Any, src: Any, take: np.ndarray, at: np.ndarray) -> None:
-    if torch.is_tensor(dst):
+    if isinstance(dst, dict):  # e.g. an optimizer state of extra rows: name -> rows
+        for k in dst:
+            _fill_rows(dst[k], src[k], take, at)
+    elif torch.is_tensor(dst):
         dst[torch.as_tensor(at, device=dst.device)] = torch.as_tensor(src)[torch.as_tensor(take)].to(dst.device)
     elif isinstance(dst, np.ndarray):
         dst[at] = np.asarray(src)[take]
@@ -187,6 +191,8 @@ def _fill_rows(dst: Any, src: Any, take: np.ndarray, at: np.ndarray) -> None:
 
 
 def _empty_rows(like: Any, n: int, device) -> Any:
+    if isinstance(like, dict):
+        return {k: _empty_rows(v, n, device) for k, v in like.items()}
     if torch.is_tensor(like):
         return torch.zeros((n, *like.shape[1:]), dtype=like.dtype, device=device)
     if isinstance(like, np.ndarray):
@@ -195,10 +201,14 @@ def _empty_rows(like: Any, n: int, device) -> Any:
 
 
 def _cpu(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _cpu(x) for k, x in v.items()}
     return v.detach().cpu() if torch.is_tensor(v) else v
 
 
 def _like(v: Any, ref: Any, device) -> Any:
+    if isinstance(v, dict):
+        return {k: _like(x, ref.get(k) if isinstance(ref, dict) else None, device) for k, x in v.items()}
     return v.to(ref.device if torch.is_tensor(ref) else device) if torch.is_tensor(v) else v
 
 

@@ -12,6 +12,8 @@ models on CPU use the loop under ``train.batched=auto`` (see bench/README.md).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -85,12 +87,17 @@ class RowOptimizer:
         self.cfg = cfg
         self.kind = cfg.optimizer
         self.sizes = sizes  # entries of each parameter block of a row, in layout order
-        self.state: dict[str, torch.Tensor] = {}
+        self.P, self.device = P, device
+        self.state: dict[str, torch.Tensor] = self.fresh_state(n)
+
+    def fresh_state(self, n: int) -> dict[str, torch.Tensor]:
+        """Zero optimizer state for ``n`` rows (e.g. an algorithm's extra rows)."""
         if self.kind == "adam":
-            self.state = {"m": torch.zeros(n, P, device=device), "v": torch.zeros(n, P, device=device),
-                          "t": torch.zeros(n, 1, device=device)}
-        elif cfg.momentum > 0:
-            self.state = {"buf": torch.zeros(n, P, device=device)}
+            return {"m": torch.zeros(n, self.P, device=self.device), "v": torch.zeros(n, self.P, device=self.device),
+                    "t": torch.zeros(n, 1, device=self.device)}
+        if self.cfg.momentum > 0:
+            return {"buf": torch.zeros(n, self.P, device=self.device)}
+        return {}
 
     def reset(self, sel=slice(None)) -> None:
         for t in self.state.values():
@@ -166,6 +173,56 @@ class BatchPlan:
         return self.idx.shape[1]
 
 
+@dataclass
+class Objective:
+    """What a training call optimises besides each client's weighted cross-entropy:
+    terms whose gradient is known in closed form, so every training path (stacked
+    MLP, vmap, per-client loop) keeps its own forward and backward.
+
+    - ``prox_center``/``prox_mu``: the proximal term (mu/2) ||w_i - c_i||^2 of
+      FedProx and Ditto (gradient mu (w_i - c_i)); ``c`` is one ``[P]`` row for every
+      client or ``[n_local, P]`` rows indexed like the rank's clients.
+    - ``frozen``: parameter names whose values the optimizer leaves alone (FedRep's
+      body while its head trains, and the reverse).
+    - ``logit_bias``: ``[n_local, C]`` added to client i's logits inside the loss
+      (FedRoD's balanced softmax: the log of its label prior).
+    """
+
+    prox_center: torch.Tensor | None = None
+    prox_mu: float = 0.0
+    frozen: Sequence[str] = ()
+    logit_bias: torch.Tensor | None = None
+
+    def bias(self, rows: np.ndarray) -> torch.Tensor | None:
+        return None if self.logit_bias is None else self.logit_bias[torch.as_tensor(rows)]
+
+    def apply(self, c: Clients, p: torch.Tensor, g: torch.Tensor | list[torch.Tensor | None],
+              rows: np.ndarray) -> list[torch.Tensor | None]:
+        """The gradient of rows ``p`` ([m, P], the clients ``rows``) with the extra
+        terms added, as per-parameter blocks (None: left alone)."""
+        if torch.is_tensor(g):
+            g = list(c.parts(g).values())
+        out: list[torch.Tensor | None] = []
+        center = None
+        if self.prox_mu and self.prox_center is not None:
+            pc = self.prox_center
+            center = c.parts(pc.expand(len(rows), -1) if pc.dim() == 1 else pc[torch.as_tensor(rows, device=pc.device)])
+        for (name, _, _), gb, pb in zip(c.layout.params, g, c.parts(p).values()):
+            if name in self.frozen or gb is None:
+                out.append(None)
+                continue
+            if center is not None:
+                gb.add_(pb.view(gb.shape) - center[name].view(gb.shape), alpha=self.prox_mu)
+            out.append(gb)
+        return out
+
+
+# A custom optimisation step for :meth:`Clients.train`: (clients, selector of the
+# rows, their local positions, x, y, w) -> their losses [m]; it updates the rows
+StepFn = Callable[["Clients", "slice | torch.Tensor", np.ndarray, torch.Tensor, torch.Tensor, torch.Tensor],
+                  torch.Tensor]
+
+
 class Clients:
     """This rank's clients: parameters, optimizer state, data, train/eval."""
 
@@ -201,10 +258,25 @@ class Clients:
             from .config import ConfigError
             raise ConfigError("train.batched='on' is not allowed with a BatchNorm model; use auto or off")
         self._vloss = vmap(self._loss_parts, in_dims=(0, 0, 0, 0))
+        self._vloss_bias = vmap(self._loss_parts, in_dims=(0, 0, 0, 0, None, 0))
         self._names = [n for n, _, _ in self.layout.params]
         self.stacked = stacked_mlp(model) if self.layout.B == 0 else None
         self._gcache: list[torch.Tensor] | None = None
         self._vlogits = vmap(self._logits_one, in_dims=(0, 0))
+
+    @contextmanager
+    def using(self, params: torch.Tensor, opt_state: dict[str, torch.Tensor] | None = None) -> Iterator[None]:
+        """Train and evaluate other rows (``[n_local, P]``: personal models, a copy
+        for fine-tuning) through these clients: ``params`` and ``opt_state`` (default:
+        a fresh one) stand in for the clients' own for the block, in place (no copy),
+        and the clients' own are back after it, whatever happened."""
+        saved = self.params, self.opt.state
+        self.params = params
+        self.opt.state = self.opt.fresh_state(len(params)) if opt_state is None else opt_state
+        try:
+            yield
+        finally:
+            self.params, self.opt.state = saved
 
     # ------------------------------------------------------------------ functional model
     def _logits_one(self, flat: torch.Tensor, x: torch.Tensor, bufs: torch.Tensor | None = None) -> torch.Tensor:
@@ -216,10 +288,12 @@ class Clients:
     def _loss(self, flat, x, y, w, bufs=None):
         return self._loss_parts(self.layout.unflatten(flat), x, y, w, bufs)
 
-    def _loss_parts(self, state: dict[str, torch.Tensor], x, y, w, bufs=None):
+    def _loss_parts(self, state: dict[str, torch.Tensor], x, y, w, bufs=None, bias=None):
         if bufs is not None and self.layout.B:
             state = {**state, **self.layout.unflatten_buffers(bufs)}
         out = functional_call(self.model, state, (x,))
+        if bias is not None:
+            out = out + bias
         losses = F.cross_entropy(out, y, reduction="none")
         return (losses * w).sum() / w.sum().clamp_min(1.0)
 
@@ -232,23 +306,23 @@ class Clients:
         return out
 
     def grads(self, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
-              local: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+              local: np.ndarray | None = None, bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-row gradient ``[m, P]`` and loss ``[m]`` of ``params[i]`` on batch
         ``(x[i], y[i], w[i])``. ``local`` names the clients whose BatchNorm buffers
-        the rows use."""
-        g, loss = self._grads(params, x, y, w, local)
+        the rows use; ``bias`` ``[m, C]`` is added to row i's logits in the loss."""
+        g, loss = self._grads(params, x, y, w, local, bias)
         if torch.is_tensor(g):
             return g, loss
         flat = torch.empty(params.shape[0], self.P, dtype=params.dtype, device=params.device)
         self._write_flat(flat, dict(zip(self._names, g)))
         return flat, loss
 
-    def _grads(self, params, x, y, w, local) -> tuple[torch.Tensor | list[torch.Tensor], torch.Tensor]:
+    def _grads(self, params, x, y, w, local, bias=None) -> tuple[torch.Tensor | list[torch.Tensor], torch.Tensor]:
         """As :meth:`grads`; the batched path returns per-parameter blocks."""
         m = params.shape[0]
         if self.batched and self.stacked is not None:  # Linear/ReLU only: no train mode
             with torch.no_grad():
-                return _stacked_grads(self.stacked, self.parts(params), x, y, w, self._grad_blocks(m))
+                return _stacked_grads(self.stacked, self.parts(params), x, y, w, self._grad_blocks(m), bias=bias)
         self.model.train()
         # Differentiate with respect to per-parameter views, not the flat row: the
         # backward of slicing a flat row materialises a zero [m, P] tensor per
@@ -259,7 +333,7 @@ class Clients:
         with torch.enable_grad():
             if self.batched:
                 leaves = {k: v.detach().requires_grad_(True) for k, v in self.parts(params).items()}
-                loss = self._vloss(leaves, x, y, w)
+                loss = self._vloss(leaves, x, y, w) if bias is None else self._vloss_bias(leaves, x, y, w, None, bias)
                 return list(torch.autograd.grad(loss.sum(), list(leaves.values()))), loss.detach()
             g = torch.empty(m, self.P, dtype=params.dtype, device=params.device)
             ls = []
@@ -267,7 +341,8 @@ class Clients:
                 keep = w[i] > 0
                 parts = {k: v[0].detach().requires_grad_(True) for k, v in self.parts(params[i:i + 1]).items()}
                 bufs = self.buffers[local[i]] if (local is not None and self.layout.B) else None
-                loss = self._loss_parts(parts, x[i][keep], y[i][keep], w[i][keep], bufs)
+                loss = self._loss_parts(parts, x[i][keep], y[i][keep], w[i][keep], bufs,
+                                        None if bias is None else bias[i])
                 gi = torch.autograd.grad(loss, list(parts.values()))
                 self._write_flat(g[i:i + 1], dict(zip(parts, (t[None] for t in gi))))
                 ls.append(loss.detach())
@@ -362,10 +437,16 @@ class Clients:
 
     # ------------------------------------------------------------------ training
     def train(self, local: np.ndarray, epochs: int, round: int, purpose: str = "train",
-              subsets: list[np.ndarray] | None = None) -> np.ndarray:
+              subsets: list[np.ndarray] | None = None, objective: Objective | None = None,
+              step: StepFn | None = None) -> np.ndarray:
         """Train the listed local clients (indices into this rank's block) in place
         for ``epochs`` local epochs (over ``subsets`` of their samples if given, see
-        :meth:`plan`); returns each one's mean training loss."""
+        :meth:`plan`); returns each one's mean training loss.
+
+        ``objective`` adds closed-form terms to every path's gradient; ``step``
+        replaces the optimisation step itself (methods whose update is not a
+        gradient step on one loss: APFL, Per-FedAvg, FedRoD...), with the same
+        batches, chunks and non-finite handling."""
         local = np.asarray(local, dtype=np.int64)
         losses = np.zeros(len(local))
         seen = np.zeros(len(local))
@@ -393,7 +474,8 @@ class Clients:
                 width = int(np.flatnonzero((idx >= 0).any(0)).max()) + 1
                 rows = local[act]
                 x, y, w = self.batch(idx[:, :width])
-                loss = self._step(_rows_selector(rows, self.device), rows, x, y, w)
+                sel = _rows_selector(rows, self.device)
+                loss = step(self, sel, rows, x, y, w) if step else self._step(sel, rows, x, y, w, objective)
                 nw = w.sum(1).cpu().numpy()
                 lv = loss.detach().cpu().numpy()
                 bad[act] |= ~np.isfinite(lv)
@@ -418,7 +500,7 @@ class Clients:
             losses[bad] = np.nan
         return losses / np.maximum(seen, 1)
 
-    def _step(self, sel, rows: np.ndarray, x, y, w) -> torch.Tensor:
+    def _step(self, sel, rows: np.ndarray, x, y, w, objective: Objective | None = None) -> torch.Tensor:
         """One optimizer step of ``rows`` (``sel``: their selector) on their batches
         ``x, y, w``; returns their losses."""
         p = self.params[sel]  # a view when the rows are contiguous
@@ -426,13 +508,15 @@ class Clients:
         # the batched GEMM + add_ of the unfused one parallelise and win (at two
         # threads, 128 MLP clients: 9.1-9.4 vs 9.6-10.2 ms a call), and on a GPU
         # the unfused path is the one measured.
-        fuse = self.device.type == "cpu" and torch.get_num_threads() == 1
+        fuse = self.device.type == "cpu" and torch.get_num_threads() == 1 and objective is None
         sgd = self.opt.fused_sgd() if fuse else None
         if self.batched and self.stacked is not None and sgd is not None:
             with torch.no_grad():
                 g, loss = _stacked_grads(self.stacked, self.parts(p), x, y, w, self._grad_blocks(len(rows)), sgd)
         else:
-            g, loss = self._grads(p, x, y, w, rows)
+            g, loss = self._grads(p, x, y, w, rows, None if objective is None else objective.bias(rows))
+            if objective is not None:
+                g = objective.apply(self, p, g, rows)
         self.opt.step_(sel, p, g)
         if not isinstance(sel, slice):
             self.params[sel] = p
@@ -546,8 +630,8 @@ def stacked_forward(ops: list[tuple[str, ...]], p: dict[str, torch.Tensor], x: t
 
 
 def _stacked_grads(ops: list[tuple[str, ...]], p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
-                   w: torch.Tensor, out: list[torch.Tensor],
-                   sgd: tuple[float, float] | None = None) -> tuple[list[torch.Tensor | None], torch.Tensor]:
+                   w: torch.Tensor, out: list[torch.Tensor], sgd: tuple[float, float] | None = None,
+                   bias: torch.Tensor | None = None) -> tuple[list[torch.Tensor | None], torch.Tensor]:
     """Loss ``[m]`` (weighted mean CE per row) of m MLPs and its gradient, written into
     ``out`` (per-parameter blocks ``[m, *shape]`` in ``p``'s order), by a hand-written
     backward: ``dW = dz^T h`` lands in the rows' own ``[m, out, in]`` layout through
@@ -562,6 +646,8 @@ def _stacked_grads(ops: list[tuple[str, ...]], p: dict[str, torch.Tensor], x: to
     one thread only (bench/README.md)."""
     keep: list[torch.Tensor] = []
     logits = stacked_forward(ops, p, x, keep)
+    if bias is not None:  # [m, C] per-row logit adjustment: d loss / d logits keeps its form
+        logits = logits + bias.unsqueeze(1)
     wn = (w / w.sum(1, keepdim=True).clamp_min(1.0)).unsqueeze(-1)  # [m, b, 1]: each sample's share
     logp = torch.log_softmax(logits, -1)
     yi = y.unsqueeze(-1)

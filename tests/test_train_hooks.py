@@ -1,0 +1,141 @@
+"""The shared training pieces the personalisation methods build on: the extra
+terms of ``clients.Objective`` (proximal pull, frozen parameters, a per-client
+logit bias), a custom step, and training other rows with ``Clients.using`` —
+each against plain torch on every training path (stacked MLP, vmap, loop)."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call
+
+from mpifl import config, models
+from mpifl.clients import Clients, Objective
+from mpifl.data import build
+
+PATHS = {"stacked": "on", "vmap": "on", "loop": "off"}
+
+
+def make(path: str, **over) -> Clients:
+    batched = PATHS[path]
+    args = {"data.name": "synthetic", "data.n_samples": 400, "data.n_clients": 4, "data.partition": "iid",
+            "model.hidden": "[16, 8]", "train.batched": batched, "train.batch_size": 16, **over}
+    cfg = config.load(None, [f"{k}={v}" for k, v in args.items()])
+    data = build(cfg.data, 0, np.arange(cfg.data.n_clients))
+    model = models.build(cfg.model, data.in_shape, data.n_classes, 0)
+    if path == "vmap":  # an MLP that is not a plain Sequential of Linear/ReLU takes the vmap path
+        model = torch.nn.Sequential(*model, torch.nn.Identity())
+    c = Clients(model, data, cfg.train, torch.device("cpu"), 0)
+    assert (c.batched and c.stacked is not None) == (path == "stacked") and c.batched == (batched == "on")
+    return c
+
+
+def reference_sgd(c: Clients, start: torch.Tensor, k: int, t: int, epochs: int, lr: float,
+                  grad_extra=lambda i, w: 0.0, frozen=(), bias=None) -> torch.Tensor:
+    """Plain torch: client k's row trained with SGD on the same batches."""
+    plan = c.plan(np.array([k]), epochs, t)
+    w = start.clone()
+    for s in range(plan.steps):
+        idx = plan.idx[0, s]
+        idx = idx[idx >= 0]
+        if len(idx) == 0:
+            continue
+        leaf = w.clone().requires_grad_(True)
+        out = functional_call(c.model, c.layout.unflatten(leaf), (c.x[idx],))
+        if bias is not None:
+            out = out + bias
+        loss = F.cross_entropy(out, c.y[idx])
+        (g,) = torch.autograd.grad(loss, leaf)
+        g = g + grad_extra(k, w)
+        for sl in c.layout.slices(list(frozen)):
+            g[sl] = 0
+        w = w - lr * g
+    return w
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_prox_term_matches_plain_torch(path):
+    c = make(path)
+    mu, lr = 0.3, c.cfg.lr
+    center = torch.randn(c.n, c.P) * 0.1
+    start = c.params.clone()
+    c.train(np.arange(c.n), 2, 0, objective=Objective(prox_center=center, prox_mu=mu))
+    for k in range(c.n):
+        ref = reference_sgd(c, start[k], k, 0, 2, lr, grad_extra=lambda i, w: mu * (w - center[i]))
+        torch.testing.assert_close(c.params[k], ref, rtol=1e-5, atol=1e-6)
+
+
+def test_prox_with_zero_mu_is_plain_training():
+    a, b = make("stacked"), make("stacked")
+    a.train(np.arange(a.n), 1, 3)
+    b.train(np.arange(b.n), 1, 3, objective=Objective(prox_center=b.init, prox_mu=0.0))
+    torch.testing.assert_close(a.params, b.params, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_frozen_parameters_do_not_move_and_the_rest_trains_as_alone(path):
+    c = make(path)
+    names = [n for n, _, _ in c.layout.params]
+    frozen = names[:-2]  # the body: only the last layer trains
+    start = c.params.clone()
+    c.train(np.arange(c.n), 1, 1, objective=Objective(frozen=frozen))
+    for sl in c.layout.slices(frozen):
+        torch.testing.assert_close(c.params[:, sl], start[:, sl], rtol=0, atol=0)
+    for k in range(c.n):
+        ref = reference_sgd(c, start[k], k, 1, 1, c.cfg.lr, frozen=frozen)
+        torch.testing.assert_close(c.params[k], ref, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(c.params[:, c.layout.slices(names[-1:])[0]], start[:, c.layout.slices(names[-1:])[0]])
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_logit_bias_is_added_inside_the_loss(path):
+    c = make(path)
+    bias = torch.randn(c.n, c.n_classes)
+    start = c.params.clone()
+    c.train(np.arange(c.n), 1, 2, objective=Objective(logit_bias=bias))
+    for k in range(c.n):
+        ref = reference_sgd(c, start[k], k, 2, 1, c.cfg.lr, bias=bias[k])
+        torch.testing.assert_close(c.params[k], ref, rtol=1e-5, atol=1e-6)
+
+
+def test_using_trains_other_rows_and_restores_the_clients_own():
+    c = make("stacked", **{"train.momentum": 0.9})
+    own, own_opt = c.params.clone(), {k: v.clone() for k, v in c.opt.state.items()}
+    other = torch.randn(c.n, c.P) * 0.1
+    expected = [reference_sgd(c, other[k], k, 0, 1, c.cfg.lr) for k in range(c.n)]
+    with c.using(other):
+        assert c.params is other and all(v.abs().sum() == 0 for v in c.opt.state.values())
+        c.train(np.arange(c.n), 1, 0)
+    assert c.params is not other
+    torch.testing.assert_close(c.params, own, rtol=0, atol=0)
+    for k, v in own_opt.items():
+        torch.testing.assert_close(c.opt.state[k], v, rtol=0, atol=0)
+    # momentum 0.9 from the fresh (zero) buffer: the rows moved, and not as plain SGD would
+    assert not torch.allclose(other, own) and not torch.allclose(other[0], expected[0], atol=1e-6)
+
+
+def test_using_restores_after_an_error():
+    c = make("loop")
+    own = c.params
+    with pytest.raises(RuntimeError), c.using(torch.zeros_like(own)):
+        raise RuntimeError("boom")
+    assert c.params is own
+
+
+def test_custom_step_sees_every_batch_and_its_losses_are_averaged():
+    c = make("stacked")
+    seen = []
+
+    def step(cl, sel, rows, x, y, w):
+        seen.append((rows.copy(), int(w.sum())))
+        return torch.full((len(rows),), 2.0)
+
+    loss = c.train(np.array([1, 3]), 2, 0, step=step)
+    np.testing.assert_allclose(loss, 2.0)
+    counts = {r: 0 for r in (1, 3)}
+    for rows, _ in seen:
+        for r in rows:
+            counts[int(r)] += 1
+    plan = c.plan(np.array([1, 3]), 2, 0)
+    assert counts == {1: int((plan.idx[0] >= 0).any(1).sum()), 3: int((plan.idx[1] >= 0).any(1).sum())}
+    assert sum(n for _, n in seen) == 2 * int(c.sizes[[1, 3], 0].sum())
