@@ -1,0 +1,280 @@
+"""Side by side with PFLlib: the same method, splits, model, initial weights and
+hyper-parameters in mpifl and in PFLlib, read from a local checkout.
+
+    python bench/peer_pfllib.py --pfllib /path/to/PFLlib --method fedavg --seeds 0 1 2
+    python bench/peer_pfllib.py --pfllib /path/to/PFLlib --method fedprox --rounds 20 fedprox.mu=0.1
+    python bench/peer_pfllib.py --pfllib ... --method fedavg --only mpifl      # one side only
+
+For each seed: mpifl builds its partition (``mpifl.data.build``: every client's
+train/val/test split), and this script writes PFLlib's client files from it
+(``dataset/<name>/train|test/<i>.npz`` in a scratch copy of PFLlib's ``system/``
+folder, so the checkout is never written to): client i's training split as its
+train file and its test split as its test file (PFLlib has no validation split;
+the clients' val samples go unused there). PFLlib's ``system/main.py`` then runs
+as its own process, with its ``DNN`` model replaced by mpifl's model of the same
+seed (same layers, same initial weights; the last ``nn.Linear`` is its ``fc``,
+which PFLlib's head-splitting methods take as the head). mpifl runs
+``python -m mpifl.main`` with the same config. The two alternate per seed (mpifl,
+PFLlib, mpifl, ...), so machine load hits them alike.
+
+Reported per side and seed: final test accuracy after ``--rounds`` rounds, as the
+mean over clients of each client's accuracy (mpifl's tables) and as PFLlib's
+``sum(correct) / sum(samples)`` (its "Averaged Test Accuracy"), and the wall time
+of the whole process. PFLlib evaluates at the start of each of its rounds 0..R,
+so its evaluation at round R follows R rounds of training, as mpifl's last does.
+
+Mapped hyper-parameters (``BASE`` and each method's row of ``METHODS``): rounds,
+clients, join ratio, batch size, learning rate, local epochs, classes; a method
+adds its own. PFLlib trains plain SGD (no momentum, no weight decay), so the
+config must ask mpifl for the same. PFLlib is never imported by mpifl: it runs
+only here, as a measuring stick.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+# The common ground of every comparison (mpifl keys; overridable on the command line)
+DEFAULTS = {
+    "data.name": "digits", "data.partition": "dirichlet", "data.n_clients": 20, "data.dirichlet_alpha": 0.1,
+    "model.name": "mlp", "model.hidden": "[128, 128]", "train.optimizer": "sgd", "train.lr": 0.05,
+    "train.momentum": 0.0, "train.weight_decay": 0.0, "train.batch_size": 10, "train.local_epochs": 1,
+    "run.rounds": 20, "algorithm.fraction": 1.0,
+}
+
+# PFLlib flag -> the mpifl key it takes its value from
+BASE = {"-gr": "run.rounds", "-nc": "data.n_clients", "-jr": "algorithm.fraction",
+        "-lbs": "train.batch_size", "-lr": "train.lr", "-ls": "train.local_epochs"}
+
+# mpifl algorithm -> (PFLlib's -algo, {PFLlib flag: mpifl key or fixed value}); a
+# method's engineer adds its row, mapping every hyper-parameter PFLlib reads
+METHODS: dict[str, tuple[str, dict[str, str | float | int]]] = {
+    "fedavg": ("FedAvg", {}),
+    "local": ("Local", {}),
+}
+
+
+def _peer_model_class():
+    from torch import nn
+
+    class PeerModel(nn.Module):
+        """mpifl's model with its last Linear as ``fc`` (PFLlib splits heads there)."""
+
+        def __init__(self, seq: nn.Sequential):
+            super().__init__()
+            self.base = nn.Sequential(*list(seq)[:-1])
+            self.fc = list(seq)[-1]
+
+        def forward(self, x):
+            return self.fc(self.base(x))
+
+    PeerModel.__module__ = __name__
+    PeerModel.__qualname__ = "PeerModel"
+    return PeerModel
+
+
+def __getattr__(name: str):
+    if name == "PeerModel":  # built on demand: torch is only needed in the child
+        cls = _peer_model_class()
+        globals()["PeerModel"] = cls
+        return cls
+    raise AttributeError(name)
+
+
+def mpifl_config(method: str, seed: int, overrides: list[str]):
+    from mpifl import config
+
+    pairs = {**DEFAULTS, "algorithm.name": method, "run.seed": seed}
+    for o in overrides:
+        k, _, v = o.partition("=")
+        pairs[k] = v
+    return config.load(None, [f"{k}={v}" for k, v in pairs.items()])
+
+
+def pfllib_args(method: str, cfg, name: str) -> list[str]:
+    algo, extra = METHODS[method]
+    args = ["-data", name, "-m", "DNN", "-algo", algo, "-dev", "cpu", "-ncl", "0", "-eg", "1", "-t", "1",
+            "-go", "peer"]
+    flat = {f"{s}.{k}": v for s, sec in cfg.to_dict().items() for k, v in sec.items()}
+    for flag, key in {**BASE, **extra}.items():
+        args += [flag, str(flat[key]) if isinstance(key, str) and key in flat else str(key)]
+    return args
+
+
+def write_clients(cfg, root: Path, name: str) -> int:
+    """PFLlib's client files from mpifl's partition; returns the number of classes."""
+    from mpifl.data import build
+
+    data = build(cfg.data, cfg.run.seed, np.arange(cfg.data.n_clients))
+    for split, s in (("train", 0), ("test", 2)):
+        d = root / "dataset" / name / split
+        d.mkdir(parents=True, exist_ok=True)
+        for k in range(cfg.data.n_clients):
+            lo, n = int(data.offsets[k, s]), int(data.sizes[k, s])
+            item = {"x": data.x[lo:lo + n], "y": data.y[lo:lo + n]}
+            with open(d / f"{k}.npz", "wb") as f:
+                np.savez_compressed(f, data=item)
+    return data.n_classes
+
+
+def run_pfllib(pfllib: Path, method: str, cfg, work: Path) -> dict:
+    name = f"mpifl-{cfg.data.name}"
+    shutil.copytree(pfllib / "system", work / "system")
+    n_classes = write_clients(cfg, work, name)
+    args = pfllib_args(method, cfg, name)
+    args[args.index("-ncl") + 1] = str(n_classes)
+    out = work / "stats.json"
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(work / "system"), str(out),
+           json.dumps(cfg.to_dict()), "--", *args]
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, cwd=work / "system", capture_output=True, text=True, check=False,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "bench"), str(work / "system")])})
+    wall = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise RuntimeError(f"PFLlib failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+    stats = json.loads(out.read_text())
+    return {**stats, "wall_s": wall}
+
+
+def child(system: str, out: str, cfg_json: str, argv: list[str]) -> None:
+    """Inside PFLlib's process: its DNN becomes mpifl's model, its per-client test
+    statistics are recorded, then its main.py runs as it would from the shell."""
+    import runpy
+
+    import torch
+
+    from mpifl import config, models
+
+    os.chdir(system)
+    sys.path.insert(0, system)
+    cfg = config.from_dict(json.loads(cfg_json))
+    from mpifl.data import build
+
+    data = build(cfg.data, cfg.run.seed, np.arange(0))
+    template = models.build(cfg.model, data.in_shape, data.n_classes, cfg.run.seed)
+
+    # imported by its module name, so that PFLlib's torch.save of the model can
+    # pickle the class (this file runs as __main__, which runpy replaces)
+    from peer_pfllib import PeerModel
+
+    import flcore.trainmodel.models as pm
+    from flcore.servers import serverbase
+
+    pm.DNN = lambda *a, **k: PeerModel(__import__("copy").deepcopy(template))
+    last: dict = {}
+
+    def record(fn):
+        def wrapped(self, *a, **k):
+            stats = fn(self, *a, **k)
+            if isinstance(stats, (list, tuple)) and len(stats) >= 3 and isinstance(stats[1], list):
+                last["n"], last["correct"] = list(map(float, stats[1])), list(map(float, stats[2]))
+            return stats
+        return wrapped
+
+    def wrap_all():
+        for mod in list(sys.modules.values()):
+            if not getattr(mod, "__name__", "").startswith("flcore.servers."):
+                continue
+            for cls in vars(mod).values():
+                if isinstance(cls, type) and issubclass(cls, serverbase.Server):
+                    for attr, fn in list(vars(cls).items()):
+                        if attr.startswith("test_metrics") and callable(fn) and not hasattr(fn, "_peer"):
+                            w = record(fn)
+                            w._peer = True
+                            setattr(cls, attr, w)
+
+    import importlib
+
+    for f in sorted(Path(system, "flcore", "servers").glob("server*.py")):
+        try:
+            importlib.import_module(f"flcore.servers.{f.stem}")
+        except Exception:  # noqa: BLE001 - a server whose extra dependency is missing is not ours
+            pass
+    wrap_all()
+    torch.set_num_threads(max(1, int(os.environ.get("PEER_THREADS", "1"))))
+    sys.argv = ["main.py", *argv]
+    runpy.run_path("main.py", run_name="__main__")
+    n, correct = np.array(last["n"]), np.array(last["correct"])
+    Path(out).write_text(json.dumps({"acc_mean": float(np.mean(correct / np.maximum(n, 1))),
+                                     "acc_weighted": float(correct.sum() / n.sum())}))
+
+
+def run_mpifl(method: str, cfg, overrides: list[str], work: Path, ranks: int) -> dict:
+    from mpifl.logging.h5 import open_run
+
+    args = [f"{k}={v}" for k, v in {**DEFAULTS, "algorithm.name": method, "run.seed": cfg.run.seed}.items()]
+    args += [*overrides, f"run.out_dir={work}", "run.name=mpifl", "run.threads=1", "run.checkpoint_every=0"]
+    cmd = [sys.executable, "-m", "mpifl.main", *args]
+    if ranks > 1:
+        cmd = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(ranks), sys.executable, "-m", "mpi4py",
+               "-m", "mpifl.main", *args]
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    wall = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise RuntimeError(f"mpifl failed ({p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
+    run = open_run(work / "mpifl")
+    acc, n_test = run.metric("test_acc")[-1], run.get("clients/n_test")
+    return {"acc_mean": float(np.nanmean(acc)), "acc_weighted": float(np.nansum(acc * n_test) / n_test.sum()),
+            "wall_s": wall}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--child"]:
+        system, out, cfg_json, _, *rest = argv[1:]
+        child(system, out, cfg_json, rest)
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pfllib", type=Path, help="a PFLlib checkout (its system/ folder is used)")
+    ap.add_argument("--method", required=True, choices=sorted(METHODS))
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--ranks", type=int, default=1, help="mpifl's MPI ranks")
+    ap.add_argument("--only", choices=["mpifl", "pfllib"], help="run one side only")
+    ap.add_argument("overrides", nargs="*", help="mpifl section.key=value (both sides get the mapped ones)")
+    a = ap.parse_args(argv)
+    if a.only != "mpifl" and (a.pfllib is None or not (a.pfllib / "system" / "main.py").is_file()):
+        ap.error("--pfllib must name a PFLlib checkout (with system/main.py)")
+    rows = []
+    for seed in a.seeds:
+        cfg = mpifl_config(a.method, seed, a.overrides)
+        row = {"seed": seed}
+        with tempfile.TemporaryDirectory(prefix="mpifl-peer-") as tmp:
+            if a.only != "pfllib":
+                row["mpifl"] = run_mpifl(a.method, cfg, a.overrides, Path(tmp) / "m", a.ranks)
+            if a.only != "mpifl":
+                row["pfllib"] = run_pfllib(a.pfllib.resolve(), a.method, cfg, Path(tmp) / "p")
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    print(f"\n{a.method}: final test accuracy after {cfg.run.rounds} rounds (mean over clients / "
+          f"sum(correct)/sum(samples)), wall s")
+    for side in ("mpifl", "pfllib"):
+        got = [r[side] for r in rows if side in r]
+        if got:
+            m = np.array([g["acc_mean"] for g in got])
+            w = np.array([g["acc_weighted"] for g in got])
+            t = np.array([g["wall_s"] for g in got])
+            print(f"  {side:7s} " + "  ".join(f"{x:.4f}/{y:.4f}" for x, y in zip(m, w))
+                  + f"   mean {m.mean():.4f}/{w.mean():.4f}   wall {t.mean():.1f}s")
+    if all("mpifl" in r and "pfllib" in r for r in rows):
+        gap = np.mean([r["mpifl"]["acc_weighted"] - r["pfllib"]["acc_weighted"] for r in rows])
+        print(f"  gap (mpifl - PFLlib, weighted): {100 * gap:+.2f} pp")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
