@@ -140,8 +140,9 @@ def run_pfllib(pfllib: Path, method: str, cfg, work: Path) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(work / "system"), str(out),
            json.dumps(cfg.to_dict()), "--", *args]
     t0 = time.perf_counter()
+    path = os.pathsep.join([str(REPO), str(REPO / "bench"), str(work / "system")])
     p = subprocess.run(cmd, cwd=work / "system", capture_output=True, text=True, check=False,
-                       env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "bench"), str(work / "system")])})
+                       env={**os.environ, "PYTHONPATH": path})
     wall = time.perf_counter() - t0
     if p.returncode != 0:
         raise RuntimeError(f"PFLlib failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
@@ -168,10 +169,9 @@ def child(system: str, out: str, cfg_json: str, argv: list[str]) -> None:
 
     # imported by its module name, so that PFLlib's torch.save of the model can
     # pickle the class (this file runs as __main__, which runpy replaces)
-    from peer_pfllib import PeerModel
-
     import flcore.trainmodel.models as pm
     from flcore.servers import serverbase
+    from peer_pfllib import PeerModel
 
     pm.DNN = lambda *a, **k: PeerModel(__import__("copy").deepcopy(template))
     last: dict = {}
