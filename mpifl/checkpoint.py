@@ -130,7 +130,12 @@ def read_meta(path: Path) -> dict:
 
 
 def check_config(meta: dict, cfg_dict: dict, where: Path) -> None:
+    from .config import config_class
+
     old, new = _flatten(meta["config"]), _flatten(cfg_dict)
+    # a key added by a later mpifl was, in effect, at its default in the older run
+    defaults = _flatten(config_class()().to_dict())
+    old.update({k: defaults[k] for k in set(new) - set(old) if k in defaults})
     diff = sorted(k for k in set(old) | set(new) if k not in MAY_CHANGE and old.get(k) != new.get(k))
     if diff:
         shown = ", ".join(f"{k} ({old.get(k)!r} -> {new.get(k)!r})" for k in diff[:6])

@@ -53,6 +53,11 @@ class DataConfig:
                        "domains", "feature_shift", "label_flip"] = "clusters"
     n_clients: int = 20
     n_clusters: int = 4  # clusters: label groups (disjoint label sets); feature_shift: domains
+    # clusters/noisy_clusters: which labels form a group. random = a seeded shuffle of the labels
+    # (or CIFAR-100 super-classes) cut into n_clusters groups; ordered = consecutive labels in
+    # order, {0,1}, {2,3}, ... (pFedLIA's even split): with random, look-alike classes can share a
+    # group (Fashion-MNIST's T-shirt and Shirt), which caps every method's accuracy
+    cluster_labels: Literal["random", "ordered"] = "random"
     n_samples: int = 5000  # size of generated datasets (mnist1d, synthetic)
     # split: every client's samples -> train/val/test by val_frac/test_frac; test_set: the
     # dataset's own test set is shared out following each client's label mix (DPFL), val_frac of the rest

@@ -67,3 +67,17 @@ def test_a_section_validates_itself_with_one_line_naming_the_key():
         with pytest.raises(config.ConfigError, match=f"^{key}=") as e:
             config.load(None, [override])
         assert "\n" not in str(e.value)
+
+
+def test_resuming_a_checkpoint_from_before_a_key_existed_accepts_its_default(tmp_path):
+    import pytest
+
+    from mpifl import checkpoint
+
+    cfg = config.load(None, ["run.seed=2"]).to_dict()
+    older = {s: dict(v) for s, v in cfg.items()}
+    del older["data"]["cluster_labels"]  # written by an mpifl that had no such key
+    checkpoint.check_config({"config": older}, cfg, tmp_path)
+    changed = config.load(None, ["run.seed=2", "data.cluster_labels=ordered"]).to_dict()
+    with pytest.raises(config.ConfigError, match="data.cluster_labels"):
+        checkpoint.check_config({"config": older}, changed, tmp_path)

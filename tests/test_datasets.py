@@ -236,3 +236,41 @@ def test_subsample_is_per_class_and_seeded():
     np.testing.assert_array_equal(a.x, b.x)
     np.testing.assert_allclose(np.bincount(a.y), np.round(0.1 * np.bincount(full.y)))
     assert not np.array_equal(datasets.load(cfg, 1).x, a.x)
+
+
+def _write_flat_fashion(folder: Path, g: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    xtr, xte = fake_images(g, 20, 28, 28), fake_images(g, 8, 28, 28)
+    ytr, yte = g.integers(0, 10, 20), g.integers(0, 10, 8)
+    for name, arr in (("train-images-idx3-ubyte", xtr), ("train-labels-idx1-ubyte", ytr),
+                      ("t10k-images-idx3-ubyte", xte), ("t10k-labels-idx1-ubyte", yte)):
+        write_idx(folder / name, arr, gz=True)  # Debian's layout: the .gz files, no raw/ folder
+    return np.concatenate([xtr, xte]), np.concatenate([ytr, yte])
+
+
+def test_fashionmnist_reads_the_flat_debian_layout_from_root_or_the_package(tmp_path, monkeypatch):
+    x, y = _write_flat_fashion(tmp_path / "flat", np.random.default_rng(4))
+    pool = datasets.load(cfg_for("fashionmnist", tmp_path / "flat"), 0)
+    np.testing.assert_array_equal(pool.x[:, 0], x)
+    np.testing.assert_array_equal(pool.y, y)
+    assert pool.test.sum() == 8
+    # no data.root: the package's folder
+    monkeypatch.setattr(datasets, "DEBIAN_FASHION_MNIST", tmp_path / "flat")
+    pool = datasets.load(config.load(None, ["data.name=fashionmnist"]).data, 0)
+    np.testing.assert_array_equal(pool.y, y)
+
+
+def test_fashionmnist_without_root_or_package_names_both_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(datasets, "DEBIAN_FASHION_MNIST", tmp_path / "absent")
+    with pytest.raises(ConfigError) as e:
+        datasets.load(config.load(None, ["data.name=fashionmnist"]).data, 0)
+    msg = str(e.value)
+    assert "\n" not in msg and "dataset-fashion-mnist" in msg and "data.root" in msg
+
+
+@pytest.mark.skipif(not datasets.DEBIAN_FASHION_MNIST.is_dir(), reason="Debian's dataset-fashion-mnist not installed")
+def test_the_real_fashion_mnist_from_debians_package():
+    # CI installs the package, so the real files are read on every change
+    pool = datasets.load(config.load(None, ["data.name=fashionmnist"]).data, 0)
+    assert pool.x.shape == (70000, 1, 28, 28) and pool.test.sum() == 10000
+    np.testing.assert_array_equal(np.bincount(pool.y), np.full(10, 7000))
+    np.testing.assert_array_equal(pool.y[:5], [9, 0, 0, 3, 0])  # the training set's first labels

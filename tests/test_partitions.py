@@ -93,6 +93,21 @@ def test_clusters_have_disjoint_label_sets():
         assert m.max() - m.min() <= len(by_cluster[k])
 
 
+@pytest.mark.parametrize("partition", ["clusters", "noisy_clusters"])
+def test_cluster_labels_ordered_are_consecutive_and_random_are_seeded(partition):
+    def groups(seed, *over):
+        pool, part, _ = parts_of(data_cfg(f"data.partition={partition}", "data.n_clusters=5",
+                                          "data.noisy_prob=0", "data.n_clients=10", *over), seed)
+        labels = true_labels_per_client(pool, part)
+        return sorted({tuple(sorted(labels[c])) for c in range(10)})
+
+    in_order = [(0, 1), (2, 3), (4, 5), (6, 7), (8, 9)]
+    assert groups(0, "data.cluster_labels=ordered") == groups(1, "data.cluster_labels=ordered") == in_order
+    shuffled = [groups(s, "data.cluster_labels=random") for s in range(4)]
+    assert any(g != in_order for g in shuffled) and len(set(map(tuple, shuffled))) > 1
+    assert groups(2) == shuffled[2]  # random is the default
+
+
 def test_clusters_by_super_class():
     """CIFAR-100 style: clusters are unions of whole super-classes."""
     g = np.random.default_rng(0)

@@ -7,7 +7,10 @@ From ``data.root`` (read-only; nothing is ever downloaded):
 
 ======================  ========================================================
 ``mnist``               ``<root>/MNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]``
-``fashionmnist``        ``<root>/FashionMNIST/raw/`` (same files)
+``fashionmnist``        ``<root>/FashionMNIST/raw/`` (same files); with no such folder, the same
+                        files directly in ``<root>`` or, without ``data.root``, in
+                        ``/usr/share/datasets/fashion-mnist`` (Debian's package
+                        ``dataset-fashion-mnist``: the real dataset, read in place)
 ``emnist``              ``<root>/EMNIST/raw/emnist-<split>-{train,test}-{images-idx3,labels-idx1}-ubyte[.gz]``
 ``cifar10``             ``<root>/cifar-10-batches-py/{data_batch_1..5,test_batch,batches.meta}``
 ``cifar100``            ``<root>/cifar-100-python/{train,test,meta}``
@@ -176,9 +179,48 @@ def _idx_exists(path: str) -> bool:
     return os.path.isfile(path) or os.path.isfile(path + ".gz")
 
 
+# Debian's dataset-fashion-mnist installs the four IDX .gz files here
+DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+_FLAT = [f"{p}-{k}-ubyte" for p in ("train", "t10k") for k in ("images-idx3", "labels-idx1")]
+
+
+def _flat_folder(cfg: DataConfig) -> Path | None:
+    """A folder holding the four MNIST-style IDX files themselves (Debian's layout),
+    used for fashionmnist when ``data.root`` has no torchvision layout."""
+    if cfg.name != "fashionmnist":
+        return None
+    if cfg.root:
+        root = Path(cfg.root).expanduser()
+        if (root / "FashionMNIST" / "raw").is_dir():
+            return None
+        candidates = [root]
+    else:
+        candidates = [DEBIAN_FASHION_MNIST]
+    for d in candidates:
+        if all(_idx_exists(str(d / f)) for f in _FLAT):
+            return d
+    if not cfg.root:
+        raise ConfigError("data.name='fashionmnist' needs its files: install Debian's package dataset-fashion-mnist "
+                          f"(read in place from {str(DEBIAN_FASHION_MNIST)!r}) or set data.root=PATH "
+                          "(a folder with FashionMNIST/raw/ or the four IDX files)")
+    return None
+
+
 def _mnist_family(cfg: DataConfig) -> Pool:
     from torchvision import datasets as tvd
 
+    flat = _flat_folder(cfg)
+    if flat is not None:
+        try:
+            xs = [_read_idx(str(flat / f)) for f in _FLAT[0::2]]
+            ys = [_read_idx(str(flat / f)).astype(np.int64).reshape(-1) for f in _FLAT[1::2]]
+        except (OSError, ValueError, EOFError) as e:
+            raise _missing(cfg.name, flat, f"{flat}/{{{','.join(_FLAT)}}}[.gz]", f"unreadable: {e}") from e
+        if any(len(x) != len(y) or x.ndim != 3 for x, y in zip(xs, ys)) or min(y.min() for y in ys) < 0 \
+                or max(y.max() for y in ys) > 9:
+            raise _missing(cfg.name, flat, "Fashion-MNIST's IDX files", "images and labels disagree")
+        test = np.r_[np.zeros(len(ys[0]), bool), np.ones(len(ys[1]), bool)]
+        return _image_pool(np.concatenate(xs)[:, None], np.concatenate(ys), 10, test=test)
     root = _root(cfg)
     if cfg.name == "emnist":
         base, split = tvd.EMNIST, cfg.emnist_split

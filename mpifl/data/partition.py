@@ -68,13 +68,17 @@ def iid(y: np.ndarray, n_classes: int, cfg: DataConfig, seed: int, info: PoolInf
     return Partition([np.sort(p) for p in np.array_split(perm, cfg.n_clients)], np.full(cfg.n_clients, -1))
 
 
-def label_groups(n_classes: int, k: int, seed: int, class_groups: np.ndarray | None = None) -> list[np.ndarray]:
-    """Split the labels into k disjoint groups of near-equal size, seeded; with
-    ``class_groups`` whole super-classes go to a group (CIFAR-100, pFedLIA)."""
+def label_groups(n_classes: int, k: int, seed: int, class_groups: np.ndarray | None = None,
+                 ordered: bool = False) -> list[np.ndarray]:
+    """Split the labels into k disjoint groups of near-equal size, seeded (or in
+    label order, ``ordered``); with ``class_groups`` whole super-classes go to a
+    group (CIFAR-100, pFedLIA)."""
+    def order(n: int) -> np.ndarray:
+        return np.arange(n) if ordered else rng(seed, -1, GLOBAL, "label_groups").permutation(n)
+
     if class_groups is None:
-        labels = rng(seed, -1, GLOBAL, "label_groups").permutation(n_classes)
-        return [np.sort(g) for g in np.array_split(labels, k)]
-    supers = rng(seed, -1, GLOBAL, "label_groups").permutation(int(class_groups.max()) + 1)
+        return [np.sort(g) for g in np.array_split(order(n_classes), k)]
+    supers = order(int(class_groups.max()) + 1)
     return [np.flatnonzero(np.isin(class_groups, g)) for g in np.array_split(supers, k)]
 
 
@@ -109,7 +113,7 @@ def _shard(y: np.ndarray, holders: list[list[int]], n: int, g: np.random.Generat
 def _cluster_labels(n_classes: int, cfg: DataConfig, seed: int, info: PoolInfo | None):
     k, n = cfg.n_clusters, cfg.n_clients
     groups = _check_k(k, n_classes, cfg, info)
-    label_sets = label_groups(n_classes, k, seed, groups)
+    label_sets = label_groups(n_classes, k, seed, groups, ordered=cfg.cluster_labels == "ordered")
     cluster_of = np.arange(n) % k
     return label_sets, cluster_of
 
