@@ -6,19 +6,26 @@ so logs of runs still going (or killed) are read up to their last complete
 round.
 
 Runs are grouped by the config keys whose values differ between them, leaving
-out the seed and where/how a run ran (``IGNORED``); each group's row holds mean
-± std over its runs (its seeds) of
+out the seed and where/how a run ran (``IGNORED``) and the sections of other
+algorithms than a run's own (FedAvg's row is not split by ``pfedlia.metric``; a
+variant ``X_ft`` reads ``X``'s section); each group's row holds mean ± sample
+std (ddof 1, as papers report; ``--ddof 0`` for numpy's) over its runs (its
+seeds) of
 
 - ``final_acc``: mean over clients of test accuracy at the last evaluated round,
   ``final_acc_w`` the same weighted by each client's test-set size;
+- ``tail_acc`` / ``tail_acc_w``: the same averaged over the last ``--window``
+  evaluated rounds (default 10): with partial participation the last round
+  alone swings by points from round to round;
 - ``best_acc`` / ``best_acc_w``: DPFL's best-val reporting: per client, test
   accuracy at the round of its best validation accuracy (first such round);
 - ``ari_<source>``: cluster recovery, adjusted Rand index against
   ``/clients/cluster``, where the log has something to recover it from: a logged
-  clustering (any ``.../cluster`` dataset), the connected components of the
-  collaboration graph ``/graph/mixing`` and of boolean ``[N, N]`` logs
-  (collaborators, candidates) at the last round, or a root attribute named
-  ``*ari*``.
+  clustering (any ``.../cluster`` dataset) at the last round, the connected
+  components of the collaboration graph ``/graph/mixing`` and of boolean
+  ``[N, N]`` logs (collaborators, candidates) over the last ``--window`` rounds
+  (an edge used in any of them: one round of a 10% sample links few clients),
+  or a root attribute named ``*ari*``.
 
 Written to ``--out``: ``table.csv`` (fractions), ``table.md`` (percent),
 ``runs.csv`` (one row per run), and PNG figures: ``accuracy.png`` (mean test
@@ -46,7 +53,8 @@ from .logging.h5 import Run, open_run
 
 # keys that say where or how a run ran, not what it computed
 IGNORED = ("run.seed", "run.name", "run.out_dir", "run.threads", "run.device", "data.root")
-ACC = ("final_acc", "final_acc_w", "best_acc", "best_acc_w")
+ACC = ("final_acc", "final_acc_w", "tail_acc", "tail_acc_w", "best_acc", "best_acc_w")
+WINDOW = 10  # rounds averaged by tail_acc and joined for graph ARI
 
 
 # --------------------------------------------------------------------------- per run
@@ -63,6 +71,8 @@ class Summary:
     final_round: int  # 0-based index of the last evaluated round; -1 if none
     final_acc: float
     final_acc_w: float
+    tail_acc: float
+    tail_acc_w: float
     best_acc: float
     best_acc_w: float
     client_final: np.ndarray  # [N] test acc at the final round
@@ -119,7 +129,7 @@ def components(adj: np.ndarray) -> np.ndarray:
     return labels
 
 
-def cluster_recovery(run: Run, n_clients: int) -> dict[str, float]:
+def cluster_recovery(run: Run, n_clients: int, window: int = WINDOW) -> dict[str, float]:
     """ARI against the true clusters from whatever the log holds to recover them."""
     from sklearn.metrics import adjusted_rand_score
 
@@ -144,7 +154,9 @@ def cluster_recovery(run: Run, n_clients: int) -> dict[str, float]:
         if not d.per_round or d.shape[0] == 0 or len(d.shape) != 3:
             continue
         if k == "graph/mixing" or d.dtype == np.bool_:
-            m = np.asarray(run.row(k, -1)) != 0
+            m = np.zeros((n_clients, n_clients), bool)
+            for t in range(max(0, d.shape[0] - window), d.shape[0]):
+                m |= np.asarray(run.row(k, t)) != 0
             out[k.replace("/", ".")] = float(adjusted_rand_score(truth, components(m | m.T)))
     for k, v in run.attrs.items():
         if "ari" in k.lower().split("_") and isinstance(v, (int, float, np.floating, np.integer)):
@@ -152,7 +164,11 @@ def cluster_recovery(run: Run, n_clients: int) -> dict[str, float]:
     return out
 
 
-def summarize(path: Path) -> Summary:
+def summarize(path: Path, window: int = WINDOW) -> Summary:
+    import h5py
+
+    if not h5py.is_hdf5(path):
+        raise ValueError("not an HDF5 file")
     run = open_run(path)
     cfg = flatten(run.config)
     n_rounds = run.n_rounds
@@ -163,18 +179,21 @@ def summarize(path: Path) -> Summary:
     if len(evaluated):
         last = int(evaluated[-1])
         client_final = test[last]
+        client_tail = _nanmean(test[evaluated[-window:]], axis=0)
         best = best_val(val, test)
         curve = _nanmean(test, axis=1)
     else:
         last, client_final = -1, np.full(len(n_test), np.nan)
+        client_tail = client_final
         best, curve = client_final, np.full(n_rounds, np.nan)
     name = str(cfg.get("run.name") or run.path.parent.name)
     return Summary(
         path=run.path, name=name, config=cfg, seed=int(run.attrs.get("seed", cfg.get("run.seed", 0))),
         rounds_done=n_rounds, rounds_planned=run.planned_rounds, final_round=last,
         final_acc=float(_nanmean(client_final)), final_acc_w=_wmean(client_final, n_test),
+        tail_acc=float(_nanmean(client_tail)), tail_acc_w=_wmean(client_tail, n_test),
         best_acc=float(_nanmean(best)), best_acc_w=_wmean(best, n_test),
-        client_final=client_final, curve=curve, ari=cluster_recovery(run, len(n_test)),
+        client_final=client_final, curve=curve, ari=cluster_recovery(run, len(n_test), window),
     )
 
 
@@ -204,13 +223,29 @@ def _key(v: Any) -> str:
     return str(v)
 
 
+NOT_APPLICABLE = "–"
+
+
+def setting(r: Summary, key: str) -> str:
+    """A run's value of ``key`` as a grouping label; ``–`` for a key of another
+    algorithm's section, which that run never read."""
+    from .algorithms import NAMES
+
+    section = key.split(".", 1)[0]
+    algo = str(r.config.get("algorithm.name"))
+    if section in NAMES and section != algo and not algo.startswith(section + "_"):
+        return NOT_APPLICABLE
+    return _key(r.config.get(key))
+
+
 def varying_keys(runs: list[Summary]) -> list[str]:
-    """Config keys whose values differ between runs (besides IGNORED), in config order;
-    ``algorithm.name`` first and always."""
+    """Config keys whose values differ between runs (besides IGNORED and other
+    algorithms' sections), in config order; ``algorithm.name`` first and always."""
     keys: list[str] = []
     for r in runs:
         keys += [k for k in r.config if k not in keys]
-    vary = [k for k in keys if k not in IGNORED and len({_key(r.config.get(k)) for r in runs}) > 1]
+    vary = [k for k in keys if k not in IGNORED
+            and len({setting(r, k) for r in runs} - {NOT_APPLICABLE}) > 1]
     return ["algorithm.name"] + [k for k in vary if k != "algorithm.name"]
 
 
@@ -227,7 +262,7 @@ class Group:
 def group_runs(runs: list[Summary], keys: list[str]) -> list[Group]:
     groups: dict[tuple, list[Summary]] = {}
     for r in runs:
-        r.group = tuple(_key(r.config.get(k)) for k in keys)
+        r.group = tuple(setting(r, k) for k in keys)
         groups.setdefault(r.group, []).append(r)
     return [Group(k, sorted(v, key=lambda r: r.seed)) for k, v in groups.items()]
 
@@ -240,7 +275,7 @@ def _stats(values: list[float], ddof: int) -> tuple[float, float]:
     return float(np.mean(x)), std
 
 
-def table(groups: list[Group], keys: list[str], ddof: int = 0) -> tuple[list[str], list[dict[str, Any]]]:
+def table(groups: list[Group], keys: list[str], ddof: int = 1) -> tuple[list[str], list[dict[str, Any]]]:
     """Columns and rows (fractions) of the summary table."""
     ari_sources = sorted({s for g in groups for r in g.runs for s in r.ari})
     cols = [*keys, "n_seeds", "seeds", "rounds"]
@@ -278,7 +313,7 @@ def write_csv(path: Path, cols: list[str], rows: list[dict[str, Any]]) -> None:
             w.writerow([_fmt(r.get(c, "")) for c in cols])
 
 
-def markdown(cols: list[str], rows: list[dict[str, Any]], ddof: int) -> str:
+def markdown(cols: list[str], rows: list[dict[str, Any]], ddof: int, window: int = WINDOW) -> str:
     """Accuracies in percent as mean ± std, ARI as mean ± std."""
     head = [c for c in cols if not c.endswith(("_mean", "_std"))]
     pairs = [c[: -len("_mean")] for c in cols if c.endswith("_mean")]
@@ -296,8 +331,10 @@ def markdown(cols: list[str], rows: list[dict[str, Any]], ddof: int) -> str:
                 cells.append(f"{scale * mean:.{digits}f} ± {scale * std:.{digits}f}")
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append(f"Accuracy in %, mean ± std over seeds (std with ddof={ddof}); `_w`: clients weighted by "
-                 f"test-set size; `best`: per client, test accuracy at its best-validation round.")
+    what = "sample std, ddof=1" if ddof == 1 else f"std with ddof={ddof}"
+    lines.append(f"Accuracy in %, mean ± std over seeds ({what}). `final`: the last evaluated round; `tail`: "
+                 f"mean of the last {window} evaluated rounds; `best`: per client, test accuracy at its "
+                 f"best-validation round; `_w`: clients weighted by test-set size.")
     return "\n".join(lines) + "\n"
 
 
@@ -471,17 +508,18 @@ def plot_heatmaps(run: Run, out_dir: Path, rounds: list[int] | None) -> list[Pat
 
 
 def analyze(paths: list[str | Path], out: Path, heatmaps: str = "first", rounds: list[int] | None = None,
-            ddof: int = 0, echo=print) -> dict[str, Any]:
+            ddof: int = 1, echo=print, window: int = WINDOW) -> dict[str, Any]:
     """Read the logs, write tables and figures under ``out``; returns what was made."""
     runs, skipped = [], []
     for p in find_logs(paths):
         for attempt in range(3):  # a log being written can be caught mid-round: look again
             try:
-                runs.append(summarize(p))
+                runs.append(summarize(p, window))
                 break
             except Exception as e:  # noqa: BLE001 - one broken log must not hide the others
-                if attempt == 2:
-                    skipped.append((p, f"{type(e).__name__}: {e}"))
+                if attempt == 2 or str(e) == "not an HDF5 file":
+                    skipped.append((p, str(e) if str(e) == "not an HDF5 file" else f"{type(e).__name__}: {e}"))
+                    break
                 else:
                     time.sleep(0.5)
     for p, why in skipped:
@@ -493,7 +531,7 @@ def analyze(paths: list[str | Path], out: Path, heatmaps: str = "first", rounds:
     out.mkdir(parents=True, exist_ok=True)
     cols, rows = table(groups, keys, ddof)
     write_csv(out / "table.csv", cols, rows)
-    md = markdown(cols, rows, ddof)
+    md = markdown(cols, rows, ddof, window)
     (out / "table.md").write_text(md)
     run_cols = ["name", "path", *keys, "seed", "rounds_done", "rounds_planned", "final_round", *ACC]
     ari_sources = sorted({s for r in runs for s in r.ari})
@@ -535,15 +573,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="heatmaps for the first seed of each group (default), every run, or none")
     ap.add_argument("--rounds", type=_int_list, help="heatmap rounds, 0-based, negative from the end "
                                                      "(default: first, middle, last)")
-    ap.add_argument("--ddof", type=int, default=0, choices=(0, 1), help="std over seeds: 0 = numpy's default, "
-                                                                         "1 = sample std")
+    ap.add_argument("--ddof", type=int, default=1, choices=(0, 1), help="std over seeds: 1 = the sample std "
+                                                                         "papers report (default), 0 = numpy's")
+    ap.add_argument("--window", type=int, default=WINDOW, help="last evaluated rounds averaged by tail_acc "
+                                                               "and joined for graph ARI (default 10)")
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
     out = a.out
     if out is None:
         one = Path(a.paths[0])
         out = one / "analysis" if len(a.paths) == 1 and one.is_dir() else Path("analysis")
     try:
-        analyze(a.paths, out, a.heatmaps, a.rounds, a.ddof)
+        analyze(a.paths, out, a.heatmaps, a.rounds, a.ddof, window=max(1, a.window))
     except FileNotFoundError as e:
         print(f"mpifl.analyze: error: {e}", file=sys.stderr)
         return 2

@@ -55,15 +55,19 @@ def _png_ok(path: Path) -> None:
     assert img[..., :3].std() > 0.01, f"{path} is blank"
 
 
-def _by_hand(path: Path) -> dict:
-    """Independent reading of one log with h5py: final, weighted final, best-val."""
+def _by_hand(path: Path, window: int = 10) -> dict:
+    """Independent reading of one log with h5py: final, tail (last ``window`` evaluated
+    rounds), weighted, best-val."""
     with h5py.File(path, "r") as f:
         n = f["rounds/round"].shape[0]
         test, val = f["metrics/test_acc"][:n], f["metrics/val_acc"][:n]
         w = f["clients/n_test"][()].astype(float)
     last = max(t for t in range(n) if not np.isnan(test[t]).all())
     best = test[np.nanargmax(np.where(np.isnan(val), -np.inf, val), axis=0), np.arange(test.shape[1])]
+    evaluated = [t for t in range(n) if not np.isnan(test[t]).all()][-window:]
+    tail = test[evaluated].mean(0)
     return {"final_acc": test[last].mean(), "final_acc_w": (test[last] * w).sum() / w.sum(),
+            "tail_acc": tail.mean(), "tail_acc_w": (tail * w).sum() / w.sum(),
             "best_acc": best.mean(), "best_acc_w": (best * w).sum() / w.sum()}
 
 
@@ -81,7 +85,7 @@ def test_table_groups_by_what_varies_with_mean_and_std_over_seeds(sweep_dir, tmp
         for m in an.ACC:
             vals = [p[m] for p in per_seed]
             assert row[f"{m}_mean"] == pytest.approx(np.mean(vals), abs=1e-9), m
-            assert row[f"{m}_std"] == pytest.approx(np.std(vals), abs=1e-9), m
+            assert row[f"{m}_std"] == pytest.approx(np.std(vals, ddof=1), abs=1e-9), m  # sample std
     # the true-cluster oracle's collaboration graph is the clusters; FedAvg's is one block
     assert rows["oracle"]["ari_graph.mixing_mean"] == pytest.approx(1.0)
     assert rows["fedavg"]["ari_graph.mixing_mean"] == pytest.approx(0.0)
@@ -244,10 +248,14 @@ def test_unreadable_logs_are_reported_not_fatal(tmp_path):
     assert any(line.startswith(f"skipped {tmp_path / 'bad' / 'run.h5'}") for line in lines)
 
 
+def _summary(seed: int, **sections) -> an.Summary:
+    cfg = an.flatten(_cfg(**sections, run={"seed": seed, "name": f"r{seed}"}).to_dict())
+    return an.Summary(Path("x"), "x", cfg, seed, 1, 1, 0, *[0.5] * 6, np.zeros(N), np.zeros(1))
+
+
 def test_grouping_keys_are_the_config_keys_that_differ(tmp_path):
     def summary(lr: float, seed: int) -> an.Summary:
-        cfg = an.flatten(_cfg(train={"lr": lr}, run={"seed": seed, "name": f"r{lr}{seed}"}).to_dict())
-        return an.Summary(Path("x"), "x", cfg, seed, 1, 1, 0, 0.5, 0.5, 0.5, 0.5, np.zeros(N), np.zeros(1))
+        return _summary(seed, train={"lr": lr})
 
     runs = [summary(lr, s) for lr in (0.1, 0.2) for s in (0, 1, 2)]
     keys = an.varying_keys(runs)
@@ -255,3 +263,28 @@ def test_grouping_keys_are_the_config_keys_that_differ(tmp_path):
     groups = an.group_runs(runs, keys)
     assert [g.key for g in groups] == [("fedavg", "0.1"), ("fedavg", "0.2")]
     assert all(len(g.runs) == 3 for g in groups)
+
+
+def test_other_algorithms_sections_do_not_split_or_label_a_baseline():
+    # a sweep over pFedLIA's metric beside FedAvg and Local: the baselines never read
+    # pfedlia.*, so they form one row each, labelled "–" for that key
+    runs = [_summary(s, algorithm={"name": "pfedlia"}, pfedlia={"metric": m, "warmup_rounds": 1})
+            for m in ("euclidean", "cosine") for s in (0, 1)]
+    runs += [_summary(s, algorithm={"name": a}, pfedlia={"metric": m})
+             for a in ("fedavg", "local") for m in ("euclidean", "cosine") for s in (0, 1)]
+    keys = an.varying_keys(runs)
+    assert keys == ["algorithm.name", "pfedlia.metric"]
+    groups = {g.key: len(g.runs) for g in an.group_runs(runs, keys)}
+    assert groups == {("pfedlia", "euclidean"): 2, ("pfedlia", "cosine"): 2, ("fedavg", "–"): 4, ("local", "–"): 4}
+    # a key only other algorithms vary is no grouping key at all
+    assert an.varying_keys([_summary(0, algorithm={"name": "fedavg"}, federico={"k": k}) for k in (2, 3)]) \
+        == ["algorithm.name"]
+
+
+def test_a_non_hdf5_file_is_skipped_with_one_plain_line(tmp_path, sweep_dir):
+    (tmp_path / "notes.txt").write_text("not a log")
+    lines = []
+    res = an.analyze([tmp_path / "notes.txt", sweep_dir / "runs" / "fedavg-0"], tmp_path / "out",
+                     heatmaps="none", echo=lambda *a, **k: lines.append(a[0]))
+    assert len(res["runs"]) == 1
+    assert f"skipped {tmp_path / 'notes.txt'}: not an HDF5 file" in lines
