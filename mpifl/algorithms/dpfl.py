@@ -1,5 +1,5 @@
 """DPFL: Kharrat, Canini, Horvath, "Decentralized Personalized Federated
-Learning" (seeds/DPFL-decentralized-pfl.txt). Every client greedily chooses
+Learning" (its statement: docs/algorithms.md, DPFL). Every client greedily chooses
 whom to average with, never receiving more than a budget ``B_c`` of models.
 
     mpiexec -n 2 python -m mpifl.main jobs/dpfl-mnist1d-dir.yaml dpfl.budget=0.1N run.threads=1
@@ -20,7 +20,7 @@ so the same code runs in the unit tests (any reward) and here (one ``pull`` per
 batch for all of a rank's clients in lockstep). BGGC holds at most B_c other
 models at once and keeps only the running sums ``w_X``, ``w_Y`` (float64).
 
-Following ALGORITHMS.md where it and the paper differ or the paper is silent:
+Following docs/algorithms.md where it and the paper differ or the paper is silent:
 - Algorithm 2's stop test (printed outside its loop, with |X| = B_c) is
   "stop once |X \\ {k}| = B_c", checked before each candidate.
 - The coin: one uniform u per considered candidate, add iff u < a/(a+b), add

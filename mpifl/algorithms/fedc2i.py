@@ -1,4 +1,4 @@
-"""FedC2I (Influence-Oriented Personalized Federated Learning; seeds/FedC2I-*):
+"""FedC2I ("Influence-Oriented Personalized Federated Learning"; docs/algorithms.md):
 each client aggregates the others' models with its own weights, measured by
 leave-one-out influence at the client level (feature extractor) and at the
 class level (one classifier row per class).
@@ -20,13 +20,13 @@ Every round t, each client i, from the models theta_j uploaded at the end of t-1
 3. phi_i = sum_j a_i[j] phi_j; v_{i,c} = sum_j M_i[j,c] v_{j,c}.
 4. E local epochs (the optimizer restarts each round).
 
-Our reading where the paper's equations were lost (ALGORITHMS.md):
+Our reading where the paper's equations leave room (docs/algorithms.md):
 - leave-one-out means are unweighted (every client counts 1/(N-1));
 - the classifier is the last ``nn.Linear`` (rows v_c = [W_c, b_c]); it is found
   from the model, so the split works for any model whose output is that layer;
 - the class-level losses are measured on the features the client will use this
   round: sum_j a_i[j] phi_j (full method), its own phi_i (class_only_local) or
-  the unweighted mean phi (class_only_global). ALGORITHMS.md does not say which
+  the unweighted mean phi (class_only_global). docs/algorithms.md does not say which
   features; this keeps the measurement consistent with the model being built;
 - BatchNorm models evaluate every model with the client's own running stats
   (buffers are never exchanged, as in the other algorithms).

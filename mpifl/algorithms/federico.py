@@ -6,7 +6,7 @@ which other clients' models explain its data.
     mpiexec -n 2 python -m mpifl.main jobs/federico-digits.yaml federico.eps=0.1 federico.k=3
 
 Each round, for every client i (in parallel, on the rank hosting it), following
-/work/shared/ALGORITHMS.md:
+docs/algorithms.md (FedeRiCo):
 
 1. sample neighbours S_i (k of them, never i) from its own seeded stream: with
    probability ``eps`` k uniform draws, else the k largest ``w_i[j]``, ties broken
@@ -24,7 +24,7 @@ Each round, for every client i (in parallel, on the rank hosting it), following
 No rank ever holds more than its clients' models and the rows they pulled;
 rank 0 only writes the log.
 
-Choices where the paper is silent or ALGORITHMS.md is our reading (stated there):
+Choices where the paper is silent or docs/algorithms.md is our reading (stated there):
 - Initial models (``init``): the paper's clients each own a model, and its
   EMA argument ("If one of the models, say theta_j, performs slightly better than
   other models for client i at the beginning of training...") presumes they start
@@ -34,7 +34,7 @@ Choices where the paper is silent or ALGORITHMS.md is our reading (stated there)
   depend on the ranks; ``shared`` starts every client from the run's one init (the
   runtime's ``clients.init``), where all models look alike at first and w starts
   uniform. BatchNorm buffers start from each client's build too.
-- ``Lhat`` before any measurement (ALGORITHMS.md allows 0 or the first measured
+- ``Lhat`` before any measurement (docs/algorithms.md allows 0 or the first measured
   loss): ``loss_init: first`` (default) fills client i's row, in round 0, with
   the loss it measures for its own model, so the models it has not measured yet
   look as good as its own (with ``init: shared`` that is every model's loss and w

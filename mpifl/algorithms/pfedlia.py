@@ -23,7 +23,7 @@ Lazy Influence Approximation (LIA) step, clustering, then FedAvg per cluster.
    cluster (oracle's ``cluster_fedavg`` with the found labels). ``p2p``: the
    sampled clients train from their own model, then every client i sets its model
    to the p-weighted average of the models of ``S_i ∩ sampled`` (pulled
-   point-to-point), keeping its own when that set is empty. The ALGORITHMS.md
+   point-to-point), keeping its own when that set is empty. The docs/algorithms.md
    wording "mixing row = p over that set" is read with the per-round sampling
    the paper uses (10% of clients train and communicate per round); with
    symmetric collaborator sets this is exactly the central rule.
@@ -37,7 +37,7 @@ evaluation and clustering, max over ranks), ``lia_bytes`` (total sent),
 clients by their collaborator set, so only an exact partition scores 1) and
 ``/graph/mixing`` every round.
 
-Departures from the paper and ALGORITHMS.md: we train from scratch (no
+Departures from the paper and docs/algorithms.md: we train from scratch (no
 pretrained ResNet-18); the paper does not say how the k LIA epochs batch the LIA
 sample, we use ``train.batch_size`` minibatches; OPTICS runs with ``xi`` = 0.7,
 not scikit-learn's 0.05 (neither source names xi): with ``min_samples`` = 2 the
