@@ -508,8 +508,13 @@ def plot_heatmaps(run: Run, out_dir: Path, rounds: list[int] | None) -> list[Pat
 
 
 def analyze(paths: list[str | Path], out: Path, heatmaps: str = "first", rounds: list[int] | None = None,
-            ddof: int = 1, echo=print, window: int = WINDOW) -> dict[str, Any]:
-    """Read the logs, write tables and figures under ``out``; returns what was made."""
+            ddof: int = 1, echo=print, window: int = WINDOW, layouts: list[Path] = ()) -> dict[str, Any]:
+    """Read the logs, write tables and figures under ``out``; returns what was made.
+    ``layouts``: paper-layout files (``mpifl.paper_table``), each rendered to
+    ``<out>/<layout name>.md``."""
+    from .paper_table import load_layout, render
+
+    chosen_layouts = [(Path(f), load_layout(f)) for f in layouts]  # a bad file fails before any reading
     runs, skipped = [], []
     for p in find_logs(paths):
         for attempt in range(3):  # a log being written can be caught mid-round: look again
@@ -548,13 +553,20 @@ def analyze(paths: list[str | Path], out: Path, heatmaps: str = "first", rounds:
         chosen = [r for g in groups for r in (g.runs if heatmaps == "all" else g.runs[:1])]
         for r in chosen:
             figures += plot_heatmaps(open_run(r.path), out / "heatmaps" / _safe(r.name), rounds)
+    papers = []
+    for f, layout in chosen_layouts:
+        text = render(layout, runs, ddof)
+        (out / f"{f.name.split('.')[0]}.md").write_text(text)
+        papers.append(text)
+        echo(text)
     incomplete = [r for r in runs if not r.complete]
     echo(f"{len(runs)} run(s) in {len(groups)} group(s); grouped by: {', '.join(keys)}")
     for r in incomplete:
         echo(f"  in progress or stopped: {r.name} ({r.rounds_done}/{r.rounds_planned} rounds)")
     echo(md, end="")
     echo(f"wrote {out / 'table.csv'}, {out / 'table.md'}, {out / 'runs.csv'} and {len(figures)} figure(s) under {out}")
-    return {"runs": runs, "groups": groups, "keys": keys, "rows": rows, "figures": figures, "skipped": skipped}
+    return {"runs": runs, "groups": groups, "keys": keys, "rows": rows, "figures": figures, "skipped": skipped,
+            "papers": papers}
 
 
 def _int_list(text: str) -> list[int]:
@@ -565,6 +577,8 @@ def _int_list(text: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .paper_table import LayoutError
+
     ap = argparse.ArgumentParser(prog="python -m mpifl.analyze", description=__doc__.splitlines()[0])
     ap.add_argument("paths", nargs="+", help="run.h5 files, run directories or sweep directories")
     ap.add_argument("--out", type=Path,
@@ -575,6 +589,9 @@ def main(argv: list[str] | None = None) -> int:
                                                      "(default: first, middle, last)")
     ap.add_argument("--ddof", type=int, default=1, choices=(0, 1), help="std over seeds: 1 = the sample std "
                                                                          "papers report (default), 0 = numpy's")
+    ap.add_argument("--layout", type=Path, action="append", default=[],
+                    help="a paper-layout file (rows = methods, columns = settings, the paper's figures beside "
+                         "ours; see mpifl/paper_table.py); may be repeated")
     ap.add_argument("--window", type=int, default=WINDOW, help="last evaluated rounds averaged by tail_acc "
                                                                "and joined for graph ARI (default 10)")
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
@@ -583,8 +600,8 @@ def main(argv: list[str] | None = None) -> int:
         one = Path(a.paths[0])
         out = one / "analysis" if len(a.paths) == 1 and one.is_dir() else Path("analysis")
     try:
-        analyze(a.paths, out, a.heatmaps, a.rounds, a.ddof, window=max(1, a.window))
-    except FileNotFoundError as e:
+        analyze(a.paths, out, a.heatmaps, a.rounds, a.ddof, window=max(1, a.window), layouts=a.layout)
+    except (FileNotFoundError, LayoutError) as e:
         print(f"mpifl.analyze: error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -1,0 +1,174 @@
+"""A results table in a paper's layout: rows are methods, columns are settings,
+each cell our mean ± std over seeds with the paper's reported figure beside it.
+
+    python -m mpifl.analyze results/pfedlia-table1 --layout jobs/tables/pfedlia-table1.layout.yaml
+
+A layout file (YAML) says which runs make which cell and what the paper reported::
+
+    title: pFedLIA Table I, Fashion-MNIST columns
+    metric: final_acc          # a column of the analysis: final_acc, tail_acc, best_acc (+ _w)
+    columns:                   # label -> the config values of the runs in that column
+      Pathological: {data.partition: clusters}
+      Noisy: {data.partition: noisy_clusters}
+    rows:                      # label -> the config values of the runs in that row
+      Oracle: {algorithm.name: oracle}
+      pFedLIA: {algorithm.name: pfedlia, pfedlia.mode: central}
+    paper:                     # optional: row -> column -> [mean, std] in %, where the
+      Oracle: {Pathological: [99.07, 0.21]}   # paper's setting is ours
+
+A cell holds every run matching both its row and its column (seeds); a run
+matching several rows or none is reported, not silently dropped. Beside each
+paper figure the cell says whether ours lies within the paper's std of it
+(``=``), or by how many points it is above (``+``) or below (``-``); under each
+column, the order of the methods by our means and by the paper's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import yaml
+
+if TYPE_CHECKING:
+    from .analyze import Summary
+
+METRICS = ("final_acc", "final_acc_w", "tail_acc", "tail_acc_w", "best_acc", "best_acc_w")
+
+
+class LayoutError(ValueError):
+    """A layout file that cannot be used: one line naming the file and the key."""
+
+
+@dataclass
+class Layout:
+    title: str
+    metric: str
+    rows: dict[str, dict[str, Any]]
+    columns: dict[str, dict[str, Any]]
+    paper: dict[str, dict[str, tuple[float, float]]]
+
+
+def load_layout(path: str | Path) -> Layout:
+    p = Path(path)
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except (OSError, yaml.YAMLError, UnicodeDecodeError) as e:
+        raise LayoutError(f"layout {str(p)!r} is not a readable YAML file ({type(e).__name__})") from None
+    if not isinstance(raw, dict):
+        raise LayoutError(f"layout {str(p)!r} must hold a mapping")
+    unknown = sorted(set(raw) - {"title", "metric", "rows", "columns", "paper"})
+    if unknown:
+        raise LayoutError(f"layout {str(p)!r}: unknown key {unknown[0]!r}; valid keys: title, metric, rows, "
+                          "columns, paper")
+    metric = raw.get("metric", "final_acc")
+    if metric not in METRICS:
+        raise LayoutError(f"layout {str(p)!r}: metric={metric!r} is not allowed; one of {', '.join(METRICS)}")
+
+    def matches(key: str) -> dict[str, dict[str, Any]]:
+        m = raw.get(key)
+        if not isinstance(m, dict) or not m or not all(isinstance(v, dict) for v in m.values()):
+            raise LayoutError(f"layout {str(p)!r}: {key} must map labels to {{config.key: value}} mappings")
+        return {str(k): v for k, v in m.items()}
+
+    rows, columns = matches("rows"), matches("columns")
+    paper: dict[str, dict[str, tuple[float, float]]] = {}
+    for row, cells in (raw.get("paper") or {}).items():
+        if str(row) not in rows or not isinstance(cells, dict):
+            raise LayoutError(f"layout {str(p)!r}: paper.{row} names no row of the layout")
+        for col, fig in cells.items():
+            ok = str(col) in columns and isinstance(fig, list) and len(fig) == 2 \
+                and all(isinstance(v, (int, float)) for v in fig)
+            if not ok:
+                raise LayoutError(f"layout {str(p)!r}: paper.{row}.{col} must be [mean, std] of a column")
+            paper.setdefault(str(row), {})[str(col)] = (float(fig[0]), float(fig[1]))
+    return Layout(str(raw.get("title", p.stem)), metric, rows, columns, paper)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return math.isclose(float(a), float(b))
+    return str(a) == str(b)
+
+
+def _match(config: dict[str, Any], want: dict[str, Any]) -> bool:
+    return all(k in config and _same(config[k], v) for k, v in want.items())
+
+
+@dataclass
+class Cell:
+    values: list[float]  # the metric of each run, in %
+    seeds: list[int]
+
+    def stats(self, ddof: int) -> tuple[float, float]:
+        x = np.array(self.values, float)
+        x = x[~np.isnan(x)]
+        if len(x) == 0:
+            return math.nan, math.nan
+        return float(x.mean()), float(x.std(ddof=ddof)) if len(x) > ddof else math.nan
+
+
+def cells(layout: Layout, runs: list[Summary]) -> tuple[dict[tuple[str, str], Cell], list[str]]:
+    """The runs of every (row, column); and one line per run that fits no cell or several."""
+    out: dict[tuple[str, str], Cell] = {}
+    notes = []
+    for r in runs:
+        rows = [k for k, want in layout.rows.items() if _match(r.config, want)]
+        cols = [k for k, want in layout.columns.items() if _match(r.config, want)]
+        if len(rows) != 1 or len(cols) != 1:
+            why = "no row" if not rows else "no column" if not cols else f"rows {rows} / columns {cols}"
+            notes.append(f"{r.name} (seed {r.seed}) is in no single cell: {why}")
+            continue
+        c = out.setdefault((rows[0], cols[0]), Cell([], []))
+        c.values.append(100.0 * getattr(r, layout.metric))
+        c.seeds.append(r.seed)
+    return out, notes
+
+
+def _verdict(ours: float, paper: tuple[float, float]) -> str:
+    diff = ours - paper[0]
+    return "=" if abs(diff) <= paper[1] else f"{diff:+.2f}"
+
+
+def _order(means: dict[str, float]) -> str:
+    ok = [(m, k) for k, m in means.items() if not math.isnan(m)]
+    return " > ".join(k for _, k in sorted(ok, key=lambda x: -x[0]))
+
+
+def render(layout: Layout, runs: list[Summary], ddof: int = 1) -> str:
+    """The table as Markdown, with the paper's figures and the method orders."""
+    got, notes = cells(layout, runs)
+    cols = list(layout.columns)
+    lines = [f"### {layout.title}", "",
+             "| method | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+    ours: dict[str, dict[str, float]] = {c: {} for c in cols}
+    for row in layout.rows:
+        cells_md = []
+        for col in cols:
+            cell = got.get((row, col))
+            fig = layout.paper.get(row, {}).get(col)
+            paper = f" (paper {fig[0]:.2f} ± {fig[1]:.2f})" if fig else ""
+            if cell is None:
+                cells_md.append("not run" + paper)
+                continue
+            mean, std = cell.stats(ddof)
+            ours[col][row] = mean
+            text = f"{mean:.2f}" + (f" ± {std:.2f}" if not math.isnan(std) else "") + f" [{len(cell.values)}]"
+            if fig and not math.isnan(mean):
+                text += f"{paper} {_verdict(mean, fig)}"
+            cells_md.append(text)
+        lines.append(f"| {row} | " + " | ".join(cells_md) + " |")
+    lines += ["", f"{layout.metric} in %, mean ± std over seeds ({'sample std' if ddof == 1 else f'ddof={ddof}'}); "
+              "[n]: seeds; `=`: within the paper's std of its figure, else ours minus the paper's in points."]
+    for col in cols:
+        paper_means = {row: figs[col][0] for row, figs in layout.paper.items() if col in figs}
+        if len(paper_means) > 1:
+            mine = {k: v for k, v in ours[col].items() if k in paper_means}
+            same = _order(mine) == _order(paper_means)
+            lines.append(f"- {col}: ours {_order(mine)}; paper {_order(paper_means)}"
+                         + (" (same order)" if same else ""))
+    lines += [f"- {n}" for n in notes]
+    return "\n".join(lines) + "\n"

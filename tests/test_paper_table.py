@@ -1,0 +1,78 @@
+"""Tables in a paper's layout: runs land in the cell of their row and column, the
+cell's mean ± std is over seeds, the paper's figure and the verdict sit beside it."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mpifl import analyze as an
+from mpifl import config
+from mpifl.paper_table import LayoutError, cells, load_layout, render
+
+
+def summary(seed: int, acc: float, **sections) -> an.Summary:
+    cfg = an.flatten(config.load(None, [f"{s}.{k}={v}" for s, kv in sections.items() for k, v in kv.items()]
+                                 + [f"run.seed={seed}", "pfedlia.warmup_rounds=1"]).to_dict())
+    return an.Summary(Path("x"), f"r{seed}", cfg, seed, 1, 1, 0, acc, acc, acc, acc, acc, acc,
+                      np.zeros(2), np.zeros(1))
+
+
+LAYOUT = """
+title: T
+metric: final_acc
+columns:
+  Patho: {data.partition: clusters}
+  Noisy: {data.partition: noisy_clusters}
+rows:
+  FedAvg: {algorithm.name: fedavg}
+  Ours: {algorithm.name: pfedlia, pfedlia.mode: central}
+paper:
+  FedAvg: {Patho: [60.0, 5.0], Noisy: [66.0, 5.0]}
+  Ours: {Patho: [99.0, 0.2], Noisy: [82.0, 3.0]}
+"""
+
+
+def test_cells_hold_their_runs_and_the_table_shows_paper_and_verdict(tmp_path):
+    f = tmp_path / "t.layout.yaml"
+    f.write_text(LAYOUT)
+    layout = load_layout(f)
+    runs = [summary(s, a, algorithm={"name": "fedavg"}, data={"partition": "clusters"})
+            for s, a in ((0, 0.60), (1, 0.70))]
+    runs += [summary(s, a, algorithm={"name": "pfedlia"}, data={"partition": "clusters"})
+             for s, a in ((0, 0.95), (1, 0.97))]
+    runs += [summary(0, 0.90, algorithm={"name": "pfedlia"}, data={"partition": "noisy_clusters"})]
+    runs += [summary(0, 0.5, algorithm={"name": "local"}, data={"partition": "clusters"})]  # in no row
+    got, notes = cells(layout, runs)
+    assert sorted(got) == [("FedAvg", "Patho"), ("Ours", "Noisy"), ("Ours", "Patho")]
+    assert got[("FedAvg", "Patho")].seeds == [0, 1]
+    assert len(notes) == 1 and "no row" in notes[0]
+    md = render(layout, runs)
+    # FedAvg Patho: mean 65.00, sample std 7.07, within the paper's 60 +- 5? 65 - 60 = 5 <= 5: yes
+    assert "| FedAvg | 65.00 ± 7.07 [2] (paper 60.00 ± 5.00) = | not run (paper 66.00 ± 5.00) |" in md
+    # Ours Patho: 96.00 vs 99 +- 0.2: 3 points below
+    assert "96.00 ± 1.41 [2] (paper 99.00 ± 0.20) -3.00" in md
+    assert "90.00 [1] (paper 82.00 ± 3.00) +8.00" in md
+    assert "- Patho: ours Ours > FedAvg; paper Ours > FedAvg (same order)" in md
+
+
+@pytest.mark.parametrize("text,where", [
+    ("rows: {A: {algorithm.name: fedavg}}\ncolumns: {B: {run.seed: 0}}\nmetric: acc", "metric='acc'"),
+    ("rows: {A: {algorithm.name: fedavg}}\ncolumns: {B: {run.seed: 0}}\npaper: {Z: {B: [1, 2]}}", "paper.Z"),
+    ("rows: {A: {algorithm.name: fedavg}}\ncolumns: {B: {run.seed: 0}}\npaper: {A: {B: [1]}}", "paper.A.B"),
+    ("rows: []\ncolumns: {B: {run.seed: 0}}", "rows"),
+    ("rows: {A: {algorithm.name: fedavg}}\ncolumns: {B: {run.seed: 0}}\nextra: 1", "unknown key 'extra'"),
+])
+def test_a_bad_layout_is_one_line_naming_the_key(tmp_path, text, where):
+    f = tmp_path / "bad.yaml"
+    f.write_text(text)
+    with pytest.raises(LayoutError) as e:
+        load_layout(f)
+    assert where in str(e.value) and "\n" not in str(e.value)
+
+
+def test_analyze_cli_renders_a_layout_and_refuses_a_bad_one(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rows: 1")
+    assert an.main([str(tmp_path), "--layout", str(bad), "--out", str(tmp_path / "o")]) == 2
+    assert "rows must map labels" in capsys.readouterr().err
