@@ -168,8 +168,8 @@ def launch_problems(python: str, mpi: str, n_ranks: int, workdir: Path) -> list[
 def launcher(env: dict[str, str]) -> tuple[str, int | None, int | None]:
     """(who started this process, its rank, how many tasks it started) as the
     launcher's environment says; MPI may disagree when the PMI does not match."""
-    if "SLURM_STEP_NUM_TASKS" in env and "SLURM_PROCID" in env:
-        return (f"srun --mpi={env.get('SLURM_MPI_TYPE', '?')}", int(env["SLURM_PROCID"]),
+    if "SLURM_STEP_NUM_TASKS" in env and "SLURM_PROCID" in env:  # srun sets no SLURM_MPI_TYPE for none
+        return (f"srun --mpi={env.get('SLURM_MPI_TYPE', 'none')}", int(env["SLURM_PROCID"]),
                 int(env["SLURM_STEP_NUM_TASKS"]))
     if "OMPI_COMM_WORLD_SIZE" in env:
         return "Open MPI's mpirun", int(env.get("OMPI_COMM_WORLD_RANK", 0)), int(env["OMPI_COMM_WORLD_SIZE"])
