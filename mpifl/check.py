@@ -131,7 +131,9 @@ def srun_mpi_plugins() -> list[str] | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     # "MPI plugin types are...\n\tnone\n\tpmi2\n...specific pmix plugin versions available: pmix_v5"
-    names = re.findall(r"^\s+([A-Za-z0-9_.-]+)\s*$", res.stdout + res.stderr, re.M)
+    text = res.stdout + res.stderr
+    names = re.findall(r"^\s+([A-Za-z0-9_.-]+)\s*$", text, re.M)
+    names += [v.strip() for line in re.findall(r"versions available:(.*)$", text, re.M) for v in line.split(",")]
     return names or None
 
 

@@ -66,14 +66,16 @@ def test_launch_problems_interpreter_and_srun_plugins(tmp_path, monkeypatch):
     # a stand-in srun that offers pmi2 but not pmix
     bin_ = tmp_path / "bin"
     bin_.mkdir()
-    (bin_ / "srun").write_text("#!/bin/sh\nprintf 'MPI plugin types are...\\n\\tnone\\n\\tpmi2\\n'\n")
+    (bin_ / "srun").write_text("#!/bin/sh\nprintf 'MPI plugin types are...\\n\\tnone\\n\\tpmi2\\n"
+                               "specific pmi2 plugin versions available: pmi2_v9\\n'\n")
     (bin_ / "srun").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("PYTHONPATH", str(REPO))
-    assert check.srun_mpi_plugins() == ["none", "pmi2"]
+    assert check.srun_mpi_plugins() == ["none", "pmi2", "pmi2_v9"]
     assert check.launch_problems(sys.executable, "pmi2", 2, REPO) == []
     wrong = check.launch_problems(sys.executable, "pmix", 2, REPO)
-    assert len(wrong) == 1 and "slurm.mpi='pmix' is not one of this cluster's srun MPI plugins (none, pmi2)" in wrong[0]
+    assert len(wrong) == 1
+    assert "slurm.mpi='pmix' is not one of this cluster's srun MPI plugins (none, pmi2, pmi2_v9)" in wrong[0]
     none = check.launch_problems(sys.executable, "none", 2, REPO)
     assert len(none) == 1 and "separate 1-rank jobs" in none[0]
 
