@@ -77,3 +77,14 @@ def test_exchange_timing_is_the_same_positive_figure_on_every_rank(mpi):
     assert set(t) == {"allreduce", "sendrecv"}
     assert all(math.isfinite(v) and v > 0 for v in t.values())
     assert mpi.allgather(t) == [t] * mpi.Get_size()
+
+
+def test_a_config_file_some_ranks_cannot_read_is_named_by_rank(mpi, shared_tmp):
+    rank, size = mpi.Get_rank(), mpi.Get_size()
+    path = QUICK if rank == 0 else str(shared_tmp / "elsewhere.yaml")
+    lines, problems = check.run(path, [f"run.out_dir={shared_tmp}"], mpi)
+    if size == 1:
+        assert problems == [] and len(lines) > 1
+    else:
+        assert len(problems) == 1 and problems[0].startswith(f"rank(s) {'1' if size == 2 else f'1-{size - 1}'} ")
+        assert "elsewhere.yaml' not found" in problems[0]
