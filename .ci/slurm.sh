@@ -197,11 +197,14 @@ while True:  # signal it once a few rounds are in its log
     time.sleep(0.1)
 EOF
 scancel --signal=USR1 --batch "$JOB"
-# a requeued job waits in PD (BeginTime) for about two minutes, SLURM's own
-# hold; CI does not wait for it: StartTime=now lets it start at once
+# a requeued job waits in PD (BeginTime) for two minutes, SLURM's own hold; CI
+# does not wait for it: StartTime=now lets it start at once, but only once the
+# first start's step is torn down: a new step 0 started while the old one's
+# slurmstepd still cleans up loses its PMI (seen: exit 137 at MPI_Finalize)
 DEADLINE=$((SECONDS + 180))
 while [ -n "$(squeue -h -j "$JOB" 2>/dev/null)" ] && [ "$SECONDS" -lt "$DEADLINE" ]; do
-    if [ "$(squeue -h -j "$JOB" -o '%T %r' 2>/dev/null)" = "PENDING BeginTime" ]; then
+    if [ "$(squeue -h -j "$JOB" -o '%T %r' 2>/dev/null)" = "PENDING BeginTime" ] \
+            && grep -q "\[$JOB.0\] done with job" "$WORK/log/slurmd.log"; then
         say "job $JOB requeued and held: $(squeue -h -j "$JOB" -o '%T (%r)'); scontrol update StartTime=now"
         scontrol update JobId="$JOB" StartTime=now
     fi
@@ -213,6 +216,8 @@ grep -E "^mpifl:|resumed|done:" "$LOG" || true
 grep -q "checkpointed; requeueing" "$LOG" || { echo "error: the job did not checkpoint and requeue" >&2; exit 1; }
 grep -q "restart 1" "$LOG" && grep -q "resumed after round" "$LOG" \
     || { echo "error: the requeued job did not resume" >&2; exit 1; }
+STATE=$(scontrol show job -o "$JOB" | grep -oE "JobState=\S+|ExitCode=\S+" | tr '\n' ' ')
+[ "$STATE" = "JobState=COMPLETED ExitCode=0:0 " ] || { echo "error: job $JOB ended $STATE" >&2; exit 1; }
 
 say "the same run uninterrupted, for comparison"
 timeout 180 srun -n 2 --mpi=pmi2 "$PY" -m mpi4py -m mpifl.main "${RUN[@]}" run.name=whole | tail -n 1
