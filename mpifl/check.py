@@ -38,6 +38,7 @@ LAUNCHER_VARS = ("SLURM_MPI_TYPE", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "PMI_
                  "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
 FIX_PMI = "use srun --mpi=pmi2 for MPICH, Intel MPI or MVAPICH and --mpi=pmix for Open MPI (slurm.mpi in a sweep)"
 SHARED = "on storage every compute node mounts"
+UNREADABLE = "unreadable"  # a data root this rank may not list
 
 
 # --------------------------------------------------------------------------- no MPI needed
@@ -204,18 +205,21 @@ def _where(facts: list[dict], ranks: list[int]) -> str:
 
 def _fingerprint(root: str) -> str | None:
     """Names and sizes two levels down, hashed: equal on ranks that see the same
-    dataset, without reading it (None: the root does not exist)."""
+    dataset, without reading it (None: the root does not exist; UNREADABLE)."""
     p = Path(root).expanduser()
-    if not p.exists():
-        return None
-    if p.is_file():
-        return f"{p.stat().st_size}"
-    items = []
-    for child in sorted(p.iterdir())[:200]:
-        items.append(f"{child.name}:{child.stat().st_size if child.is_file() else 'd'}")
-        if child.is_dir():
-            items += [f"{child.name}/{g.name}:{g.stat().st_size if g.is_file() else 'd'}"
-                      for g in sorted(child.iterdir())[:200]]
+    try:
+        if not p.exists():
+            return None
+        if p.is_file():
+            return f"{p.stat().st_size}"
+        items = []
+        for child in sorted(p.iterdir())[:200]:
+            items.append(f"{child.name}:{child.stat().st_size if child.is_file() else 'd'}")
+            if child.is_dir():
+                items += [f"{child.name}/{g.name}:{g.stat().st_size if g.is_file() else 'd'}"
+                          for g in sorted(child.iterdir())[:200]]
+    except OSError:
+        return UNREADABLE
     return hashlib.sha1("\n".join(items).encode()).hexdigest()
 
 
@@ -361,7 +365,7 @@ def _report(cfg: Config, facts: list[dict], seen: dict) -> list[str]:
     if f0["data"] == "":
         lines.append(f"  data root  none used (data.name={cfg.data.name})")
     else:
-        same = len({f["data"] for f in facts}) == 1 and f0["data"] is not None
+        same = len({f["data"] for f in facts}) == 1 and f0["data"] not in (None, UNREADABLE)
         lines.append(f"  data root  {cfg.data.root}: {'the same listing on every rank' if same else 'see problems'}")
     return lines
 
@@ -379,8 +383,12 @@ def _judge(cfg: Config, facts: list[dict], seen: dict, mismatch: bool) -> list[s
     missing = [r for r, f in enumerate(facts) if f["data"] is None]
     if missing:
         out.append(_root_missing(cfg, _where(facts, missing)))
-    differ = [r for r, f in enumerate(facts) if f["data"] is not None and f["data"] != f0["data"]]
-    if differ and f0["data"] is not None:
+    locked = [r for r, f in enumerate(facts) if f["data"] == UNREADABLE]
+    if locked:
+        out.append(f"data.root={cfg.data.root!r} cannot be listed on {_where(facts, locked)}; give your user read "
+                   f"access there, or point data.root at a copy you can read")
+    differ = [r for r, f in enumerate(facts) if f["data"] not in (None, UNREADABLE, f0["data"])]
+    if differ and f0["data"] not in (None, UNREADABLE):
         out.append(f"data.root={cfg.data.root!r} holds other files on {_where(facts, differ)} than on rank 0 "
                    f"({f0['host']}); use one copy {SHARED}")
     vs = f0["versions"]
