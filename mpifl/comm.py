@@ -556,6 +556,28 @@ def versions() -> dict[str, str]:
     }
 
 
+def exchange_timing(mpi_comm: MPI.Comm, n_floats: int = 1 << 18, repeats: int = 5) -> dict[str, float]:
+    """Median seconds, on the slowest rank, of an Allreduce and of one ring step
+    (Sendrecv to the right, from the left) of ``n_floats`` float32: a preflight
+    figure that shows a broken or slow interconnect, not a benchmark."""
+    buf = np.ones(n_floats, np.float32)
+    out = np.empty_like(buf)
+    rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
+    right, left = (rank + 1) % size, (rank - 1) % size
+    took: dict[str, list[float]] = {"allreduce": [], "sendrecv": []}
+    mpi_comm.Barrier()
+    for i in range(repeats + 1):
+        t0 = time.perf_counter()
+        mpi_comm.Allreduce(buf, out, op=MPI.SUM)
+        t1 = time.perf_counter()
+        mpi_comm.Sendrecv(buf, dest=right, sendtag=14, recvbuf=out, source=left, recvtag=14)
+        t2 = time.perf_counter()
+        if i:  # the first exchange pays for setting up the connections
+            took["allreduce"].append(t1 - t0)
+            took["sendrecv"].append(t2 - t1)
+    return {k: mpi_comm.allreduce(float(np.median(v)), op=MPI.MAX) for k, v in took.items()}
+
+
 def exit_all(code: int) -> None:
     """Every rank leaves together with ``code`` (a user error seen by all ranks).
 

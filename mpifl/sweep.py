@@ -74,6 +74,7 @@ class SlurmOptions:
     sbatch: list = field(default_factory=list)  # extra "#SBATCH" arguments, e.g. ["--qos=long"]
     srun: list = field(default_factory=list)  # extra srun arguments
     setup: list = field(default_factory=list)  # shell lines before the launch, e.g. module load
+    allow_local_paths: bool = False  # a one-node cluster: workdir, python, out_dir may be under /tmp
 
     @classmethod
     def from_dict(cls, raw: Any, where: str = "slurm") -> SlurmOptions:
@@ -94,6 +95,9 @@ class SlurmOptions:
             if isinstance(default, list):
                 ok = isinstance(v, list) and all(isinstance(x, str) for x in v)
                 allowed = "must be a list of strings"
+            elif isinstance(default, bool):
+                ok = isinstance(v, bool)
+                allowed = "must be true or false"
             elif isinstance(default, int):
                 ok = isinstance(v, int) and not isinstance(v, bool) and v >= 0
                 allowed = "must be an integer >= 0"
@@ -302,7 +306,57 @@ def _common(opts: SlurmOptions, job_name: str, log_dir: Path, workdir: Path) -> 
         "sbatch_extra": "\n".join(f"#SBATCH {a}" for a in sbatch),
         "srun_extra": "".join(f" {shlex.quote(a)}" for a in opts.srun),
         "setup": "\n".join(opts.setup),
+        "assumptions": _assumptions(opts, log_dir),
     }
+
+
+def _assumptions(opts: SlurmOptions, log_dir: Path) -> str:
+    """The script's comment on what it takes for granted (docs/cluster.md)."""
+    gpus = f"{opts.gpus_per_task} GPU(s)" if opts.gpus_per_task else "no GPU"
+    where = (["# - node-local paths allowed (slurm.allow_local_paths): a one-node cluster"] if opts.allow_local_paths
+             else ["# - the cd folder, the interpreter and the run directories are on storage",
+                   "#   every compute node mounts"])
+    env = (f"# - the {len(opts.setup)} setup line(s) below give the nodes python and MPI" if opts.setup
+           else "# - no setup lines (slurm.setup): python runs on the nodes without module loads")
+    return "\n".join([
+        "# Assumes (docs/cluster.md):", *where, env,
+        f"# - srun --mpi={opts.mpi} starts the MPI library's ranks (MPI_Init fails, or every rank",
+        "#   is rank 0: set slurm.mpi, pmix for Open MPI, pmi2 for MPICH; `srun python -m",
+        "#   mpifl.check` tells)",
+        f"# - {opts.ntasks} rank(s), each with {opts.cpus_per_task} CPU(s) and {gpus}",
+        f"# - USR1 {opts.signal_s} s before the time limit -> checkpoint -> exit 75 -> requeue; a",
+        "#   requeued job waits in PD (BeginTime) for about two minutes",
+        f"# - SLURM's log: {log_dir}",
+    ])
+
+
+def refuse_node_local(opts: SlurmOptions, workdir: Path, out_dir: Path) -> None:
+    """A script for a cluster must not cd into, run an interpreter from, or write
+    below a node-local folder: the compute nodes would not find them, and the job
+    would fail there, far from the cause. ``slurm.allow_local_paths`` lets a
+    one-node cluster do it."""
+    from .check import node_local
+
+    if opts.allow_local_paths:
+        return
+    for what, path in (("the working directory", workdir), ("the interpreter (slurm.python)",
+                                                              opts.python or sys.executable),
+                       ("the output folder (out_dir, run.out_dir)", out_dir)):
+        root = node_local(path)
+        if root:
+            raise ConfigError(f"{what} {str(path)!r} is under the node-local {root}, which compute nodes do not "
+                              f"share; use a folder on shared storage, or slurm.allow_local_paths: true "
+                              f"(--allow-local-paths) on a one-node cluster")
+
+
+def preflight(configs: list[Config], opts: SlurmOptions, workdir: Path) -> list[str]:
+    """``mpifl.check``'s local parts before ``--submit`` (no MPI launch): one line
+    per problem, each said once however many points share it."""
+    from .check import launch_problems, local_problems
+
+    found = [p for cfg in configs for p in local_problems(cfg, opts.ntasks)]
+    found += launch_problems(opts.python or sys.executable, opts.mpi, opts.ntasks, workdir)
+    return list(dict.fromkeys(found))
 
 
 def array_script(sweep: Sweep, workdir: Path) -> str:
@@ -427,7 +481,8 @@ def submit(sweep: Sweep) -> str | None:
 
 
 def _slurm_flags(a: argparse.Namespace) -> dict[str, Any]:
-    keys = ("ntasks", "cpus_per_task", "gpus_per_task", "mpi", "time", "partition", "account", "mem", "python")
+    keys = ("ntasks", "cpus_per_task", "gpus_per_task", "mpi", "time", "partition", "account", "mem", "python",
+            "allow_local_paths")
     return {k: getattr(a, k) for k in keys if getattr(a, k) is not None}
 
 
@@ -454,6 +509,8 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--account")
     g.add_argument("--mem")
     g.add_argument("--python", help="interpreter on the compute nodes (default: this one)")
+    g.add_argument("--allow-local-paths", action="store_true", default=None,
+                   help="allow a workdir, interpreter or out_dir under /tmp and the like (a one-node cluster)")
     return ap
 
 
@@ -469,12 +526,21 @@ def _main_run(a: argparse.Namespace, workdir: Path) -> int:
         raise ConfigError("--local with --run: launch it directly, mpiexec -n N python -m mpifl.main CONFIG.yaml")
     if rd.config.exists() and rd.config.read_text() != cfg.to_yaml() and not a.force:
         raise ConfigError(f"{rd.config} holds a different config; pick another run.name or pass --force")
+    refuse_node_local(opts, workdir, rd.root)
+    if a.submit and _refused(preflight([cfg], opts, workdir)):
+        return 2
     atomic_write_text(rd.config, cfg.to_yaml())
     atomic_write_text(rd.root / "run.sbatch", script)
     print(f"wrote {rd.root / 'run.sbatch'}")
     if a.submit:
         print(f"submitted job {_sbatch([str(rd.root / 'run.sbatch')])}")
     return 0
+
+
+def _refused(problems: list[str]) -> bool:
+    for p in problems:
+        print(f"mpifl.sweep: error: {p}", file=sys.stderr)
+    return bool(problems)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -492,6 +558,11 @@ def main(argv: list[str] | None = None) -> int:
                 vals = " ".join(f"{k}={v}" for k, v in p.values.items())
                 print(f"[{p.index}] {p.name}  {vals}  ({status(p.config)})")
             return 0
+        if not a.local:
+            refuse_node_local(sweep.slurm, workdir, sweep.root)
+        if a.submit and _refused(preflight([p.config for p in sweep.points if not is_complete(p.config)],
+                                           sweep.slurm, workdir)):
+            return 2
         write(sweep, workdir, force=a.force)
         print(f"sweep {sweep.name}: {len(sweep.points)} configs under {sweep.root / 'runs'}; script {sweep.script}")
         if a.submit:

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from mpifl import sweep as sw
+from mpifl.check import node_local
 from mpifl.config import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -159,10 +160,33 @@ def test_render_refuses_missing_or_unknown_placeholders():
 def test_run_mode_writes_the_script_into_the_run_dir(tmp_path, capsys):
     base = tmp_path / "c.yaml"
     base.write_text(yaml.safe_dump(TINY))
-    assert sw.main(["--run", str(base), f"run.out_dir={tmp_path}", "run.name=one", "--ntasks", "2"]) == 0
+    assert sw.main(["--run", str(base), f"run.out_dir={tmp_path}", "run.name=one", "--ntasks", "2",
+                    "--allow-local-paths"]) == 0  # tmp_path is under /tmp
     script = (tmp_path / "one" / "run.sbatch").read_text()
     assert f"RUN_DIR={tmp_path / 'one'}" in script and "#SBATCH --ntasks=2" in script
     assert (tmp_path / "one" / "config.yaml").is_file()
+
+
+@pytest.mark.parametrize("where", ["out_dir", "python", "workdir"])
+def test_node_local_paths_are_refused_unless_allowed(tmp_path, monkeypatch, capsys, where):
+    if node_local(tmp_path) is None:
+        pytest.skip(f"tmp_path {tmp_path} is not node-local here")
+    path = _sweep_file(tmp_path, {"run.seed": [0]})
+    out = tmp_path / "out" if where == "out_dir" else ROOT / "results" / "mpifl-test-never-written"
+    args = [str(path), "--out-dir", str(out)]
+    if where == "python":
+        args += ["--python", str(tmp_path / "venv" / "bin" / "python")]
+    if where == "workdir":
+        monkeypatch.chdir(tmp_path)
+    else:
+        monkeypatch.chdir(ROOT)
+    assert sw.main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "node-local /tmp" in err and "allow_local_paths" in err, err
+    assert not out.exists()  # refused before anything was written
+    if where == "out_dir":
+        assert sw.main([*args, "--allow-local-paths"]) == 0
+        assert "node-local paths allowed" in (out / "s" / "array.sbatch").read_text()
 
 
 # --------------------------------------------------------------------------- --submit / --local / SLURM path
@@ -189,6 +213,28 @@ def test_submit_sends_only_unfinished_points(tmp_path, monkeypatch):
     assert sw.submit(s) == "4242"
     args = (tmp_path / "sbatch.args").read_text().split()
     assert args == ["--parsable", "--array=0,2%2", str(s.script)]
+
+
+def test_submit_runs_the_local_preflight_first(tmp_path, monkeypatch, capsys):
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    _exe(bin_ / "sbatch", f'#!/bin/sh\necho "$@" >> {tmp_path}/sbatch.args\necho 4243\n')
+    monkeypatch.setenv("PATH", f"{bin_}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the interpreter check imports mpifl from the workdir
+    monkeypatch.chdir(ROOT)
+    missing = _sweep_file(tmp_path, {"run.seed": [0, 1]}, name="m",
+                          set={"data.name": "mnist", "data.root": str(tmp_path / "no-mnist")})
+    out = ["--out-dir", str(tmp_path / "out"), "--allow-local-paths", "--submit"]
+    assert sw.main([str(missing), *out]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"mpifl.sweep: error: data.root='{tmp_path / 'no-mnist'}' does not "
+                                               "exist"), err  # once for both points
+    assert not (tmp_path / "sbatch.args").exists()
+    assert sw.main([str(missing), *out, "--python", str(tmp_path / "nope")]) == 2
+    assert "the interpreter" in capsys.readouterr().err
+    fine = _sweep_file(tmp_path, {"run.seed": [0, 1]}, name="f")
+    assert sw.main([str(fine), *out]) == 0
+    assert "submitted array job 4243" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "jobs" / "sweeps").glob("*.yaml")), ids=lambda p: p.name)

@@ -34,12 +34,14 @@ def test_local_gives_the_same_files_as_the_slurm_array(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     py = sys.executable
 
-    local = subprocess.run([py, "-m", "mpifl.sweep", str(path), "--out-dir", str(tmp_path / "local"), "--local"],
+    local = subprocess.run([py, "-m", "mpifl.sweep", str(path), "--out-dir", str(tmp_path / "local"), "--local",
+                            "--allow-local-paths"],  # as below: sweep.yaml records it
                            cwd=ROOT, env=env, check=False, capture_output=True, text=True, timeout=300)
     assert local.returncode == 0, local.stdout + local.stderr
 
     # the SLURM path: the same sweep written, then each array task run by the rendered script
-    written = subprocess.run([py, "-m", "mpifl.sweep", str(path), "--out-dir", str(tmp_path / "slurm")],
+    written = subprocess.run([py, "-m", "mpifl.sweep", str(path), "--out-dir", str(tmp_path / "slurm"),
+                              "--allow-local-paths"],  # tmp_path is under /tmp
                              cwd=ROOT, env=env, check=False, capture_output=True, text=True, timeout=120)
     assert written.returncode == 0, written.stderr
     bin_ = tmp_path / "bin"

@@ -1,0 +1,90 @@
+"""mpifl.check's MPI part on every rank: each problem it must name, with the
+per-rank views of a path simulated by giving each rank its own override (on a
+cluster the same string would lead to different filesystems)."""
+
+import math
+import os
+
+from mpifl import check
+from mpifl.comm import exchange_timing
+
+QUICK = "jobs/quickstart.yaml"
+
+
+def _run(mpi, *overrides):
+    lines, problems = check.run(QUICK, list(overrides), mpi)
+    assert mpi.allgather(problems) == [problems] * mpi.Get_size()  # every rank agrees
+    return "\n".join(lines), problems
+
+
+def test_the_quickstart_passes_and_the_report_names_ranks_nodes_and_probe(mpi, shared_tmp):
+    size = mpi.Get_size()
+    report, problems = _run(mpi, f"run.out_dir={shared_tmp}")
+    assert problems == []
+    assert f"{size} rank(s) on 1 node(s)" in report
+    assert f"read back by {size} of {size} rank(s)" in report
+    assert "Allreduce" in report and "torch" in report and "MPICH" in report
+    mpi.Barrier()
+    assert not [p for p in os.listdir(shared_tmp) if p.startswith(".mpifl-check")]  # the probe is gone
+
+
+def test_more_ranks_than_clients_is_one_problem(mpi, shared_tmp):
+    size = mpi.Get_size()
+    _, problems = _run(mpi, f"run.out_dir={shared_tmp}", f"data.n_clients={max(1, size - 1)}")
+    if size == 1:
+        assert problems == []
+    else:
+        assert len(problems) == 1 and problems[0].startswith(f"data.n_clients={size - 1} is fewer than the {size}")
+
+
+def test_a_run_directory_each_rank_sees_differently_is_named_by_rank(mpi, shared_tmp):
+    size = mpi.Get_size()
+    _, problems = _run(mpi, f"run.out_dir={shared_tmp / f'rank{mpi.Get_rank()}'}")
+    if size == 1:
+        assert problems == []
+    else:
+        assert len(problems) == 1, problems
+        assert "is not the same folder on every rank" in problems[0]
+        assert f"rank(s) {'1' if size == 2 else f'1-{size - 1}'} " in problems[0]
+
+
+def test_a_run_directory_rank_0_cannot_write(mpi):
+    _, problems = _run(mpi, "run.out_dir=/proc/mpifl-check")
+    assert len(problems) == 1 and "rank 0" in problems[0] and "cannot write a probe" in problems[0], problems
+
+
+def test_a_missing_data_root_names_every_rank(mpi, shared_tmp):
+    _, problems = _run(mpi, f"run.out_dir={shared_tmp}", "data.name=mnist", f"data.root={shared_tmp / 'absent'}")
+    size = mpi.Get_size()
+    assert len(problems) == 1, problems
+    assert "does not exist on rank(s) " + ("0" if size == 1 else f"0-{size - 1}") in problems[0]
+
+
+def test_a_data_root_with_other_files_on_some_ranks(mpi, shared_tmp):
+    rank = mpi.Get_rank()
+    root = shared_tmp / f"data{rank}"
+    (root / "MNIST").mkdir(parents=True)
+    (root / "MNIST" / "train.gz").write_bytes(b"x" * (1 if rank == 0 else 2))
+    _, problems = _run(mpi, f"run.out_dir={shared_tmp}", "data.name=mnist", f"data.root={root}")
+    if mpi.Get_size() == 1:
+        assert problems == []
+    else:
+        assert len(problems) == 1 and "holds other files on rank(s) 1" in problems[0], problems
+
+
+def test_exchange_timing_is_the_same_positive_figure_on_every_rank(mpi):
+    t = exchange_timing(mpi, n_floats=1024, repeats=3)
+    assert set(t) == {"allreduce", "sendrecv"}
+    assert all(math.isfinite(v) and v > 0 for v in t.values())
+    assert mpi.allgather(t) == [t] * mpi.Get_size()
+
+
+def test_a_config_file_some_ranks_cannot_read_is_named_by_rank(mpi, shared_tmp):
+    rank, size = mpi.Get_rank(), mpi.Get_size()
+    path = QUICK if rank == 0 else str(shared_tmp / "elsewhere.yaml")
+    lines, problems = check.run(path, [f"run.out_dir={shared_tmp}"], mpi)
+    if size == 1:
+        assert problems == [] and len(lines) > 1
+    else:
+        assert len(problems) == 1 and problems[0].startswith(f"rank(s) {'1' if size == 2 else f'1-{size - 1}'} ")
+        assert "elsewhere.yaml' not found" in problems[0]
