@@ -257,6 +257,26 @@ class Comm:
         self.mpi.Allgatherv([arr, mpitype], [out, self._layout(arr), mpitype])
         return out
 
+    @_timed
+    def allgather_ids(self, rows: torch.Tensor, ids: np.ndarray) -> torch.Tensor:
+        """Every rank gets ``[len(ids), P]``: the rows of the listed clients (global
+        ids, sorted, the same list on every rank), in that order. A server's view of
+        the round's uploads (CFL's, pFedGraph's similarity of the sampled clients'
+        models): one Allgatherv carrying each listed row once. The logical traffic is
+        the caller's to charge (``count``), as what a client uploads to a server is
+        charged once however many ranks play the server."""
+        ids = np.asarray(ids, np.int64)
+        P = rows.shape[1]
+        mine = ids[(ids >= self.first) & (ids < self.first + self.n_local)]
+        send = _take_rows(_host(rows), self.to_local(mine)) if len(mine) else np.empty((0, P), np.float32)
+        counts = np.diff(np.searchsorted(ids, self.placement.starts)) * P
+        out = np.empty((len(ids), P), np.float32)
+        displ = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        self.mpi.Allgatherv([np.ascontiguousarray(send), MPI.FLOAT], [out, (counts, displ), MPI.FLOAT])
+        self.wire_sent += send.nbytes * (self.size - 1)
+        self.wire_recv += out.nbytes - send.nbytes
+        return torch.from_numpy(out).to(rows.device)
+
     # ------------------------------------------------------------------ point to point
     @_timed
     def pull(self, rows: torch.Tensor, wanted: dict[int, list[int]] | list[list[int]]) -> dict[int, torch.Tensor]:
