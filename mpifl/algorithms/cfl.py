@@ -17,11 +17,14 @@ cluster of client i (every client starts in cluster 0):
    mean norm < ``eps1`` and max norm > ``eps2``;
 3. a split cluster is cut by the optimal bipartition of the cosine similarities
    alpha_ij = <dtheta_i, dtheta_j> / (||dtheta_i|| ||dtheta_j||) of its members:
-   the two groups minimising the largest cross-group similarity, which the paper's
-   reference code computes as complete-linkage agglomerative clustering into two
-   clusters (scikit-learn's, on the distance 1 - alpha: the same merges as on
-   -alpha); the half holding the smallest client id keeps the cluster id, the other
-   half takes the next free id and starts from the same model;
+   the two groups c1, c2 minimising max_{i in c1, j in c2} alpha_ij. Merging the
+   most similar pairs first until two groups are left (single linkage, the
+   paper's Algorithm 2) reaches that minimum exactly: it cuts the weakest edge of
+   the maximum spanning tree. ``linkage: complete`` instead takes complete
+   linkage, what the paper's reference code and FL-bench run (a heuristic for the
+   same criterion). Both are scikit-learn's agglomerative clustering on the
+   distance 1 - alpha. The half holding the smallest client id keeps the cluster
+   id, the other half takes the next free id and starts from the same model;
 4. theta_c <- theta_c + sum_{i in S_c} a_i dtheta_i for every cluster with sampled
    members (after the splits: within the new clusters); one grouped Allreduce.
 
@@ -51,7 +54,7 @@ read by ``python -m mpifl.analyze`` for the ARI), ``/cfl/update_norm`` [N]
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
@@ -73,6 +76,8 @@ class Params:
     eps2: float = 1.6  # ... and its largest client update norm above this (reference code: 1.6)
     warmup_rounds: int = 20  # no split before this round (reference code: after round 20)
     min_size: int = 2  # only clusters with more members than this split (reference code: 2)
+    # single: the paper's optimal bipartition (exact); complete: its reference code's heuristic
+    linkage: Literal["single", "complete"] = "single"
 
     def validate(self, cfg: Config) -> None:
         check(self.eps1 > 0 and np.isfinite(self.eps1), "cfl.eps1", self.eps1, "must be a finite number > 0")
@@ -98,14 +103,14 @@ def norms(G: np.ndarray, a: np.ndarray) -> tuple[float, float]:
     return float(np.sqrt(max(a @ G @ a, 0.0))), float(np.sqrt(np.max(np.diag(G))))
 
 
-def bipartition(U: torch.Tensor) -> np.ndarray:
-    """0/1 labels of the rows of ``U`` [m, P] (m >= 2): complete linkage on
-    1 - cosine similarity, label 0 on the group holding row 0."""
+def bipartition(U: torch.Tensor, linkage: str = "single") -> np.ndarray:
+    """0/1 labels of the rows of ``U`` [m, P] (m >= 2): agglomerative clustering
+    into two groups on 1 - cosine similarity, label 0 on the group holding row 0."""
     u = U.double()
     u = u / u.norm(dim=1, keepdim=True).clamp_min(1e-12)
     dist = np.clip(1.0 - (u @ u.T).cpu().numpy(), 0.0, None)
     np.fill_diagonal(dist, 0.0)
-    labels = AgglomerativeClustering(n_clusters=2, metric="precomputed", linkage="complete").fit(dist).labels_
+    labels = AgglomerativeClustering(n_clusters=2, metric="precomputed", linkage=linkage).fit(dist).labels_
     return (labels != labels[0]).astype(np.int64)
 
 
@@ -152,7 +157,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
         splits = []
         for k in fire:
             m = members[cl[members] == k]
-            half = bipartition(V[np.searchsorted(members, m)])
+            half = bipartition(V[np.searchsorted(members, m)], f.linkage)
             knew = K + len(splits)
             new[m[half == 1]] = knew
             splits.append([t, k, knew, mean_n[k], max_n[k], len(m)])
