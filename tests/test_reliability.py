@@ -1,6 +1,7 @@
 """Kill, preempt, crash and resume: a run never hangs, never loses finished
 rounds, and resumes to the same result."""
 
+import json
 import os
 import signal
 import subprocess
@@ -16,6 +17,12 @@ from mpifl.logging.h5 import open_run
 BASE = ["data.name=synthetic", "data.n_samples=480", "data.n_clients=8", "data.n_clusters=2",
         "model.hidden=[16]", "run.rounds=6", "run.checkpoint_every=2", "run.threads=1", "algorithm.fraction=0.5"]
 TIMING = {"rounds/wall_s", "rounds/comm_s", "rounds/compute_s"}
+
+
+# the who-collaborates-with-whom baselines, set so that their decisions happen in
+# the first rounds (CFL splits from round 1, FedFomo explores and exploits)
+WHOM = {"cfl": ["cfl.warmup_rounds=1", "cfl.eps1=10", "cfl.eps2=0.01", "cfl.min_size=1"],
+        "fesem": [], "pfedgraph": ["pfedgraph.lam=0.1"], "fedfomo": ["fedfomo.m=2", "fedfomo.eps=0.5"]}
 
 
 def assert_same_logs(a, b):
@@ -34,9 +41,10 @@ def assert_same_logs(a, b):
     ("fedavg", "0:3:kill_in_checkpoint"),  # killed between writing its part and publishing
     ("fedavg", "1:1:kill"),  # before the first checkpoint: the rerun starts over
     ("oracle", "0:5:kill"), ("federico", "0:5:kill_in_checkpoint"),
+    ("cfl", "1:3:kill"), ("fesem", "1:3:kill"), ("pfedgraph", "1:3:kill"), ("fedfomo", "1:3:kill"),
 ])
 def test_sigkill_then_resume_is_identical(tmp_path, algo, fault):
-    extra = {"pfedlia": ["pfedlia.warmup_rounds=2", "pfedlia.lia_epochs=2"],
+    extra = {**WHOM, "pfedlia": ["pfedlia.warmup_rounds=2", "pfedlia.lia_epochs=2"],
              "pfedlia-p2p": ["pfedlia.warmup_rounds=2", "pfedlia.lia_epochs=2", "pfedlia.mode=p2p"]}
     args = [*BASE, f"algorithm.name={algo.split('-')[0]}", *extra.get(algo, []), f"run.out_dir={tmp_path}"]
     ref = launch([*args, "run.name=ref"], n=2)
@@ -119,6 +127,30 @@ def test_resume_on_a_different_rank_count(tmp_path):
     assert b.attrs["n_ranks"] == 2
     assert abs(np.nanmean(a.metric("test_acc")[-1]) - np.nanmean(b.metric("test_acc")[-1])) <= 0.005
     assert np.array_equal(a.mixing(5) > 0, b.mixing(5) > 0)
+
+
+@pytest.mark.parametrize("algo", list(WHOM))
+def test_same_seed_on_1_and_4_ranks(tmp_path, algo):
+    """The decisions (clusters, splits, candidates, graphs' supports) are the same
+    on 1 and 4 ranks; models differ only by the order of float sums."""
+    args = [*BASE, f"algorithm.name={algo}", *WHOM[algo], f"run.out_dir={tmp_path}"]
+    for n in (1, 4):
+        res = launch([*args, f"run.name=n{n}"], n=n)
+        assert res.returncode == 0, res.stderr
+    a, b = open_run(tmp_path / "n1"), open_run(tmp_path / "n4")
+    assert b.attrs["n_ranks"] == 4 and a.n_rounds == b.n_rounds == 6
+    for k in sorted(set(a.keys()) - TIMING - {"clients/rank"}):
+        x, y = a.get(k), b.get(k)
+        if k.startswith(("clients/", f"{algo}/cluster", f"{algo}/candidates")) or x.dtype.kind in "iub":
+            assert np.array_equal(x, y), k
+        else:
+            np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5, err_msg=k)
+    for t in range(6):
+        assert np.array_equal(a.mixing(t) > 0, b.mixing(t) > 0)
+    if algo == "cfl":
+        sa, sb = (np.array(json.loads(r.attrs["cfl_splits"])) for r in (a, b))
+        assert np.array_equal(sa[:, :3], sb[:, :3]) and np.allclose(sa, sb, rtol=1e-4)
+        assert len(set(a.get("cfl/cluster")[-1])) > 1  # it did split
 
 
 def test_nonfinite_error_names_client_and_round(tmp_path):
