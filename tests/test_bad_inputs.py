@@ -50,6 +50,7 @@ CASES = {
     "zero rounds": ("", ["run.rounds=0"], "run.rounds=0"),
     "more ranks than clients": ("", ["data.n_clients=1"], "number of MPI ranks"),
     "too many clusters": ("", ["data.n_clusters=11"], "at most 10 clusters"),
+    "fesem without clusters": ("", ["algorithm.name=fesem", "data.partition=dirichlet"], "fesem.k=0"),
     "oracle on iid": ("", ["algorithm.name=oracle", "data.partition=iid"], "oracle needs true clusters"),
     "val+test too big": ("", ["data.val_frac=0.5", "data.test_frac=0.5"], "must be < 1"),
     "tiny dataset": ("", ["data.n_samples=5"], "data.n_samples=5"),
