@@ -25,7 +25,10 @@ seeds) of
   components of the collaboration graph ``/graph/mixing`` and of boolean
   ``[N, N]`` logs (collaborators, candidates) over the last ``--window`` rounds
   (an edge used in any of them: one round of a 10% sample links few clients),
-  or a root attribute named ``*ari*``.
+  spectral clustering (as many clusters as the truth has) of learned weight
+  graphs (``[N, N]`` logs named ``*affinity`` or ``*graph``: FedFomo's affinity,
+  pFedGraph's graph) at the last round, as ``spectral.<dataset>``, or a root
+  attribute named ``*ari*``.
 
 Written to ``--out``: ``table.csv`` (fractions), ``table.md`` (percent),
 ``runs.csv`` (one row per run), and PNG figures: ``accuracy.png`` (mean test
@@ -129,6 +132,24 @@ def components(adj: np.ndarray) -> np.ndarray:
     return labels
 
 
+# per-round [N, N] weight logs whose last round is clustered spectrally for the ARI
+SPECTRAL = ("affinity", "graph")
+
+
+def spectral(weights: np.ndarray, k: int, seed: int = 0) -> np.ndarray:
+    """k cluster labels of the nodes of a weighted graph: spectral clustering of
+    the symmetrised non-negative part of ``weights`` (a node with no edge is
+    linked to itself only)."""
+    from sklearn.cluster import SpectralClustering
+
+    w = np.maximum(np.asarray(weights, np.float64), 0.0)
+    w = (w + w.T) / 2
+    np.fill_diagonal(w, np.maximum(np.diag(w), (w.sum(1) == 0).astype(float)))
+    with warnings.catch_warnings():  # a graph in several pieces is what we look for
+        warnings.simplefilter("ignore", UserWarning)
+        return SpectralClustering(n_clusters=k, affinity="precomputed", random_state=seed).fit(w).labels_
+
+
 def cluster_recovery(run: Run, n_clients: int, window: int = WINDOW) -> dict[str, float]:
     """ARI against the true clusters from whatever the log holds to recover them."""
     from sklearn.metrics import adjusted_rand_score
@@ -158,6 +179,9 @@ def cluster_recovery(run: Run, n_clients: int, window: int = WINDOW) -> dict[str
             for t in range(max(0, d.shape[0] - window), d.shape[0]):
                 m |= np.asarray(run.row(k, t)) != 0
             out[k.replace("/", ".")] = float(adjusted_rand_score(truth, components(m | m.T)))
+        elif k.endswith(SPECTRAL) and d.dtype.kind == "f" and n_clients > len(np.unique(truth)):
+            pred = spectral(run.row(k, -1), len(np.unique(truth)))
+            out["spectral." + k.replace("/", ".")] = float(adjusted_rand_score(truth, pred))
     for k, v in run.attrs.items():
         if "ari" in k.lower().split("_") and isinstance(v, (int, float, np.floating, np.integer)):
             out[f"attr.{k}"] = float(v)

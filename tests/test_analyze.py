@@ -288,3 +288,29 @@ def test_a_non_hdf5_file_is_skipped_with_one_plain_line(tmp_path, sweep_dir):
                      heatmaps="none", echo=lambda *a, **k: lines.append(a[0]))
     assert len(res["runs"]) == 1
     assert f"skipped {tmp_path / 'notes.txt'}: not an HDF5 file" in lines
+
+
+def test_learned_weight_graphs_are_clustered_spectrally_for_the_ari(tmp_path):
+    """FedFomo's affinity / pFedGraph's graph: dense, noisy, signed weights whose
+    blocks are the true clusters; spectral clustering finds them, and a graph
+    that ignores the clusters scores about 0."""
+    n, truth = 30, np.repeat(np.arange(3), 10)
+    g = np.random.default_rng(0)
+    block = (truth[:, None] == truth[None, :]) + g.uniform(-0.3, 0.4, (n, n))  # noisy, some negative
+    from sklearn.metrics import adjusted_rand_score
+
+    assert adjusted_rand_score(truth, an.spectral(block, 3)) == 1.0
+    assert abs(adjusted_rand_score(truth, an.spectral(g.uniform(0, 1, (n, n)), 3))) < 0.2
+    path = tmp_path / "f" / "run.h5"
+    path.parent.mkdir(parents=True)
+    cfg = _cfg(run={"rounds": 2, "name": "f"}, algorithm={"name": "fedfomo"})
+    w = Writer(path, {"algorithm": "fedfomo", "seed": 0, "n_clients": n, "config_yaml": cfg.to_yaml()},
+               {"cluster": truth, "n_test": np.full(n, 10)}, n)
+    for t in range(2):
+        w.write_round(t, {"wall_s": 1.0}, {"metrics/test_acc": np.full(n, 0.5), "metrics/val_acc": np.full(n, 0.5),
+                                          "fedfomo/affinity": (block if t else -block).astype(np.float32),
+                                          "pfedgraph/graph": np.full((n, n), 1 / n, np.float32)})
+    w.close()
+    ari = an.summarize(path).ari
+    assert ari["spectral.fedfomo.affinity"] == 1.0  # the last round's graph
+    assert abs(ari["spectral.pfedgraph.graph"]) < 0.2  # nothing to find in a uniform graph
