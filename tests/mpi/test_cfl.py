@@ -152,3 +152,18 @@ def test_agreeing_updates_do_not_split(mpi):
 def test_no_split_before_the_warm_up(mpi):
     _, state, _ = split_run(mpi, flip=True, warmup=1)
     assert (state.cluster == 0).all() and len(state.models) == 1
+
+
+def test_bipartition_is_the_optimal_one():
+    """Single linkage reaches the paper's optimum (smallest largest cross-group
+    similarity) on random updates; complete linkage, the reference code's, does
+    not always."""
+    g = np.random.default_rng(1)
+    misses = 0
+    for _ in range(60):
+        U = torch.from_numpy(g.normal(size=(int(g.integers(3, 8)), 3)))
+        want = optimal_bipartition(U)[1]
+        got = cfl.bipartition(U, "single")
+        assert set(np.flatnonzero(got)) == want
+        misses += set(np.flatnonzero(cfl.bipartition(U, "complete"))) != want
+    assert misses > 0

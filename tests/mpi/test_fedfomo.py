@@ -66,6 +66,7 @@ class Reference:
 @pytest.mark.parametrize("over", [
     {"fedfomo.eps": 0.5, "fedfomo.m": 2},
     {"fedfomo.eps": 0.0, "fedfomo.m": 3, "algorithm.fraction": 1.0},  # greedy only
+    {"fedfomo.eps": 0.6, "fedfomo.eps_decay": 0.9, "fedfomo.m": 2},  # exploration dies out
 ])
 def test_rounds_match_serial_reference(mpi, over):
     cfg = cfg_of(**{"algorithm.name": "fedfomo", "data.n_clients": 6, "data.n_samples": 480,

@@ -49,6 +49,14 @@ def test_projection_equals_the_enumerated_qp():
                                    atol=1e-9)
 
 
+def test_dissimilarity_is_minus_cosine_clipped_at_minus_one():
+    D = torch.tensor([[1.0, 0.0], [0.95, np.sqrt(1 - 0.95**2)], [0.0, 2.0], [-1.0, 0.0]])
+    d = pfedgraph.dissimilarity(D)
+    want = np.array([[-1, -1, 0, 1], [-1, -1, -np.sqrt(1 - 0.95**2), 0.95],
+                     [0, -np.sqrt(1 - 0.95**2), -1, 0], [1, 0.95, 0, -1]])
+    np.testing.assert_allclose(d, want, atol=1e-12)  # cos 0.95 > 0.9: -1, not -0.95
+
+
 class Reference:
     def __init__(self, cfg):
         self.cfg = cfg
