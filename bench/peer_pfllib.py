@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -59,11 +60,17 @@ DEFAULTS = {
 BASE = {"-gr": "run.rounds", "-nc": "data.n_clients", "-jr": "algorithm.fraction",
         "-lbs": "train.batch_size", "-lr": "train.lr", "-ls": "train.local_epochs"}
 
-# mpifl algorithm -> (PFLlib's -algo, {PFLlib flag: mpifl key or fixed value}); a
-# method's engineer adds its row, mapping every hyper-parameter PFLlib reads
-METHODS: dict[str, tuple[str, dict[str, str | float | int]]] = {
+# mpifl algorithm -> (PFLlib's -algo, {PFLlib flag: mpifl key, fixed value, or a
+# function of the flattened mpifl config}); a method's engineer adds its row,
+# mapping every hyper-parameter PFLlib reads
+METHODS: dict[str, tuple[str, dict[str, str | float | int | Callable[[dict], object]]]] = {
     "fedavg": ("FedAvg", {}),
     "local": ("Local", {}),
+    # PFLlib's server sends the top -M rows of its affinity matrix, which starts as the
+    # identity: its M counts the client's own stored model, so M = fedfomo.m + 1 gives
+    # both sides m other clients' models. Its validation share is fixed at 0.2 in
+    # clientfomo.py (fedfomo.val_frac's default); it has no epsilon-greedy exploration.
+    "fedfomo": ("FedFomo", {"-M": lambda flat: int(flat["fedfomo.m"]) + 1}),
 }
 
 
@@ -110,7 +117,8 @@ def pfllib_args(method: str, cfg, name: str) -> list[str]:
             "-go", "peer"]
     flat = {f"{s}.{k}": v for s, sec in cfg.to_dict().items() for k, v in sec.items()}
     for flag, key in {**BASE, **extra}.items():
-        args += [flag, str(flat[key]) if isinstance(key, str) and key in flat else str(key)]
+        value = key(flat) if callable(key) else flat[key] if isinstance(key, str) and key in flat else key
+        args += [flag, str(value)]
     return args
 
 
