@@ -169,3 +169,15 @@ def test_pull_charges_a_repeated_request_once(mpi):
     got = comm.pull(local_block(comm, rows), {0: [far, far, far]})
     torch.testing.assert_close(got[far], rows[far], rtol=0, atol=0)
     assert comm.models_recv[0] == 1 and comm.bytes_recv[0] == P * F32
+
+
+@pytest.mark.parametrize("ids", [[0, 3, 4, 10], [], [7], list(range(11))])
+def test_allgather_ids_gives_every_rank_the_listed_rows_uncharged(mpi, ids):
+    comm = Comm(11, mpi)  # uneven blocks on 2 and 4 ranks
+    rows = torch.arange(comm.n_local * 3, dtype=torch.float32).view(comm.n_local, 3) + 100 * comm.first
+    every = np.concatenate(mpi.allgather(rows.numpy()))
+    got = comm.allgather_ids(rows, np.array(ids, np.int64))
+    np.testing.assert_array_equal(got.numpy(), every[ids].reshape(len(ids), 3))
+    assert comm.bytes_sent.sum() == comm.bytes_recv.sum() == comm.models_recv.sum() == 0
+    rows.add_(1.0)  # a copy: later updates of the block do not show
+    np.testing.assert_array_equal(got.numpy(), every[ids].reshape(len(ids), 3))
