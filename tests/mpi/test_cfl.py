@@ -59,9 +59,9 @@ class Reference:
             mx = max(float(upd[i].double().norm()) for i in Sk)
             members = np.flatnonzero(self.cl == k)
             if t >= f.warmup_rounds and len(members) > f.min_size and mean < f.eps1 and mx > f.eps2:
-                U = torch.stack([upd[int(i)] if int(i) in upd else
-                                 sgd(c, self.models[k], int(i), t, self.cfg.train.local_epochs, self.cfg.train.lr) - self.models[k]
-                                 for i in members])
+                E, lr = self.cfg.train.local_epochs, self.cfg.train.lr
+                U = torch.stack([upd[int(i)] if int(i) in upd else sgd(c, self.models[k], int(i), t, E, lr)
+                                 - self.models[k] for i in members])
                 _, b = optimal_bipartition(U)
                 new[members[sorted(b)]] = len(self.models)
                 self.models.append(self.models[k].clone())
