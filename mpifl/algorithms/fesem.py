@@ -24,8 +24,8 @@ Choices where the paper leaves room:
   space are far from every trained model, so each client would stay with the
   centre it started from; here, in round 0, the K centres are the trained models
   of K distinct clients drawn from that round's sampled clients (the run's seeded
-  global stream, purpose ``fesem/init``), as k-means++-free k-means starts from K
-  data points. The round's sampled clients must therefore number at least K.
+  global stream, purpose ``fesem/init``), as plain k-means (Forgy's start) takes
+  K data points. The round's sampled clients must therefore number at least K.
 - the paper's loop is E-step, M-step, local update; this one trains first and
   then assigns the fresh models (the same cycle, begun at the local update), so
   the E-step sees each sampled client's model of this round, not one from the

@@ -29,9 +29,10 @@ client is charged one model sent (its upload) and two received (its aggregate
 and c_i).
 
 Choices where the paper leaves room:
-- the regulariser's sign: the paper maximises the similarity to the aggregate
-  (it is subtracted from the loss); the authors' ``pfedgraph_cosine`` code adds
-  ``lam * <c_i, theta>/||theta||`` to the loss it minimises. We follow the paper.
+- the regulariser's sign: the paper's term pulls the local model toward its
+  aggregate (the similarity is maximised, so it enters the loss with a minus
+  sign); the authors' ``pfedgraph_cosine`` code adds ``lam * <c_i, theta>/||theta||``
+  to the loss it minimises, which pushes away from it. We follow the paper.
 - graph rows are solved over the sampled clients only (as the authors' code does
   with ``party_list_this_round``); the rest of a row keeps its last values, which
   start at 1/(N-1) off the diagonal (the authors' initial graph) and are logged,
