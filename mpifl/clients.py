@@ -186,12 +186,17 @@ class Objective:
       body while its head trains, and the reverse).
     - ``logit_bias``: ``[n_local, C]`` added to client i's logits inside the loss
       (FedRoD's balanced softmax: the log of its label prior).
+    - ``sample_weight``: ``[n_samples]`` loss weights v indexed like the rank's
+      samples (``Clients.x``): a batch's loss becomes ``sum_b v_b l_b / n`` with n its
+      number of samples (FedEM's responsibility-weighted M-step), not a weighted
+      mean, so the weights scale the step; all ones is plain training.
     """
 
     prox_center: torch.Tensor | None = None
     prox_mu: float = 0.0
     frozen: Sequence[str] = ()
     logit_bias: torch.Tensor | None = None
+    sample_weight: torch.Tensor | None = None
 
     def bias(self, rows: np.ndarray) -> torch.Tensor | None:
         return None if self.logit_bias is None else self.logit_bias[torch.as_tensor(rows)]
@@ -475,7 +480,11 @@ class Clients:
                 rows = local[act]
                 x, y, w = self.batch(idx[:, :width])
                 sel = _rows_selector(rows, self.device)
-                loss = step(self, sel, rows, x, y, w) if step else self._step(sel, rows, x, y, w, objective)
+                v = None
+                if objective is not None and objective.sample_weight is not None:
+                    at = torch.as_tensor(np.maximum(idx[:, :width], 0), device=self.device)
+                    v = objective.sample_weight.take(at) * w
+                loss = step(self, sel, rows, x, y, w) if step else self._step(sel, rows, x, y, w, objective, v)
                 nw = w.sum(1).cpu().numpy()
                 lv = loss.detach().cpu().numpy()
                 bad[act] |= ~np.isfinite(lv)
@@ -500,9 +509,11 @@ class Clients:
             losses[bad] = np.nan
         return losses / np.maximum(seen, 1)
 
-    def _step(self, sel, rows: np.ndarray, x, y, w, objective: Objective | None = None) -> torch.Tensor:
+    def _step(self, sel, rows: np.ndarray, x, y, w, objective: Objective | None = None,
+              v: torch.Tensor | None = None) -> torch.Tensor:
         """One optimizer step of ``rows`` (``sel``: their selector) on their batches
-        ``x, y, w``; returns their losses."""
+        ``x, y, w``; returns their losses. ``v``: per-sample loss weights (zero on
+        padding), see ``Objective.sample_weight``."""
         p = self.params[sel]  # a view when the rows are contiguous
         # The fused update runs client by client on one thread; with more threads
         # the batched GEMM + add_ of the unfused one parallelise and win (at two
@@ -514,7 +525,18 @@ class Clients:
             with torch.no_grad():
                 g, loss = _stacked_grads(self.stacked, self.parts(p), x, y, w, self._grad_blocks(len(rows)), sgd)
         else:
+            scale = None
+            if v is not None:
+                # every path computes the weighted mean sum(w l) / max(sum w, 1): feed it
+                # weights summing to n (no clamp) and rescale by sum(v) / n afterwards
+                n, tot = w.sum(1), v.sum(1)
+                w = torch.where(tot[:, None] > 0, v * (n / tot.clamp_min(1e-30))[:, None], w)
+                scale = tot / n.clamp_min(1.0)
             g, loss = self._grads(p, x, y, w, rows, None if objective is None else objective.bias(rows))
+            if scale is not None:
+                loss = loss * scale
+                for gb in ([g] if torch.is_tensor(g) else g):
+                    gb.mul_(scale.view(-1, *(1,) * (gb.dim() - 1)))
             if objective is not None:
                 g = objective.apply(self, p, g, rows)
         self.opt.step_(sel, p, g)
@@ -533,6 +555,28 @@ class Clients:
         return [(a, min(m, a + k)) for a in range(0, m, k)]
 
     # ------------------------------------------------------------------ evaluation
+    def split_batches(self, split: str, local: np.ndarray | None = None
+                      ) -> Iterator[tuple[slice, np.ndarray, torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Every listed client's whole ``split`` in chunks of clients, padded:
+        ``(positions in local, idx [m, n_max], x, y, w)`` with w = 0 on padding."""
+        local = np.arange(self.n) if local is None else np.asarray(local)
+        idx_all = self.split_index(local, split)
+        if len(local) == 0 or idx_all.shape[1] == 0:
+            return
+        step = self._chunk(idx_all.shape[1])
+        for a in range(0, len(local), step):
+            sl = slice(a, min(a + step, len(local)))
+            yield (sl, idx_all[sl], *self.batch(idx_all[sl]))
+
+    @torch.no_grad()
+    def shared_logits(self, row: torch.Tensor, x: torch.Tensor, local: np.ndarray) -> torch.Tensor:
+        """``[m, b, C]`` outputs of one model ``row [P]`` on the listed clients' inputs
+        ``x [m, b, ...]`` (a BatchNorm model with each client's own statistics)."""
+        if self.layout.B:
+            return self.logits(row.expand(len(local), -1).contiguous(), x, local)
+        self.model.eval()
+        return self._logits_one(row, x.reshape(-1, *x.shape[2:])).reshape(*x.shape[:2], -1)
+
     def split_index(self, local: np.ndarray, split: str) -> np.ndarray:
         """``[m, n_max]`` indices of each client's split samples, -1 padded."""
         spans = [self.split_range(int(k), split) for k in local]

@@ -36,6 +36,9 @@ class Head:
     # an MLP ending in the head: the layers before it in Clients.stacked's form,
     # so the features of m rows are m-batched matmuls instead of vmap; else None
     body: list[tuple[str, ...]] | None = None
+    # the model with its head replaced by nn.Identity: differentiable features of
+    # per-parameter tensors through functional_call (FedProto's prototype loss)
+    module: nn.Module | None = None
 
     @property
     def width(self) -> int:
@@ -103,7 +106,7 @@ def find_head(clients: Clients, model_name: str, algorithm: str) -> Head:
 
     head = Head(weight=layout.slices([wname])[0], bias=layout.slices([bname])[0] if bname else None,
                 n_classes=lin.out_features, dim=lin.in_features, names=names, features=features,
-                body=_mlp_body(clients.stacked, wname))
+                body=_mlp_body(clients.stacked, wname), module=fmodel)
     gen = torch.Generator().manual_seed(0)
     probe = torch.randn(3, *clients.data.in_shape, generator=gen).to(clients.device)
     with torch.no_grad():
