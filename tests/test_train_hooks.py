@@ -139,3 +139,36 @@ def test_custom_step_sees_every_batch_and_its_losses_are_averaged():
     plan = c.plan(np.array([1, 3]), 2, 0)
     assert counts == {1: int((plan.idx[0] >= 0).any(1).sum()), 3: int((plan.idx[1] >= 0).any(1).sum())}
     assert sum(n for _, n in seen) == 2 * int(c.sizes[[1, 3], 0].sum())
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_sample_weights_scale_each_sample_and_the_batch_mean_stays_over_samples(path):
+    """FedEM's M-step: a batch B's loss is sum_b v_b l_b / |B| (not a weighted mean)."""
+    c = make(path)
+    gen = torch.Generator().manual_seed(1)
+    v = torch.rand(len(c.x), generator=gen) * 0.3  # small: sum_b v_b < 1 in many batches
+    start = c.params.clone()
+    loss = c.train(np.arange(c.n), 2, 4, objective=Objective(sample_weight=v))
+    plan = c.plan(np.arange(c.n), 2, 4)
+    for k in range(c.n):
+        w, seen = start[k].clone(), []
+        for s in range(plan.steps):
+            idx = plan.idx[k, s]
+            idx = idx[idx >= 0]
+            if len(idx) == 0:
+                continue
+            leaf = w.clone().requires_grad_(True)
+            out = functional_call(c.model, c.layout.unflatten(leaf), (c.x[idx],))
+            lk = (v[idx] * F.cross_entropy(out, c.y[idx], reduction="none")).sum() / len(idx)
+            (g,) = torch.autograd.grad(lk, leaf)
+            w = w - c.cfg.lr * g
+            seen.append((float(lk), len(idx)))
+        torch.testing.assert_close(c.params[k], w, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(loss[k], sum(a * n for a, n in seen) / sum(n for _, n in seen), rtol=1e-5)
+
+
+def test_unit_sample_weights_are_plain_training():
+    a, b = make("stacked"), make("stacked")
+    a.train(np.arange(a.n), 1, 3)
+    b.train(np.arange(b.n), 1, 3, objective=Objective(sample_weight=torch.ones(len(b.x))))
+    torch.testing.assert_close(a.params, b.params, rtol=1e-5, atol=1e-6)
