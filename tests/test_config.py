@@ -63,7 +63,13 @@ def test_a_section_validates_itself_with_one_line_naming_the_key():
     import pytest
 
     for override, key in [("federico.eps=2", "federico.eps"), ("dpfl.period=0", "dpfl.period"),
-                          ("pfedlia.xi=1", "pfedlia.xi"), ("fedc2i.alpha=-1", "fedc2i.alpha")]:
+                          ("pfedlia.xi=1", "pfedlia.xi"), ("fedc2i.alpha=-1", "fedc2i.alpha"),
+                          ("fedem.components=0", "fedem.components"), ("fedem.components=65", "fedem.components"),
+                          ("fedproto.lam=-1", "fedproto.lam"), ("fedproto.lam=.nan", "fedproto.lam"),
+                          ("fedproto.lam=.inf", "fedproto.lam"), ("knn_per.k=0", "knn_per.k"),
+                          ("knn_per.lam=1.5", "knn_per.lam"), ("knn_per.lam=-0.1", "knn_per.lam"),
+                          ("knn_per.temperature=0", "knn_per.temperature"),
+                          ("knn_per.temperature=.inf", "knn_per.temperature")]:
         with pytest.raises(config.ConfigError, match=f"^{key}=") as e:
             config.load(None, [override])
         assert "\n" not in str(e.value)

@@ -38,6 +38,7 @@ def assert_same_logs(a, b):
     ("local", "1:3:kill"), ("fedavg", "1:3:kill"), ("fedavg_ft", "1:3:kill"), ("oracle", "1:3:kill"),
     ("federico", "1:3:kill"), ("fedc2i", "1:3:kill"), ("dpfl", "1:3:kill"),
     ("pfedlia", "1:3:kill"), ("pfedlia-p2p", "1:3:kill"),  # warm-up and LIA happen before the kill
+    ("fedem", "1:3:kill"), ("fedproto", "1:3:kill"), ("knn_per", "1:3:kill"),
     ("fedavg", "0:3:kill_in_checkpoint"),  # killed between writing its part and publishing
     ("fedavg", "1:1:kill"),  # before the first checkpoint: the rerun starts over
     ("oracle", "0:5:kill"), ("federico", "0:5:kill_in_checkpoint"),
@@ -66,6 +67,26 @@ def test_sigkill_then_resume_is_identical(tmp_path, algo, fault):
     else:
         assert "resumed" not in resumed.stdout
     assert_same_logs(open_run(tmp_path / "ref"), open_run(tmp_path / "cut"))
+
+
+@pytest.mark.parametrize("algo", ["fedem", "fedproto", "knn_per"])
+def test_same_seed_same_results_on_1_and_4_ranks(tmp_path, algo):
+    """Rank-count invariance: every logged per-client value agrees; only the
+    order of floating-point sums across ranks may differ."""
+    args = [*BASE, f"algorithm.name={algo}", "run.checkpoint_every=0", f"run.out_dir={tmp_path}"]
+    runs = {}
+    for n in (1, 4):
+        res = launch([*args, f"run.name=n{n}"], n=n)
+        assert res.returncode == 0, res.stderr
+        runs[n] = open_run(tmp_path / f"n{n}")
+    a, b = runs[1], runs[4]
+    keys = set(a.keys()) - TIMING - {"clients/rank"}
+    assert keys == set(b.keys()) - TIMING - {"clients/rank"} and a.n_rounds == b.n_rounds == 6
+    assert any(k.startswith(f"{algo}/") for k in keys) or algo == "knn_per"
+    for k in sorted(keys):
+        x, y = a.get(k), b.get(k)
+        assert x.shape == y.shape, k
+        np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5, equal_nan=True, err_msg=k)
 
 
 def test_sigterm_checkpoints_exits_75_and_resumes_identically(tmp_path):

@@ -54,7 +54,7 @@ from .. import models
 from ..checkpoint import per_client
 from ..clients import Objective, loss_acc_from_probs
 from ..config import check
-from ..rng import GLOBAL
+from ..rng import GLOBAL, rng
 from .base import Context, Round
 
 if TYPE_CHECKING:
@@ -79,15 +79,16 @@ class State:
     pi: np.ndarray = per_client()  # [n_local, M] mixture weights
 
 
-def component_seed(ctx: Context, m: int) -> int:
-    return int(ctx.rng(-1, GLOBAL, f"{INIT_PURPOSE}/{m}").integers(2**63 - 1))
+def component_seed(seed: int, m: int) -> int:
+    """The torch seed of component m >= 1's initial weights, from the run's seed."""
+    return int(rng(seed, -1, GLOBAL, f"{INIT_PURPOSE}/{m}").integers(2**63 - 1))
 
 
 def init(ctx: Context) -> State:
     c, d, M = ctx.clients, ctx.data, ctx.cfg.fedem.components
     rows = [c.init.clone()]
     for m in range(1, M):
-        model = models.build(ctx.cfg.model, d.in_shape, d.n_classes, component_seed(ctx, m))
+        model = models.build(ctx.cfg.model, d.in_shape, d.n_classes, component_seed(ctx.cfg.run.seed, m))
         rows.append(c.layout.flatten(model).to(c.init))
     return State(components=torch.stack(rows), pi=np.full((ctx.comm.n_local, M), 1.0 / M))
 

@@ -164,7 +164,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
     # each sampled client sends its C prototypes and counts: sums travel instead of
     # means (the same C (d + 1) floats), so one Allreduce gives the weighted means
     rows = torch.zeros(ctx.comm.n_local, C * (d + 1), device=c.device)
-    rows[torch.as_tensor(mine, device=c.device)] = torch.cat([sums.reshape(len(mine), -1), counts], 1)
+    rows[torch.as_tensor(mine, device=c.device)] = torch.cat([sums.reshape(len(mine), C * d), counts], 1)
     sel = np.zeros(ctx.comm.n_local)
     sel[mine] = 1.0
     total = ctx.comm.weighted_sum(rows, sel)
