@@ -32,6 +32,7 @@ the mean over clients and as sum(correct) / sum(samples), and the wall time.
 from __future__ import annotations
 
 import argparse
+import importlib.machinery
 import json
 import os
 import pickle
@@ -72,9 +73,15 @@ def write_clients(cfg, root: Path) -> tuple[int, int]:
     return int(np.prod(data.in_shape)), data.n_classes
 
 
+def _module(name: str) -> types.ModuleType:
+    m = types.ModuleType(name)
+    m.__spec__ = importlib.machinery.ModuleSpec(name, None)  # torch's import scan asks for one
+    return m
+
+
 def _stub_logging_modules() -> None:
     """SummaryWriter and tqdm are used for logs and progress bars only."""
-    tb = types.ModuleType("torch.utils.tensorboard")
+    tb = _module("torch.utils.tensorboard")
 
     class SummaryWriter:
         def __init__(self, *a, **k):
@@ -91,7 +98,7 @@ def _stub_logging_modules() -> None:
 
     tb.SummaryWriter = SummaryWriter
     sys.modules["torch.utils.tensorboard"] = tb
-    tq = types.ModuleType("tqdm")
+    tq = _module("tqdm")
 
     class _Bar:
         def __init__(self, it=None, *a, **k):
@@ -110,7 +117,7 @@ def _stub_logging_modules() -> None:
     sys.modules["tqdm"] = tq
     for name in ("tensorboard", "tensorboard.backend", "tensorboard.backend.event_processing",
                  "tensorboard.backend.event_processing.event_accumulator"):
-        m = types.ModuleType(name)
+        m = _module(name)
         m.EventAccumulator = None
         sys.modules.setdefault(name, m)
 
@@ -156,6 +163,7 @@ def child(fedem_dir: str, out: str, cfg_json: str, argv: list[str]) -> None:
                                                 weight_decay=0.0)
             learner.lr_scheduler = None
             learner.model_dim = sum(p.numel() for p in learner.model.parameters())
+        ens.model_dim = ens.learners[0].model_dim  # the size of the updates fit_epochs returns
 
     adopt(ensemble)
     for c in clients:

@@ -71,6 +71,10 @@ METHODS: dict[str, tuple[str, dict[str, str | float | int | Callable[[dict], obj
     # both sides m other clients' models. Its validation share is fixed at 0.2 in
     # clientfomo.py (fedfomo.val_frac's default); it has no epsilon-greedy exploration.
     "fedfomo": ("FedFomo", {"-M": lambda flat: int(flat["fedfomo.m"]) + 1}),
+    # PFLlib's FedProto: MSE (mean over coordinates) to the global prototype x lamda,
+    # as mpifl's; it averages prototypes uniformly over clients and collects them
+    # during training (mpifl: count-weighted, after training; bench/README.md)
+    "fedproto": ("FedProto", {"-lam": "fedproto.lam"}),
 }
 
 
