@@ -71,11 +71,11 @@ def main() -> None:
             query = torch.randn(m, a.queries, a.dim, generator=gen).relu_()
             ref = torch_search(store, query, a.k).numpy()
             s_np, q_np = store.numpy().astype(np.float64), query.numpy().astype(np.float64)
-            row = [timed(lambda: torch_search(store, query, a.k), a.repeat)]
+            row = [timed(lambda s=store, q=query: torch_search(s, q, a.k), a.repeat)]
             for algo in ("brute", "kd_tree", "auto"):
                 got = sklearn_search(s_np, q_np, a.k, algo)
                 assert np.allclose(got, ref, rtol=1e-3, atol=1e-3), algo
-                row.append(timed(lambda algo=algo: sklearn_search(s_np, q_np, a.k, algo), a.repeat))
+                row.append(timed(lambda algo=algo, s=s_np, q=q_np: sklearn_search(s, q, a.k, algo), a.repeat))
             print(f"| {m} | {n} | " + " | ".join(f"{1e3 * t:.1f} ms" for t in row) + " |", flush=True)
 
 

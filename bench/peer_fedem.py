@@ -50,7 +50,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from peer_pfllib import DEFAULTS, mpifl_config, run_mpifl  # noqa: E402
+from peer_pfllib import mpifl_config, run_mpifl  # noqa: E402
 
 FEDEM_DEFAULTS = {"fedem.components": 4}
 

@@ -39,7 +39,7 @@ def reference(cfg, rounds=2):
         sampled = ref.sample(t, cfg.algorithm.fraction)
         plan = c.plan(sampled, cfg.train.local_epochs, t)
         trained = []
-        for r, k in enumerate(sampled):
+        for r in range(len(sampled)):
             w = model.clone()
             for s in range(plan.steps):
                 idx = plan.idx[r, s]
