@@ -36,8 +36,8 @@ Choices where the paper left room (taken from its authors' code where it shows o
   mpifl: one set per client, shared by its M components.
 
 Traffic: a sampled client receives and sends M models; one Allreduce of P floats per
-component. Logged per round: ``/fedem/pi`` [N, M] (mixture weights after the round;
-what the paper's Fig. 2-style plots show), ``/graph/mixing`` row p over the sampled
+component. Logged per round: ``/fedem/pi`` [N, M] (every client's mixture weights
+after the round: which components it uses) and the mixing row p over the sampled
 clients (each component's average).
 """
 
