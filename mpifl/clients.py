@@ -322,8 +322,11 @@ class Clients:
         self._write_flat(flat, dict(zip(self._names, g)))
         return flat, loss
 
-    def _grads(self, params, x, y, w, local, bias=None) -> tuple[torch.Tensor | list[torch.Tensor], torch.Tensor]:
-        """As :meth:`grads`; the batched path returns per-parameter blocks."""
+    def _grads(self, params, x, y, w, local, bias=None,
+               valid: torch.Tensor | None = None) -> tuple[torch.Tensor | list[torch.Tensor], torch.Tensor]:
+        """As :meth:`grads`; the batched path returns per-parameter blocks. ``valid``:
+        the batch's real samples where ``w`` may be zero on some of them (per-sample
+        weights): the loop still forwards them, so BatchNorm sees the whole batch."""
         m = params.shape[0]
         if self.batched and self.stacked is not None:  # Linear/ReLU only: no train mode
             with torch.no_grad():
@@ -343,7 +346,7 @@ class Clients:
             g = torch.empty(m, self.P, dtype=params.dtype, device=params.device)
             ls = []
             for i in range(m):
-                keep = w[i] > 0
+                keep = valid[i] if valid is not None else w[i] > 0
                 parts = {k: v[0].detach().requires_grad_(True) for k, v in self.parts(params[i:i + 1]).items()}
                 bufs = self.buffers[local[i]] if (local is not None and self.layout.B) else None
                 loss = self._loss_parts(parts, x[i][keep], y[i][keep], w[i][keep], bufs,
@@ -525,14 +528,15 @@ class Clients:
             with torch.no_grad():
                 g, loss = _stacked_grads(self.stacked, self.parts(p), x, y, w, self._grad_blocks(len(rows)), sgd)
         else:
-            scale = None
+            scale, valid = None, None
             if v is not None:
+                valid = w > 0
                 # every path computes the weighted mean sum(w l) / max(sum w, 1): feed it
                 # weights summing to n (no clamp) and rescale by sum(v) / n afterwards
                 n, tot = w.sum(1), v.sum(1)
                 w = torch.where(tot[:, None] > 0, v * (n / tot.clamp_min(1e-30))[:, None], w)
                 scale = tot / n.clamp_min(1.0)
-            g, loss = self._grads(p, x, y, w, rows, None if objective is None else objective.bias(rows))
+            g, loss = self._grads(p, x, y, w, rows, None if objective is None else objective.bias(rows), valid)
             if scale is not None:
                 loss = loss * scale
                 for gb in ([g] if torch.is_tensor(g) else g):

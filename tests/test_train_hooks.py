@@ -172,3 +172,33 @@ def test_unit_sample_weights_are_plain_training():
     a.train(np.arange(a.n), 1, 3)
     b.train(np.arange(b.n), 1, 3, objective=Objective(sample_weight=torch.ones(len(b.x))))
     torch.testing.assert_close(a.params, b.params, rtol=1e-5, atol=1e-6)
+
+
+def test_zero_sample_weights_keep_the_sample_in_a_batchnorm_batch():
+    """The loop path forwards a batch's zero-weight samples too: BatchNorm normalises
+    over the whole batch (as FedEM's authors' code does), and a batch whose other
+    samples all have weight 0 still trains instead of failing on one sample."""
+    c0 = make("loop")
+    d = c0.data
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(int(np.prod(d.in_shape)), 8),
+                                torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, d.n_classes))
+    c = Clients(model, d, c0.cfg, torch.device("cpu"), 0)
+    v = torch.rand(len(c.x), generator=torch.Generator().manual_seed(2))
+    v[::2] = 0.0
+    start, bufs0 = c.params.clone(), c.buffers.clone()
+    c.train(np.arange(c.n), 1, 5, objective=Objective(sample_weight=v))
+    plan = c.plan(np.arange(c.n), 1, 5)
+    for k in range(c.n):
+        w, bufs = start[k].clone(), c.layout.unflatten_buffers(bufs0[k].clone())
+        for s in range(plan.steps):
+            idx = plan.idx[k, s]
+            idx = idx[idx >= 0]
+            if len(idx) == 0:
+                continue
+            leaf = w.clone().requires_grad_(True)
+            model.train()
+            out = functional_call(model, {**c.layout.unflatten(leaf), **bufs}, (c.x[idx],))
+            lk = (v[idx] * F.cross_entropy(out, c.y[idx], reduction="none")).sum() / len(idx)
+            (g,) = torch.autograd.grad(lk, leaf)
+            w = w - c.cfg.lr * g
+        torch.testing.assert_close(c.params[k], w, rtol=1e-5, atol=1e-6)
