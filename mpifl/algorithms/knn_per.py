@@ -22,8 +22,9 @@ Choices where the paper left room:
   far-apart embeddings cannot underflow every weight to zero; a client with fewer
   than k training samples uses all of them.
 - the neighbour search is exact: ``torch.cdist`` + ``topk`` on the rank's device,
-  batched over clients (faster than scikit-learn's NearestNeighbors on these
-  datastores, bench/README.md "kNN-Per neighbour search").
+  batched over clients: faster than scikit-learn's NearestNeighbors fitted per
+  client on small datastores, even at 500 samples a client (bench/README.md
+  "kNN-Per neighbour search").
 - lam is one value for every client (the paper tunes it per client on validation
   data; DPFL fixes it).
 - the datastore is rebuilt at every evaluation from the current global model and
