@@ -28,6 +28,10 @@ Choices where the paper left room:
 - local prototypes are computed after training with the trained body, as the
   paper's Algorithm 1 writes them (PFLlib averages the embeddings seen during
   training instead); the server weighs them by class counts (PFLlib: uniformly).
+  They are taken in eval mode, as prediction uses them: with BatchNorm that is
+  the running statistics, while training's features use the batch's, so on tiny
+  clients the two can sit far apart (resnet18 on 6 digits a client diverged at
+  lr 0.05 and trained at 0.005).
 - a class without a global prototype contributes no regulariser, and its samples
   still count in the batch mean (as in PFLlib); the client's optimizer state
   persists across rounds (no model is downloaded).
