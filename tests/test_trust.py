@@ -1,0 +1,105 @@
+"""Issue 20: no code from data files, no shell from configs, no lost results.
+
+A user on a shared disk may find files planted by someone else in a run
+directory, a dataset folder or a sweep; none of them may run code, and mpifl
+may not delete or damage what it did not write."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import REPO, launch
+
+from mpifl.logging.h5 import open_run
+
+TINY = ["data.name=synthetic", "data.n_samples=240", "data.n_clients=4", "data.n_clusters=2", "model.hidden=[8]",
+        "run.rounds=2", "run.threads=1"]
+
+
+class _Planted:
+    """Unpickling this creates ``path``: what a hostile file would do instead."""
+
+    def __init__(self, path: Path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def _one_error_line(res: subprocess.CompletedProcess) -> str:
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mpifl: error: "), res.stderr
+    return lines[0]
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+@pytest.mark.parametrize("where", ["meta", "part", "pointer"])
+def test_a_planted_checkpoint_runs_no_code(tmp_path, where):
+    args = [*TINY, f"run.out_dir={tmp_path}", "run.name=r"]
+    assert launch(args, n=0).returncode == 0
+    ck = tmp_path / "r" / "checkpoint"
+    marker = tmp_path / "PWNED"
+    if where == "meta":
+        torch.save({"round": 1, "x": _Planted(marker)}, ck / "round-000001" / "meta.pt")
+    elif where == "part":
+        torch.save({"ids": _Planted(marker)}, ck / "round-000001" / "part-0000.pt")
+    else:  # latest may only name a round-NNNNNN directory beside it
+        evil = tmp_path / "elsewhere"
+        shutil.copytree(ck / "round-000001", evil)
+        torch.save({"round": 1, "x": _Planted(marker)}, evil / "meta.pt")
+        (ck / "latest").write_text("../../elsewhere")
+    line = _one_error_line(launch([*args, "run.rounds=3"], n=0))
+    assert "checkpoint" in line and "run.resume=never" in line
+    assert not marker.exists()
+
+
+# --------------------------------------------------------------------------- the log
+
+
+WRITER = """
+import sys
+import numpy as np
+from mpifl.logging.h5 import Writer
+N = 100
+w = Writer(sys.argv[1], {"n_ranks": 1}, {"cluster": np.zeros(N, int)}, N)
+for t in range(20):
+    rows = {k: np.full(N, t, float) for k in ("metrics/train_loss", "metrics/val_loss", "comm/bytes_sent")}
+    w.write_round(t, {"wall_s": 1.0}, rows, mixing=np.full((N, N), t, np.float32))
+    print(t, flush=True)
+w.close()
+"""
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace to kill at a chosen write")
+def test_sigkill_at_any_write_of_the_log_loses_no_finished_round(tmp_path):
+    """strace kills the writer at its k-th write call, for k across rounds (mid-flush
+    included); every round it reported finished must read back whole."""
+    script = tmp_path / "w.py"
+    script.write_text(WRITER)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for k in range(20, 200, 7):
+        log = tmp_path / f"k{k}" / "run.h5"
+        log.parent.mkdir()
+        res = subprocess.run(["strace", "-f", "-o", "/dev/null", "-e", "trace=pwrite64,pwritev",
+                              "-e", f"inject=pwrite64,pwritev:signal=SIGKILL:when={k}",
+                              sys.executable, str(script), str(log)],
+                             env=env, capture_output=True, text=True, timeout=120, check=False)
+        assert res.returncode != 0, f"k={k}: not killed"
+        finished = len(res.stdout.split())
+        if finished == 0 and not log.exists():
+            continue
+        run = open_run(log)
+        assert run.n_rounds >= finished, f"k={k}"
+        for key in run.keys():
+            run.get(key)
+        if run.n_rounds:
+            assert (run.metric("val_loss")[:, 0] == range(run.n_rounds)).all(), f"k={k}"
