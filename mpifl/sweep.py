@@ -179,10 +179,9 @@ def _label_parts(key: str) -> list[str]:
 
 
 def _point_names(keys: list[str], combos: list[tuple]) -> list[str]:
-    """``007_budget-0.2N_seed-1``: the shortest key suffixes that stay distinct.
-
-    No "=" in the names: ``python -m mpifl.main`` takes an argument holding one
-    for an override, not for a config path."""
+    """``007_budget-0.2N_seed-1``: the shortest key suffixes that stay distinct
+    (``python -m mpifl.main`` tells a config path from an override by what it
+    is, so a sweep or out_dir named ``lr=0.1`` works too)."""
     labels = []
     for key in keys:
         parts = _label_parts(key)

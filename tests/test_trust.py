@@ -103,3 +103,22 @@ def test_sigkill_at_any_write_of_the_log_loses_no_finished_round(tmp_path):
             run.get(key)
         if run.n_rounds:
             assert (run.metric("val_loss")[:, 0] == range(run.n_rounds)).all(), f"k={k}"
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def test_a_sweep_over_lr_runs_every_point_though_its_paths_hold_equals_signs(tmp_path):
+    from test_sweep import _sweep_file
+
+    path = _sweep_file(tmp_path, {"train.lr": [0.1, 0.01]}, name="lr=0.1-0.01")
+    res = subprocess.run([sys.executable, "-m", "mpifl.sweep", str(path), "--out-dir", str(tmp_path / "out"),
+                          "--local", "--ranks", "1"], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    runs = sorted((tmp_path / "out" / "lr=0.1-0.01" / "runs").iterdir())
+    assert [r.name for r in runs] == ["000_lr-0.1", "001_lr-0.01"]
+    for r, lr in zip(runs, (0.1, 0.01)):
+        assert "=" in str(r / "config.yaml")
+        run = open_run(r)
+        assert run.complete and run.config["train"]["lr"] == lr
