@@ -33,6 +33,7 @@ import os
 import pickle
 import re
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -152,11 +153,17 @@ def _load(path: Path) -> Any:
     """A checkpoint file, read without running any code it may hold; one line when
     it cannot be."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
-        raise ConfigError(f"checkpoint file {str(path)!r} holds objects other than tensors and plain containers "
-                          f"(refused: loading them could run code); delete the checkpoint or use "
-                          f"run.resume=never") from None
+        with warnings.catch_warnings():  # torch warns about pickle protocols on stderr
+            warnings.simplefilter("ignore")
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        found = re.search(r"Unsupported global: GLOBAL ([\w.]{1,100})", str(e))
+        if found:
+            raise ConfigError(f"checkpoint file {str(path)!r} holds a {found.group(1)} object, not only tensors and "
+                              f"plain containers (refused: loading it could run code); delete the checkpoint or "
+                              f"use run.resume=never") from None
+        raise ConfigError(f"checkpoint file {str(path)!r} is unreadable (not a checkpoint mpifl wrote); "
+                          f"delete the checkpoint or use run.resume=never") from None
     except Exception as e:  # noqa: BLE001 - any unreadable file is the same user error
         raise ConfigError(f"checkpoint file {str(path)!r} is unreadable ({type(e).__name__}); "
                           f"delete the checkpoint or use run.resume=never") from None

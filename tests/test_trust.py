@@ -58,7 +58,8 @@ def test_a_planted_checkpoint_runs_no_code(tmp_path, where):
         torch.save({"round": 1, "x": _Planted(marker)}, evil / "meta.pt")
         (ck / "latest").write_text("../../elsewhere")
     line = _one_error_line(launch([*args, "run.rounds=3"], n=0))
-    assert "checkpoint" in line and "run.resume=never" in line
+    assert ("checkpoint file" if where != "pointer" else "names '../../elsewhere'") in line
+    assert "run.resume=never" in line
     assert not marker.exists()
 
 
@@ -122,3 +123,52 @@ def test_a_sweep_over_lr_runs_every_point_though_its_paths_hold_equals_signs(tmp
         assert "=" in str(r / "config.yaml")
         run = open_run(r)
         assert run.complete and run.config["train"]["lr"] == lr
+
+
+# --------------------------------------------------------------------------- config input
+
+
+@pytest.mark.parametrize(("text", "value"), [('".05"', 0.05), ('".1e3"', 100.0), ("'+.5'", 0.5), ('"1e-3"', 0.001)])
+def test_quoted_numbers_read_as_yaml_numbers_never_shifted(tmp_path, text, value):
+    from mpifl import config
+
+    f = tmp_path / "c.yaml"
+    f.write_text(f"train:\n  weight_decay: {text}\n")
+    assert config.load(f).train.weight_decay == value
+    assert config.load(None, [f"train.weight_decay={text}"]).train.weight_decay == value
+
+
+@pytest.mark.parametrize("text", ['"5,0"', '"0x10"', '"1_0"', '"."', '"- 1"'])
+def test_strings_that_are_no_yaml_number_are_refused(text):
+    from mpifl import config
+
+    with pytest.raises(config.ConfigError, match=r"^train\.lr=.* must be a number"):
+        config.load(None, [f"train.lr={text}"])
+
+
+@pytest.mark.parametrize("nest", ["[", "{a: "])
+def test_a_3000_deep_yaml_exits_2_in_one_line(tmp_path, nest):
+    f = tmp_path / "deep.yaml"
+    f.write_text("run: " + nest * 3000 + "1" + ("]" if nest == "[" else "}") * 3000 + "\n")
+    line = _one_error_line(launch([str(f)], n=0))
+    assert "deep.yaml" in line and "levels deep" in line
+
+
+def test_huge_values_are_cut_in_error_messages():
+    from mpifl import config
+
+    with pytest.raises(config.ConfigError) as e:
+        config.load(None, ["train.optimizer=" + "x" * 100_000])
+    msg = str(e.value)
+    assert len(msg) < 500 and msg.startswith("train.optimizer='xxx") and msg.endswith("sgd, adam")
+    assert "characters)..." in msg
+
+
+@pytest.mark.parametrize("key", ["name", "out_dir"])
+def test_control_characters_in_run_paths_are_config_errors(tmp_path, key):
+    from mpifl import config
+
+    f = tmp_path / "c.yaml"
+    f.write_text(f'run:\n  {key}: "x\\ntouch PWNED"\n')
+    with pytest.raises(config.ConfigError, match=rf"^run\.{key}='x\\ntouch PWNED' is not allowed; no newlines"):
+        config.load(f)
