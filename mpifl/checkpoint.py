@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .config import ConfigError
+from .config import ConfigError, shorten
 from .paths import RunDir, atomic_write_text
 
 PER_CLIENT = "per_client"
@@ -177,14 +177,31 @@ def read_meta(path: Path) -> dict:
     return meta
 
 
-def check_config(meta: dict, cfg_dict: dict, where: Path) -> None:
-    old, new = _flatten(meta["config"]), _flatten(cfg_dict)
+def config_diff(old: dict, new: dict) -> str:
+    """The keys (outside MAY_CHANGE) whose values differ, as "k (a -> b), ..."; "" if none."""
+    old, new = _flatten(old), _flatten(new)
     diff = sorted(k for k in set(old) | set(new) if k not in MAY_CHANGE and old.get(k) != new.get(k))
+    shown = ", ".join(f"{k} ({shorten(repr(old.get(k)), 60)} -> {shorten(repr(new.get(k)), 60)})" for k in diff[:6])
+    return shown + (f" and {len(diff) - 6} more" if len(diff) > 6 else "")
+
+
+def check_config(meta: dict, cfg_dict: dict, where: Path) -> None:
+    diff = config_diff(meta["config"], cfg_dict) if isinstance(meta["config"], dict) else "unreadable"
     if diff:
-        shown = ", ".join(f"{k} ({old.get(k)!r} -> {new.get(k)!r})" for k in diff[:6])
-        more = f" and {len(diff) - 6} more" if len(diff) > 6 else ""
-        raise ConfigError(f"run directory {str(where)!r} holds a run with a different config: {shown}{more}; "
+        raise ConfigError(f"run directory {str(where)!r} holds a run with a different config: {diff}; "
                           f"use another run.name, or run.resume=never to start over")
+
+
+def forget(rd: RunDir) -> None:
+    """Delete the checkpoints mpifl wrote in ``rd`` (``latest``, ``round-NNNNNN``
+    and their temporary directories); anything else there stays."""
+    if not rd.checkpoint.is_dir():
+        return
+    (rd.checkpoint / LATEST).unlink(missing_ok=True)
+    for d in rd.checkpoint.iterdir():
+        name = d.name.removeprefix(".").removesuffix(".tmp")
+        if ROUND_DIR.fullmatch(name) and d.is_dir() and not d.is_symlink():
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def load(path: Path, ctx, state: Any) -> int:

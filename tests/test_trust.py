@@ -172,3 +172,41 @@ def test_control_characters_in_run_paths_are_config_errors(tmp_path, key):
     f.write_text(f'run:\n  {key}: "x\\ntouch PWNED"\n')
     with pytest.raises(config.ConfigError, match=rf"^run\.{key}='x\\ntouch PWNED' is not allowed; no newlines"):
         config.load(f)
+
+
+# --------------------------------------------------------------------------- run directories
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("kind", ["not a run", "another config"])
+def test_a_fresh_run_into_a_foreign_directory_deletes_nothing(tmp_path, kind):
+    d = tmp_path / "r"
+    (d / "checkpoint" / "round-000001").mkdir(parents=True)
+    (d / "checkpoint" / "round-000001" / "meta.pt").write_bytes(b"someone's")
+    (d / "checkpoint" / "latest").write_text("round-000001")
+    (d / "run.h5").write_bytes(b"precious results")
+    (d / "notes.txt").write_text("mine")
+    args = [*TINY, f"run.out_dir={tmp_path}", "run.name=r", "run.resume=never"]
+    if kind == "another config":
+        assert launch([*args[:-1], "run.name=other", "train.lr=0.2"], n=0).returncode == 0
+        (d / "config.yaml").write_bytes((tmp_path / "other" / "config.yaml").read_bytes().replace(b"other", b"r"))
+    before = _tree(d)
+    line = _one_error_line(launch(args, n=0))
+    assert "use another run.name" in line and ("train.lr" in line) == (kind == "another config")
+    assert _tree(d) == before
+
+
+def test_a_fresh_start_of_the_same_config_replaces_only_its_own_files(tmp_path):
+    args = [*TINY, f"run.out_dir={tmp_path}", "run.name=r"]
+    assert launch(args, n=0).returncode == 0
+    d = tmp_path / "r"
+    (d / "checkpoint" / "keep.txt").write_text("not mpifl's")
+    (d / "notes.txt").write_text("mine")
+    res = launch([*args, "run.resume=never", "run.rounds=3"], n=0)
+    assert res.returncode == 0, res.stderr
+    assert "resumed" not in res.stdout and open_run(d).n_rounds == 3
+    assert (d / "checkpoint" / "keep.txt").read_text() == "not mpifl's" and (d / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in (d / "checkpoint").iterdir()) == ["keep.txt", "latest", "round-000002"]
