@@ -7,6 +7,7 @@ may not delete or damage what it did not write."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -210,3 +211,86 @@ def test_a_fresh_start_of_the_same_config_replaces_only_its_own_files(tmp_path):
     assert "resumed" not in res.stdout and open_run(d).n_rounds == 3
     assert (d / "checkpoint" / "keep.txt").read_text() == "not mpifl's" and (d / "notes.txt").read_text() == "mine"
     assert sorted(p.name for p in (d / "checkpoint").iterdir()) == ["keep.txt", "latest", "round-000002"]
+
+
+# --------------------------------------------------------------------------- sbatch scripts
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("time", "01:00:00\nrm -rf ~"), ("time", "01:00:00; touch PWNED"), ("time", "$(touch PWNED)"),
+    ("partition", "gpu\ntouch PWNED"), ("partition", "gpu`touch PWNED`"), ("account", "me;touch PWNED"),
+    ("mem", "4G $(touch PWNED)"), ("python", "/opt/py\ntouch PWNED"), ("sbatch", ["--qos=x\ntouch PWNED"]),
+    ("srun", ["--x\ntouch PWNED"]), ("setup", ["module load x\ntouch PWNED"]), ("mpi", "pmi2\ntouch PWNED"),
+])
+def test_hostile_slurm_options_are_errors_naming_the_key(tmp_path, key, value):
+    from mpifl import sweep as sw
+    from mpifl.config import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        sw.SlurmOptions.from_dict({key: value})
+    assert str(e.value).startswith(f"slurm.{key}") and "\n" not in str(e.value)
+    opts = sw.SlurmOptions(**{key: value})  # built directly: rendering checks again
+    cfg = _cfg(tmp_path / "o", "r")
+    with pytest.raises(ConfigError, match=f"^slurm.{key}"):
+        sw.run_script(cfg, opts, tmp_path)
+
+
+@pytest.mark.parametrize(("key", "value"), [("name", "r\ntouch PWNED"), ("out_dir", "/scratch/o\ntouch PWNED")])
+def test_newlines_in_run_paths_never_reach_a_script(tmp_path, key, value):
+    from mpifl import sweep as sw
+    from mpifl.config import ConfigError
+
+    f = tmp_path / "c.yaml"
+    f.write_text(f"run: {{{key}: {value!r}}}\n".replace("'", '"').replace("\n", "\\n", 1))
+    assert sw.main(["--run", str(f), "--dry-run"]) == 2
+    with pytest.raises(ConfigError, match=f"^run.{key}="):
+        sw.run_script(_cfg(*(("/scratch/o", value) if key == "name" else (value, "r"))), sw.SlurmOptions(),
+                      tmp_path)
+
+
+HOSTILE = "$(touch PWNED1) `touch PWNED2`; touch PWNED3"
+
+
+def _cfg(out_dir, name: str):
+    from mpifl import config
+
+    raw = {"run": {"out_dir": str(out_dir), "name": name, "rounds": 2}, "data": {"name": "synthetic"}}
+    try:
+        return config.from_dict(raw)
+    except config.ConfigError:
+        return config.Config(config.RunConfig(out_dir=str(out_dir), name=name))  # as a caller might build it
+
+
+def _hostile_script(out_dir, workdir: Path) -> str:
+    from mpifl import sweep as sw
+
+    opts = sw.SlurmOptions(python=f"/opt/py {HOSTILE}", srun=[f"--x={HOSTILE}", "`touch PWNED4`;"],
+                           sbatch=[f"--comment={HOSTILE}"], partition="gpu,debug", account="lab-1", mem="16G")
+    return sw.run_script(_cfg(out_dir, f"r {HOSTILE}"), opts, workdir)
+
+
+def test_hostile_values_render_inert_in_the_run_script(tmp_path):
+    from test_sweep import _exe, _golden
+
+    text = _hostile_script(f"/scratch/o {HOSTILE}", Path(f"/home/me/mpifl {HOSTILE}"))
+    _golden("run-hostile.sbatch", text)
+    assert subprocess.run(["bash", "-n"], input=text, text=True, check=False).returncode == 0
+    for line in text.splitlines():  # the values land in comments (#SBATCH too) or in single quotes
+        if not line.startswith("#"):
+            assert "PWNED" not in re.sub(r"'[^']*'", "", line), line
+    assert "#SBATCH --job-name=r___touch_PWNED1___touch_PWNED2___touch_PWNED3\n" in text
+
+    # run it, with srun and scontrol stand-ins that print their arguments
+    out, work, bin_ = tmp_path / f"o {HOSTILE}", tmp_path / f"w {HOSTILE}", tmp_path / "bin"
+    work.mkdir()
+    bin_.mkdir()
+    _exe(bin_ / "srun", '#!/bin/bash\nprintf "<%s>\\n" "$@"\n')
+    script = tmp_path / "run.sbatch"
+    script.write_text(_hostile_script(out, work))
+    env = {**os.environ, "PATH": f"{bin_}{os.pathsep}{os.environ['PATH']}", "SLURM_JOB_ID": "7"}
+    res = subprocess.run(["bash", str(script)], cwd=work, env=env, capture_output=True, text=True, timeout=60,
+                         check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"<--x={HOSTILE}>" in res.stdout and "<`touch PWNED4`;>" in res.stdout
+    assert f"</opt/py {HOSTILE}>" in res.stdout  # the interpreter path, one word, as written
+    assert not [p for p in tmp_path.rglob("PWNED*")], "a hostile value ran"
