@@ -294,3 +294,27 @@ def test_hostile_values_render_inert_in_the_run_script(tmp_path):
     assert f"<--x={HOSTILE}>" in res.stdout and "<`touch PWNED4`;>" in res.stdout
     assert f"</opt/py {HOSTILE}>" in res.stdout  # the interpreter path, one word, as written
     assert not [p for p in tmp_path.rglob("PWNED*")], "a hostile value ran"
+
+
+# --------------------------------------------------------------------------- datasets
+
+
+@pytest.mark.parametrize(("name", "file"), [("cifar10", "data_batch_2"), ("cifar10", "batches.meta"),
+                                            ("cifar100", "test")])
+def test_a_hostile_cifar_pickle_is_refused(tmp_path, name, file):
+    import pickle
+
+    import numpy as np
+    from test_datasets import cfg_for, write_cifar
+
+    from mpifl.config import ConfigError
+    from mpifl.data import datasets
+
+    write_cifar(tmp_path, name == "cifar100", np.random.default_rng(0))
+    folder = tmp_path / ("cifar-10-batches-py" if name == "cifar10" else "cifar-100-python")
+    marker = tmp_path / "PWNED"
+    (folder / file).write_bytes(pickle.dumps({"data": _Planted(marker)}, protocol=2))
+    with pytest.raises(ConfigError) as e:
+        datasets.load(cfg_for(name, tmp_path), 0)
+    assert "\n" not in str(e.value) and "refused global builtins.open" in str(e.value)
+    assert not marker.exists()
