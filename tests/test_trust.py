@@ -318,3 +318,37 @@ def test_a_hostile_cifar_pickle_is_refused(tmp_path, name, file):
         datasets.load(cfg_for(name, tmp_path), 0)
     assert "\n" not in str(e.value) and "refused global io.open" in str(e.value)
     assert not marker.exists()
+
+
+# --------------------------------------------------------------------------- analysis
+
+
+@pytest.mark.parametrize("lie", ["wide metric", "long clients", "more rounds than planned"])
+def test_analyze_skips_a_log_whose_shapes_do_not_match_its_attributes(tmp_path, lie):
+    import h5py
+    import numpy as np
+    from test_analyze import N, R, _write_log
+
+    from mpifl import analyze as an
+
+    _write_log(tmp_path / "good" / "run.h5", extras=False).close()
+    bad = tmp_path / "bad" / "run.h5"
+    _write_log(bad, extras=False).close()
+    with h5py.File(bad, "a") as f:  # declared, not stored: the file stays small
+        if lie == "wide metric":
+            del f["metrics/test_acc"]
+            f.create_dataset("metrics/test_acc", shape=(R, 2_000_000), maxshape=(None, None), dtype="f8",
+                             chunks=(1, 1024)).attrs["per_round"] = True
+        elif lie == "long clients":
+            del f["clients/n_test"]
+            f.create_dataset("clients/n_test", shape=(20_000_000,), dtype="f8", chunks=(1024,))
+        else:
+            f["rounds/round"].resize(10_000_000, axis=0)
+    assert bad.stat().st_size < 1_000_000
+    lines = []
+    res = an.analyze([tmp_path / "good", tmp_path / "bad"], tmp_path / "out", heatmaps="none",
+                     echo=lambda *a, **k: lines.append(a[0]))
+    assert len(res["runs"]) == 1 and [p for p, _ in res["skipped"]] == [bad]
+    (line,) = [ln for ln in lines if ln.startswith("skipped")]
+    assert "does not match its own attributes" in line and "\n" not in line
+    assert str(N) in line
