@@ -352,3 +352,13 @@ def test_analyze_skips_a_log_whose_shapes_do_not_match_its_attributes(tmp_path, 
     (line,) = [ln for ln in lines if ln.startswith("skipped")]
     assert "does not match its own attributes" in line and "\n" not in line
     assert str(N) in line
+
+
+def test_random_sigkills_under_mpiexec_then_resume_bitwise(tmp_path):
+    """bench/kill_test.py with a small count (the acceptance run uses --count 50)."""
+    res = subprocess.run([sys.executable, str(REPO / "bench" / "kill_test.py"), "--count", "2", "--seed", "3",
+                          "--algorithms", "fedavg", "dpfl", "--out", str(tmp_path)], cwd=REPO,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=900,
+                         check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "kill test: 2/2 passed" in res.stdout

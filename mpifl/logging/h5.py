@@ -163,8 +163,8 @@ def _stack(rows: list) -> np.ndarray:
 
 class Writer:
     """Rank 0's handle on ``run.h5``: open from the first write to :meth:`close`,
-    flushed to disk after every write. Reopening the file each round made HDF5
-    read every dataset's metadata again, three times the cost of the writes.
+    committed through the journal after every write. Reopening the file each round
+    made HDF5 read every dataset's metadata again, three times the cost of the writes.
 
     ``flush_s`` > 0 buffers rounds in memory and writes them together once that
     many seconds have passed since the last write (and on :meth:`close`): opening
