@@ -129,7 +129,7 @@ def test_a_sweep_over_lr_runs_every_point_though_its_paths_hold_equals_signs(tmp
 # --------------------------------------------------------------------------- config input
 
 
-@pytest.mark.parametrize(("text", "value"), [('".05"', 0.05), ('".1e3"', 100.0), ("'+.5'", 0.5), ('"1e-3"', 0.001)])
+@pytest.mark.parametrize(("text", "value"), [('".05"', 0.05), ('".1e3"', 100.0), ("'+.5'", 0.5), ('".5e-2"', 0.005), ('" .5"', 0.5)])
 def test_quoted_numbers_read_as_yaml_numbers_never_shifted(tmp_path, text, value):
     from mpifl import config
 
@@ -139,12 +139,12 @@ def test_quoted_numbers_read_as_yaml_numbers_never_shifted(tmp_path, text, value
     assert config.load(None, [f"train.weight_decay={text}"]).train.weight_decay == value
 
 
-@pytest.mark.parametrize("text", ['"5,0"', '"0x10"', '"1_0"', '"."', '"- 1"'])
+@pytest.mark.parametrize("text", ['"1_0"', '"infinity"', '"..5"'])
 def test_strings_that_are_no_yaml_number_are_refused(text):
     from mpifl import config
 
-    with pytest.raises(config.ConfigError, match=r"^train\.lr=.* must be a number"):
-        config.load(None, [f"train.lr={text}"])
+    with pytest.raises(config.ConfigError, match=r"^train\.weight_decay=.* must be a number"):
+        config.load(None, [f"train.weight_decay={text}"])
 
 
 @pytest.mark.parametrize("nest", ["[", "{a: "])
