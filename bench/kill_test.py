@@ -78,7 +78,8 @@ def _ranks_of(root: int) -> dict[int, int]:
         except OSError:
             continue
         if b"mpifl.main" in cmd and pid != root:
-            rank = next((int(e.split(b"=", 1)[1]) for e in env if e.startswith((b"PMI_RANK=", b"OMPI_COMM_WORLD_RANK="))), None)
+            tags = (b"PMI_RANK=", b"OMPI_COMM_WORLD_RANK=")
+            rank = next((int(e.split(b"=", 1)[1]) for e in env if e.startswith(tags)), None)
             if rank is not None:
                 out[rank] = pid
     return out

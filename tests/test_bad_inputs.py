@@ -1,7 +1,6 @@
 """A corpus of malformed inputs: each gives one line `mpifl: error: ...`, exit
 status 2 on every rank, no traceback and no hang, under mpiexec -n 2."""
 
-import numpy as np
 import pytest
 import torch
 from helpers import launch

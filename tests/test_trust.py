@@ -129,7 +129,8 @@ def test_a_sweep_over_lr_runs_every_point_though_its_paths_hold_equals_signs(tmp
 # --------------------------------------------------------------------------- config input
 
 
-@pytest.mark.parametrize(("text", "value"), [('".05"', 0.05), ('".1e3"', 100.0), ("'+.5'", 0.5), ('".5e-2"', 0.005), ('" .5"', 0.5)])
+@pytest.mark.parametrize(("text", "value"), [('".05"', 0.05), ('".1e3"', 100.0), ("'+.5'", 0.5), ('".5e-2"', 0.005),
+                                             ('" .5"', 0.5)])
 def test_quoted_numbers_read_as_yaml_numbers_never_shifted(tmp_path, text, value):
     from mpifl import config
 
@@ -326,7 +327,6 @@ def test_a_hostile_cifar_pickle_is_refused(tmp_path, name, file):
 @pytest.mark.parametrize("lie", ["wide metric", "long clients", "more rounds than planned"])
 def test_analyze_skips_a_log_whose_shapes_do_not_match_its_attributes(tmp_path, lie):
     import h5py
-    import numpy as np
     from test_analyze import N, R, _write_log
 
     from mpifl import analyze as an
