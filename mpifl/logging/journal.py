@@ -52,7 +52,11 @@ def read_journal(path: Path) -> tuple[int, Extents] | None:
     longer one may follow it: its length comes from its header, and its trailer
     must carry the header's commit number."""
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as f:
+            data = f.read(_HEAD.size)
+            if data[:len(MAGIC)] != MAGIC:  # none, or applied: readers look here on every open
+                return None
+            data += f.read()
     except FileNotFoundError:
         return None
     if len(data) < _HEAD.size:
