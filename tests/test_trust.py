@@ -129,7 +129,7 @@ def test_a_sweep_over_lr_runs_every_point_though_its_paths_hold_equals_signs(tmp
 # --------------------------------------------------------------------------- config input
 
 
-@pytest.mark.parametrize(("text", "value"), [('".05"', 0.05), ('".1e3"', 100.0), ("'+.5'", 0.5), ('".5e-2"', 0.005),
+@pytest.mark.parametrize(("text", "value"), [('".05"', 0.05), ('".1e3"', 100.0), ('".5E+1"', 5.0), ('".5e-2"', 0.005),
                                              ('" .5"', 0.5)])
 def test_quoted_numbers_read_as_yaml_numbers_never_shifted(tmp_path, text, value):
     from mpifl import config
