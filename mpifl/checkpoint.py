@@ -93,7 +93,8 @@ def latest(rd: RunDir) -> Path | None:
     if not p.is_file():
         return None
     try:
-        name = p.read_text(errors="replace")[:100].strip()
+        with open(p, "rb") as f:  # a planted pointer may be huge: its head is enough
+            name = f.read(100).decode(errors="replace").strip()
     except OSError as e:
         raise ConfigError(f"checkpoint pointer {str(p)!r} is unreadable ({e.strerror}); "
                           f"delete it or use run.resume=never") from None
