@@ -188,12 +188,48 @@ def cluster_recovery(run: Run, n_clients: int, window: int = WINDOW) -> dict[str
     return out
 
 
+class Mismatch(ValueError):
+    """A log whose datasets do not have the shapes its own attributes imply."""
+
+
+# per-round datasets with one value per client: [rounds, n_clients]
+_PER_CLIENT = ("metrics/", "comm/")
+_MAX_CELLS = 1024  # per client pair and round: the largest extra axis a log may add (classes)
+
+
+def check_shapes(run: Run) -> None:
+    """Compare every dataset's declared shape with the run's ``n_clients`` and
+    rounds before anything is read: a file claiming more (a damaged or hostile
+    log) would make a reader allocate what it claims. Raises :class:`Mismatch`."""
+    n = run.attrs.get("n_clients")
+    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise Mismatch(f"attribute n_clients={str(n)[:40]!r} is not a positive integer")
+    n = int(n)
+    planned = run.planned_rounds
+    rounds = run.n_rounds
+    if planned is not None and rounds > planned:
+        raise Mismatch(f"/rounds/round holds {rounds} rows; the run has run.rounds={planned}")
+    limit = max(rounds, planned or 0, 1) * n * n * _MAX_CELLS
+    for k, d in run.datasets().items():
+        shape = d.shape
+        if k.startswith("clients/") and shape[:1] != (n,):
+            raise Mismatch(f"/{k} has shape {shape}, not [n_clients={n}, ...]")
+        if d.per_round and k.startswith(_PER_CLIENT) and shape[1:] != (n,):
+            raise Mismatch(f"/{k} has shape {shape}, not [rounds, n_clients={n}]")
+        if k == "graph/mixing" and shape[1:] != (n, n):
+            raise Mismatch(f"/{k} has shape {shape}, not [rounds, {n}, {n}]")
+        if math.prod(shape) > limit:
+            raise Mismatch(f"/{k} declares {math.prod(shape)} values; a run of {n} clients and "
+                           f"{max(rounds, planned or 0)} rounds logs at most {limit}")
+
+
 def summarize(path: Path, window: int = WINDOW) -> Summary:
     import h5py
 
     if not h5py.is_hdf5(path):
         raise ValueError("not an HDF5 file")
     run = open_run(path)
+    check_shapes(run)
     cfg = flatten(run.config)
     n_rounds = run.n_rounds
     test = run.metric("test_acc") if n_rounds else np.zeros((0, 0))
@@ -544,6 +580,9 @@ def analyze(paths: list[str | Path], out: Path, heatmaps: str = "first", rounds:
         for attempt in range(3):  # a log being written can be caught mid-round: look again
             try:
                 runs.append(summarize(p, window))
+                break
+            except Mismatch as e:  # what the file says will not change by looking again
+                skipped.append((p, f"does not match its own attributes: {e}"))
                 break
             except Exception as e:  # noqa: BLE001 - one broken log must not hide the others
                 if attempt == 2 or str(e) == "not an HDF5 file":

@@ -18,25 +18,38 @@ Algorithm state: fields of the ``State`` dataclass marked with
 :func:`per_client` hold one row (or list item) per local client — a tensor,
 an array, a list, or a dict of those (an optimizer state of extra rows); every
 other field must be identical on all ranks and is saved once, by rank 0.
+
+Files hold tensors and plain containers only, and are read with
+``torch.load(weights_only=True)``: a file planted in a run directory cannot run
+code when the run resumes. Numpy arrays travel as tensors and records (such as
+DPFL's per-client ``Peer``) as dicts of their fields, filled back into the
+records a fresh ``init`` made (:func:`_encode`, :func:`_decode`). ``latest``
+must name a ``round-NNNNNN`` directory beside it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import pickle
+import re
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from .config import ConfigError
+from .config import ConfigError, shorten
 from .paths import RunDir, atomic_write_text
 
 PER_CLIENT = "per_client"
 LATEST = "latest"
 META = "meta.pt"
+ROUND_DIR = re.compile(r"round-[0-9]{6}")  # every checkpoint directory mpifl writes
+_NUMPY = "__numpy__"  # an encoded numpy array: {_NUMPY: tensor} (+ "scalar": True)
+_FIELDS = "__fields__"  # an encoded dataclass record: {_FIELDS: {name: value}}
 
 # keys that may differ between a run and its resumption
 MAY_CHANGE = {"run.rounds", "run.resume", "run.checkpoint_every", "run.threads", "run.device"}
@@ -75,11 +88,27 @@ def _save(obj: Any, path: Path) -> None:
 
 
 def latest(rd: RunDir) -> Path | None:
+    """The newest complete checkpoint, or None; ``latest`` naming anything but a
+    ``round-NNNNNN`` directory beside it is refused."""
     p = rd.checkpoint / LATEST
     if not p.is_file():
         return None
-    d = rd.checkpoint / p.read_text().strip()
+    try:
+        with open(p, "rb") as f:  # a planted pointer may be huge: its head is enough
+            name = f.read(100).decode(errors="replace").strip()
+    except OSError as e:
+        raise ConfigError(f"checkpoint pointer {str(p)!r} is unreadable ({e.strerror}); "
+                          f"delete it or use run.resume=never") from None
+    d = rd.checkpoint / name
+    if not ROUND_DIR.fullmatch(name) or d.is_symlink():
+        raise ConfigError(f"checkpoint pointer {str(p)!r} names {name!r}, not a round-NNNNNN directory beside it; "
+                          f"delete it or use run.resume=never")
     return d if (d / META).is_file() else None
+
+
+def is_checkpoint_dir(path: Path) -> bool:
+    """A directory name mpifl gives its checkpoints (the only ones it deletes)."""
+    return bool(ROUND_DIR.fullmatch(path.name))
 
 
 def save(rd: RunDir, ctx, state: Any, t: int, die_before_publish: bool = False) -> Path:
@@ -95,11 +124,11 @@ def save(rd: RunDir, ctx, state: Any, t: int, die_before_publish: bool = False) 
     comm.barrier()
     rows, glob = _fields(state)
     part = {
-        "ids": np.asarray(c.ids),
+        "ids": torch.as_tensor(np.asarray(c.ids, np.int64)),
         "params": c.params.detach().cpu(),
         "buffers": c.buffers.detach().cpu(),
         "opt": {k: v.detach().cpu() for k, v in c.opt.state.items()},
-        "algo": {k: _cpu(getattr(state, k)) for k in rows},
+        "algo": {k: _encode(getattr(state, k), k) for k in rows},
     }
     _save(part, tmp / f"part-{comm.rank:04d}.pt")
     if die_before_publish:
@@ -109,39 +138,77 @@ def save(rd: RunDir, ctx, state: Any, t: int, die_before_publish: bool = False) 
     comm.barrier()
     if comm.is_writer:
         meta = {"round": t, "config": ctx.cfg.to_dict(), "n_ranks": comm.size,
-                "starts": comm.placement.starts, "algo": {k: _cpu(getattr(state, k)) for k in glob}}
+                "starts": torch.as_tensor(np.asarray(comm.placement.starts, np.int64)),
+                "algo": {k: _encode(getattr(state, k), k) for k in glob}}
         _save(meta, tmp / META)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         atomic_write_text(rd.checkpoint / LATEST, name)
         for old in rd.checkpoint.glob("round-*"):
-            if old.name != name:
+            if old.name != name and is_checkpoint_dir(old):
                 shutil.rmtree(old, ignore_errors=True)
     comm.barrier()
     return final
 
 
-def read_meta(path: Path) -> dict:
+def _load(path: Path) -> Any:
+    """A checkpoint file, read without running any code it may hold; one line when
+    it cannot be."""
     try:
-        return torch.load(path / META, weights_only=False)
+        with warnings.catch_warnings():  # torch warns about pickle protocols on stderr
+            warnings.simplefilter("ignore")
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        found = re.search(r"Unsupported global: GLOBAL ([\w.]{1,100})", str(e))
+        if found:
+            raise ConfigError(f"checkpoint file {str(path)!r} holds a {found.group(1)} object, not only tensors and "
+                              f"plain containers (refused: loading it could run code); delete the checkpoint or "
+                              f"use run.resume=never") from None
+        raise ConfigError(f"checkpoint file {str(path)!r} is unreadable (not a checkpoint mpifl wrote); "
+                          f"delete the checkpoint or use run.resume=never") from None
     except Exception as e:  # noqa: BLE001 - any unreadable file is the same user error
-        raise ConfigError(f"checkpoint {str(path)!r} is unreadable ({type(e).__name__}); "
-                          f"delete it or use run.resume=never") from None
+        raise ConfigError(f"checkpoint file {str(path)!r} is unreadable ({type(e).__name__}); "
+                          f"delete the checkpoint or use run.resume=never") from None
 
 
-def check_config(meta: dict, cfg_dict: dict, where: Path) -> None:
+def read_meta(path: Path) -> dict:
+    meta = _load(path / META)
+    if not isinstance(meta, dict) or not {"round", "config", "starts", "algo"} <= set(meta):
+        raise ConfigError(f"checkpoint file {str(path / META)!r} is not an mpifl checkpoint; "
+                          f"delete the checkpoint or use run.resume=never")
+    return meta
+
+
+def config_diff(old: dict, new: dict) -> str:
+    """The keys (outside MAY_CHANGE) whose values differ, as "k (a -> b), ..."; "" if none."""
     from .config import config_class
 
-    old, new = _flatten(meta["config"]), _flatten(cfg_dict)
+    old, new = _flatten(old), _flatten(new)
     # a key added by a later mpifl was, in effect, at its default in the older run
     defaults = _flatten(config_class()().to_dict())
     old.update({k: defaults[k] for k in set(new) - set(old) if k in defaults})
     diff = sorted(k for k in set(old) | set(new) if k not in MAY_CHANGE and old.get(k) != new.get(k))
+    shown = ", ".join(f"{k} ({shorten(repr(old.get(k)), 60)} -> {shorten(repr(new.get(k)), 60)})" for k in diff[:6])
+    return shown + (f" and {len(diff) - 6} more" if len(diff) > 6 else "")
+
+
+def check_config(meta: dict, cfg_dict: dict, where: Path) -> None:
+    diff = config_diff(meta["config"], cfg_dict) if isinstance(meta["config"], dict) else "unreadable"
     if diff:
-        shown = ", ".join(f"{k} ({old.get(k)!r} -> {new.get(k)!r})" for k in diff[:6])
-        more = f" and {len(diff) - 6} more" if len(diff) > 6 else ""
-        raise ConfigError(f"run directory {str(where)!r} holds a run with a different config: {shown}{more}; "
+        raise ConfigError(f"run directory {str(where)!r} holds a run with a different config: {diff}; "
                           f"use another run.name, or run.resume=never to start over")
+
+
+def forget(rd: RunDir) -> None:
+    """Delete the checkpoints mpifl wrote in ``rd`` (``latest``, ``round-NNNNNN``
+    and their temporary directories); anything else there stays."""
+    if not rd.checkpoint.is_dir():
+        return
+    (rd.checkpoint / LATEST).unlink(missing_ok=True)
+    for d in rd.checkpoint.iterdir():
+        name = d.name.removeprefix(".").removesuffix(".tmp")
+        if ROUND_DIR.fullmatch(name) and d.is_dir() and not d.is_symlink():
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def load(path: Path, ctx, state: Any) -> int:
@@ -150,17 +217,13 @@ def load(path: Path, ctx, state: Any) -> int:
     meta = read_meta(path)
     rows, glob = _fields(state)
     for k in glob:
-        setattr(state, k, _like(meta["algo"][k], getattr(state, k), c.device))
+        setattr(state, k, _decode(meta["algo"][k], getattr(state, k), c.device))
     starts = np.asarray(meta["starts"])
     lo, hi = int(c.ids[0]), int(c.ids[-1]) + 1
     for r in range(len(starts) - 1):
         if starts[r + 1] <= lo or starts[r] >= hi:
             continue  # this part holds none of our clients
-        try:
-            part = torch.load(path / f"part-{r:04d}.pt", weights_only=False)
-        except Exception as e:  # noqa: BLE001
-            raise ConfigError(f"checkpoint part {str(path / f'part-{r:04d}.pt')!r} is unreadable "
-                              f"({type(e).__name__}); delete the checkpoint or use run.resume=never") from None
+        part = _load(path / f"part-{r:04d}.pt")
         src_ids = np.asarray(part["ids"])
         take = np.flatnonzero((src_ids >= lo) & (src_ids < hi))
         dst = src_ids[take] - lo
@@ -174,23 +237,25 @@ def load(path: Path, ctx, state: Any) -> int:
             src = part["algo"][k]
             if src is None:  # not set yet when the checkpoint was taken
                 continue
+            if not isinstance(src, list):  # rows of a tensor or array: decoded whole
+                src = _decode(src, None, c.device)
             if getattr(state, k) is None:  # set during the run: make room for our rows
                 setattr(state, k, _empty_rows(src, c.n, c.device))
-            _fill_rows(getattr(state, k), src, take, dst)
+            _fill_rows(getattr(state, k), src, take, dst, c.device)
     return int(meta["round"])
 
 
-def _fill_rows(dst: Any, src: Any, take: np.ndarray, at: np.ndarray) -> None:
+def _fill_rows(dst: Any, src: Any, take: np.ndarray, at: np.ndarray, device) -> None:
     if isinstance(dst, dict):  # e.g. an optimizer state of extra rows: name -> rows
         for k in dst:
-            _fill_rows(dst[k], src[k], take, at)
+            _fill_rows(dst[k], src[k], take, at, device)
     elif torch.is_tensor(dst):
         dst[torch.as_tensor(at, device=dst.device)] = torch.as_tensor(src)[torch.as_tensor(take)].to(dst.device)
     elif isinstance(dst, np.ndarray):
         dst[at] = np.asarray(src)[take]
     elif isinstance(dst, list):
         for s, d in zip(take, at):
-            dst[d] = src[s]
+            dst[d] = _decode(src[s], dst[d], device)
     else:
         raise TypeError(f"per-client state of type {type(dst).__name__} cannot be checkpointed")
 
@@ -205,16 +270,51 @@ def _empty_rows(like: Any, n: int, device) -> Any:
     return [None] * n
 
 
-def _cpu(v: Any) -> Any:
-    if isinstance(v, dict):
-        return {k: _cpu(x) for k, x in v.items()}
-    return v.detach().cpu() if torch.is_tensor(v) else v
+_PLAIN = (type(None), bool, int, float, str, bytes)
 
 
-def _like(v: Any, ref: Any, device) -> Any:
+def _encode(v: Any, key: str) -> Any:
+    """``v`` as what ``weights_only`` loading admits: tensors, plain values and
+    containers; numpy arrays and dataclass records are wrapped (see :func:`_decode`)."""
+    if torch.is_tensor(v):
+        return v.detach().cpu()
+    if isinstance(v, (np.ndarray, np.generic)):
+        a = np.asarray(v)
+        if a.dtype.kind not in "biufc":
+            raise TypeError(f"algorithm state {key!r} of dtype {a.dtype} cannot be checkpointed")
+        out = {_NUMPY: torch.from_numpy(np.ascontiguousarray(a).copy())}
+        return {**out, "scalar": True} if isinstance(v, np.generic) else out
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        return {_FIELDS: {f.name: _encode(getattr(v, f.name), f"{key}.{f.name}") for f in dataclasses.fields(v)}}
     if isinstance(v, dict):
-        return {k: _like(x, ref.get(k) if isinstance(ref, dict) else None, device) for k, x in v.items()}
-    return v.to(ref.device if torch.is_tensor(ref) else device) if torch.is_tensor(v) else v
+        return {k: _encode(x, f"{key}[{k!r}]") for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return type(v)(_encode(x, f"{key}[{i}]") for i, x in enumerate(v))
+    if isinstance(v, _PLAIN):
+        return v
+    raise TypeError(f"algorithm state {key!r} of type {type(v).__name__} cannot be checkpointed")
+
+
+def _decode(v: Any, like: Any, device) -> Any:
+    """Undo :func:`_encode`. ``like`` is the value a fresh ``init`` made (or None):
+    records are rebuilt as its type, tensors go to its device (else ``device``)."""
+    if torch.is_tensor(v):
+        return v.to(like.device if torch.is_tensor(like) else device)
+    if isinstance(v, dict) and _NUMPY in v:
+        a = v[_NUMPY].numpy().copy()
+        return a[()] if v.get("scalar") else a
+    if isinstance(v, dict) and _FIELDS in v:
+        if not (dataclasses.is_dataclass(like) and not isinstance(like, type)):
+            raise ConfigError("checkpoint holds a record where this algorithm keeps none; "
+                              "delete the checkpoint or use run.resume=never")
+        return dataclasses.replace(like, **{k: _decode(x, getattr(like, k, None), device)
+                                            for k, x in v[_FIELDS].items()})
+    if isinstance(v, dict):
+        return {k: _decode(x, like.get(k) if isinstance(like, dict) else None, device) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        ref = like if isinstance(like, (list, tuple)) else ()
+        return type(v)(_decode(x, ref[i] if i < len(ref) else None, device) for i, x in enumerate(v))
+    return v
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:

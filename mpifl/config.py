@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -167,33 +168,97 @@ def __getattr__(name: str) -> Any:
 # --------------------------------------------------------------------------- loading
 
 
+MAX_BYTES = 1 << 20  # a config or sweep file; real ones are a few KiB
+MAX_DEPTH = 16  # nesting of YAML values; a config needs 3 (section, key, list)
+MAX_SHOWN = 200  # characters of a value echoed in an error message
+
+
+def shorten(text: str, limit: int = MAX_SHOWN) -> str:
+    """``text`` cut in the middle when longer than ``limit``, saying how long it was."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit // 2]}...({len(text)} characters)...{text[-limit // 4:]}"
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of YAML data, without recursion (a hostile file may be deep)."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        v, d = todo.pop()
+        deepest = max(deepest, d)
+        if d > MAX_DEPTH:
+            break
+        if isinstance(v, dict):
+            todo += [(x, d + 1) for x in v.values()]
+        elif isinstance(v, list):
+            todo += [(x, d + 1) for x in v]
+    return deepest
+
+
+def parse_yaml(text: str, what: str, invalid_ok: bool = False) -> Any:
+    """YAML text within the size and depth limits, or a one-line ConfigError
+    naming ``what`` (e.g. "config file 'x.yaml'"); with ``invalid_ok`` text that
+    is not YAML comes back as it is (an override's value)."""
+    if len(text) > MAX_BYTES:
+        raise ConfigError(f"{what} is {len(text)} characters long; at most {MAX_BYTES} are allowed")
+    try:
+        data = yaml.safe_load(text)
+    except RecursionError:
+        data = None
+        deep = True
+    except yaml.YAMLError as e:
+        if invalid_ok:
+            return text
+        line = getattr(getattr(e, "problem_mark", None), "line", None)
+        where = f" (line {line + 1})" if line is not None else ""
+        raise ConfigError(f"{what} is not valid YAML{where}") from None
+    else:
+        deep = _depth(data) > MAX_DEPTH
+    if deep:
+        raise ConfigError(f"{what} nests values more than {MAX_DEPTH} levels deep; that many are not allowed")
+    return data
+
+
+def read_yaml(path: Path, what: str) -> Any:
+    """A YAML file within the size and depth limits (see :func:`parse_yaml`)."""
+    try:
+        size = path.stat().st_size
+        text = path.read_text() if size <= MAX_BYTES else ""
+    except (UnicodeDecodeError, ValueError):
+        raise ConfigError(f"{what} is not a YAML text file") from None
+    except OSError as e:
+        raise ConfigError(f"{what} cannot be read ({e.strerror})") from None
+    if size > MAX_BYTES:
+        raise ConfigError(f"{what} is {size} bytes; at most {MAX_BYTES} are allowed")
+    return parse_yaml(text, what)
+
+
 def load(path: str | Path | None, overrides: list[str] = (), n_ranks: int = 1) -> Any:
-    """YAML file (may be None) + ``a.b=value`` overrides -> validated Config."""
+    """YAML file (may be None) + ``a.b=value`` overrides -> validated Config.
+    Error messages echo at most :data:`MAX_SHOWN` characters of a value."""
+    try:
+        return _load(path, overrides, n_ranks)
+    except ConfigError as e:
+        raise ConfigError(shorten(str(e), 2 * MAX_SHOWN)) from None
+
+
+def _load(path: str | Path | None, overrides: list[str], n_ranks: int) -> Any:
     raw: dict = {}
     if path is not None:
         p = Path(path)
+        name = shorten(repr(str(p)))
         if not p.exists():
-            raise ConfigError(f"config file {str(p)!r} not found")
+            raise ConfigError(f"config file {name} not found")
         if not p.is_file():
-            raise ConfigError(f"config file {str(p)!r} is not a file")
-        try:
-            raw = yaml.safe_load(p.read_text()) or {}
-        except (UnicodeDecodeError, ValueError):
-            raise ConfigError(f"config file {str(p)!r} is not a YAML text file") from None
-        except yaml.YAMLError as e:
-            line = getattr(getattr(e, "problem_mark", None), "line", None)
-            where = f" (line {line + 1})" if line is not None else ""
-            raise ConfigError(f"config file {str(p)!r} is not valid YAML{where}") from None
+            raise ConfigError(f"config file {name} is not a file")
+        raw = read_yaml(p, f"config file {name}") or {}
         if not isinstance(raw, dict):
-            raise ConfigError(f"config file {str(p)!r} must hold a mapping of sections, got {type(raw).__name__}")
+            raise ConfigError(f"config file {name} must hold a mapping of sections, got {type(raw).__name__}")
     for item in overrides:
         key, sep, text = item.partition("=")
         if not sep or not key or "." not in key:
-            raise ConfigError(f"override {item!r} must look like section.key=value")
-        try:
-            value = yaml.safe_load(text) if text != "" else ""
-        except yaml.YAMLError:
-            value = text
+            raise ConfigError(f"override {shorten(repr(item))} must look like section.key=value")
+        value = parse_yaml(text, f"override {shorten(repr(item))}", invalid_ok=True) if text != "" else ""
         node = raw
         *parents, leaf = key.split(".")
         for part in parents:
@@ -207,9 +272,29 @@ def load(path: str | Path | None, overrides: list[str] = (), n_ranks: int = 1) -
 
 
 def from_dict(raw: dict, n_ranks: int = 1) -> Any:
-    cfg = _build(config_class(), raw, "")
-    validate(cfg, n_ranks)
+    try:
+        cfg = _build(config_class(), raw, "")
+        validate(cfg, n_ranks)
+    except ConfigError as e:
+        raise ConfigError(shorten(str(e), 2 * MAX_SHOWN)) from None
     return cfg
+
+
+# a number as YAML 1.2 writes it; YAML 1.1 (PyYAML) reads 1e-3 (no dot) and inf as strings
+_NUMBER = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")
+_INF = re.compile(r"([-+]?)\.?(inf|Inf|INF)")
+_NAN = re.compile(r"\.?(nan|NaN|NAN)")
+
+
+def _number(text: str) -> float | None:
+    """The float a YAML number ``text`` means, or None when it is not one."""
+    text = text.strip()
+    if _NUMBER.fullmatch(text):
+        return float(text)
+    m = _INF.fullmatch(text)
+    if m:
+        return -math.inf if m.group(1) == "-" else math.inf
+    return math.nan if _NAN.fullmatch(text) else None
 
 
 def _build(cls: type, raw: Any, prefix: str) -> Any:
@@ -257,13 +342,12 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
         return value
     if hint is float:
         if isinstance(value, str):
-            # YAML 1.1 reads 1e-3 (no dot) and inf as strings
-            try:
-                return float(value.strip().lstrip("."))
-            except ValueError:
-                raise ConfigError(f"{key}={value!r} must be a number") from None
+            number = _number(value)
+            if number is None:
+                raise ConfigError(f"{key}={shorten(repr(value))} must be a number, e.g. 0.05, 1e-3 or inf")
+            return number
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key}={value!r} must be a number")
+            raise ConfigError(f"{key}={shorten(repr(value))} must be a number")
         return float(value)
     if hint is str:
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
@@ -278,6 +362,21 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
 
 # --------------------------------------------------------------------------- validation
 
+# C0 controls (newline, tab, escape...), DEL and C1 controls: a newline in a
+# value that reaches a shell script (run.name, run.out_dir) would be a new command
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _check_text(cfg: Any) -> None:
+    """No string of the config holds a control character."""
+    for section in dataclasses.fields(cfg):
+        part = getattr(cfg, section.name)
+        for f in dataclasses.fields(part):
+            v = getattr(part, f.name)
+            if isinstance(v, str) and CONTROL.search(v):
+                raise ConfigError(f"{section.name}.{f.name}={shorten(repr(v))} is not allowed; "
+                                  f"no newlines or other control characters")
+
 
 def check(ok: bool, key: str, value: Any, allowed: str) -> None:
     if not ok:
@@ -291,8 +390,9 @@ def validate(cfg: Any, n_ranks: int = 1) -> None:
     from . import algorithms
 
     r, d, m, t, a = cfg.run, cfg.data, cfg.model, cfg.train, cfg.algorithm
-    check(bool(r.name) and "/" not in r.name and r.name not in (".", ".."), "run.name", r.name,
-           "must be a plain non-empty directory name")
+    _check_text(cfg)
+    check(bool(r.name) and "/" not in r.name and r.name not in (".", "..") and len(r.name.encode()) <= 255,
+           "run.name", r.name, "must be a plain non-empty directory name of at most 255 bytes")
     check(r.rounds >= 1, "run.rounds", r.rounds, "must be >= 1")
     check(r.seed >= 0, "run.seed", r.seed, "must be >= 0")
     check(r.eval_every >= 1, "run.eval_every", r.eval_every, "must be >= 1")

@@ -7,16 +7,24 @@ print one line and exit 2 on every rank; anything else aborts all ranks.
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
+
+# section.key[.key...]=value; the value may hold anything, "=" included
+OVERRIDE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+=")
 
 
 def parse(argv: list[str]) -> tuple[str | None, list[str]]:
+    """(config path or None, overrides). The first argument is the config when it
+    is an existing file or does not look like ``section.key=value``: a sweep over
+    lr makes paths like ``results/lr=0.1/config.yaml``."""
     ap = argparse.ArgumentParser(prog="python -m mpifl.main", description=__doc__.splitlines()[0])
     ap.add_argument("config", nargs="?", help="YAML config (defaults apply when omitted)")
     ap.add_argument("overrides", nargs="*", help="section.key=value")
     a = ap.parse_args(argv)
-    if a.config and "=" in a.config:  # only overrides were given
-        return None, [a.config, *a.overrides]
+    if a.config is not None and not os.path.isfile(a.config) and OVERRIDE.match(a.config):
+        return None, [a.config, *a.overrides]  # only overrides were given
     return a.config, a.overrides
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import shutil
 import signal
 import socket
 import time
@@ -18,7 +17,7 @@ from . import __version__, algorithms, checkpoint, models
 from .algorithms.base import Context, Round
 from .clients import Clients
 from .comm import Comm, agree, pick_device, set_threads, versions
-from .config import Config, ConfigError
+from .config import Config, ConfigError, read_yaml
 from .data import build as build_data
 from .logging.h5 import Writer
 from .paths import RunDir, atomic_write_text
@@ -76,8 +75,9 @@ def _writer(cfg: Config, s: Setup, keep_rounds: int | None) -> Writer | None:
     except OSError as e:
         raise ConfigError(f"run.out_dir={cfg.run.out_dir!r} is not allowed: cannot create {str(rd.root)!r} "
                           f"({e.strerror})") from None
-    if keep_rounds is None:  # a fresh start forgets any earlier run's checkpoints
-        shutil.rmtree(rd.checkpoint, ignore_errors=True)
+    if keep_rounds is None:
+        _check_fresh(cfg, rd)
+        checkpoint.forget(rd)  # a fresh start forgets the earlier run's checkpoints
     atomic_write_text(rd.config, cfg.to_yaml())
     d = ctx.data
     attrs = {
@@ -93,6 +93,28 @@ def _writer(cfg: Config, s: Setup, keep_rounds: int | None) -> Writer | None:
     }
     return Writer(rd.log, attrs, clients, d.n_clients, dense_max=cfg.log.dense_max, flush_s=cfg.log.flush_s,
                   keep_rounds=keep_rounds)
+
+
+def _check_fresh(cfg: Config, rd: RunDir) -> None:
+    """A fresh start may replace the files of an earlier start of this config (its
+    config.yaml, run.h5 and checkpoints) and nothing else: a directory holding
+    anything without an mpifl config.yaml, or another config's run, is refused."""
+    if not rd.root.is_dir() or not any(rd.root.iterdir()):
+        return
+    where = str(rd.root)
+    if not rd.config.is_file():
+        raise ConfigError(f"run directory {where!r} is not empty and holds no mpifl run; "
+                          f"use another run.name (or run.out_dir)")
+    try:
+        old = read_yaml(rd.config, f"config file {str(rd.config)!r}")
+    except ConfigError:
+        old = None
+    if not isinstance(old, dict):
+        raise ConfigError(f"run directory {where!r} holds a config.yaml mpifl cannot read; use another run.name")
+    diff = checkpoint.config_diff(old, cfg.to_dict())
+    if diff:
+        raise ConfigError(f"run directory {where!r} holds a run with a different config: {diff}; "
+                          f"use another run.name")
 
 
 def _log_round(writer: Writer | None, ctx: Context, t: int, out: Round, metrics: dict[str, np.ndarray],

@@ -114,7 +114,39 @@ class SlurmOptions:
             raise ConfigError(f"{where}.cpus_per_task={out.cpus_per_task!r} is not allowed; must be >= 1")
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", out.mpi):
             raise ConfigError(f"{where}.mpi={out.mpi!r} is not allowed; an srun --mpi plugin name, e.g. pmi2, pmix")
+        check_script_values(out, where)
         return out
+
+
+# What may reach a #SBATCH line unquoted. SLURM's own formats, narrowed to
+# characters with no meaning to sbatch's or bash's parsing.
+SLURM_FORMATS = {
+    "time": (r"(UNLIMITED|INFINITE|infinite|unlimited|([0-9]+-)?[0-9]+(:[0-9]+){0,2})",
+             "a SLURM time limit such as 01:00:00, 2-00:00:00 or 90"),
+    "partition": (r"[A-Za-z0-9_.,-]*", "partition names (letters, digits, _ . , -)"),
+    "account": (r"[A-Za-z0-9_.-]*", "an account name (letters, digits, _ . -)"),
+    "mem": (r"([0-9]+[KMGTkmgt]?)?", "an amount such as 16G or 4000M"),
+}
+
+
+def _no_control(key: str, value: str) -> None:
+    if config_mod.CONTROL.search(value):
+        raise ConfigError(f"{key}={config_mod.shorten(repr(value))} is not allowed; "
+                          f"no newlines or other control characters (it goes into an sbatch script)")
+
+
+def check_script_values(opts: SlurmOptions, where: str = "slurm") -> None:
+    """Every option that reaches an sbatch script: no control character (a newline
+    would start a shell line), and the values written unquoted on #SBATCH lines in
+    SLURM's own formats. ``setup`` lines are shell the user wrote, run as written."""
+    for f in fields(opts):
+        v = getattr(opts, f.name)
+        for i, x in enumerate(v if isinstance(v, list) else [v]):
+            if isinstance(x, str):
+                _no_control(f"{where}.{f.name}" + (f"[{i}]" if isinstance(v, list) else ""), x)
+        if f.name in SLURM_FORMATS and not re.fullmatch(SLURM_FORMATS[f.name][0], str(v)):
+            raise ConfigError(f"{where}.{f.name}={config_mod.shorten(repr(v))} is not allowed; "
+                              f"{SLURM_FORMATS[f.name][1]}")
 
 
 @dataclass
@@ -186,10 +218,9 @@ def _label_parts(key: str) -> list[str]:
 
 
 def _point_names(keys: list[str], combos: list[tuple]) -> list[str]:
-    """``007_budget-0.2N_seed-1``: the shortest key suffixes that stay distinct.
-
-    No "=" in the names: ``python -m mpifl.main`` takes an argument holding one
-    for an override, not for a config path."""
+    """``007_budget-0.2N_seed-1``: the shortest key suffixes that stay distinct
+    (``python -m mpifl.main`` tells a config path from an override by what it
+    is, so a sweep or out_dir named ``lr=0.1`` works too)."""
     labels = []
     for key in keys:
         parts = _label_parts(key)
@@ -288,6 +319,12 @@ def render(template: str, values: dict[str, Any]) -> str:
 
 
 def _common(opts: SlurmOptions, job_name: str, log_dir: Path, workdir: Path) -> dict[str, Any]:
+    """The placeholders both templates share, each validated or quoted for its place."""
+    check_script_values(opts)
+    _no_control("workdir (the current directory)", str(workdir))
+    _no_control("run.out_dir", str(log_dir))
+    # the job name only labels the job: characters with a meaning anywhere become _
+    job_name = re.sub(r"[^A-Za-z0-9_.+=-]", "_", job_name)[:200]
     sbatch = []
     if opts.gpus_per_task:
         sbatch.append(f"--gpus-per-task={opts.gpus_per_task}")
@@ -370,6 +407,8 @@ def array_script(sweep: Sweep, workdir: Path) -> str:
 
 
 def run_script(cfg: Config, opts: SlurmOptions, workdir: Path) -> str:
+    _no_control("run.name", cfg.run.name)
+    _no_control("run.out_dir", cfg.run.out_dir)
     rd = RunDir(cfg.run_dir.resolve())
     values = _common(opts, cfg.run.name, rd.root, workdir)
     values.update({"run_dir": shlex.quote(str(rd.root)), "script": shlex.quote(str(rd.root / "run.sbatch"))})

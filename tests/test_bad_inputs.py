@@ -1,7 +1,6 @@
 """A corpus of malformed inputs: each gives one line `mpifl: error: ...`, exit
 status 2 on every rank, no traceback and no hang, under mpiexec -n 2."""
 
-import numpy as np
 import pytest
 import torch
 from helpers import launch
@@ -26,7 +25,7 @@ def fake_checkpoint(tmp, name: str, cfg_args: list[str], meta: bytes | None = No
     if meta is None:
         cfg = config.load(None, cfg_args)
         d.mkdir(parents=True, exist_ok=True)
-        torch.save({"round": 1, "config": cfg.to_dict(), "n_ranks": 2, "starts": np.array([0, 10, 20]),
+        torch.save({"round": 1, "config": cfg.to_dict(), "n_ranks": 2, "starts": torch.tensor([0, 10, 20]),
                     "algo": {"model": torch.zeros(3)}}, d / "meta.pt")
     else:
         write(d / "meta.pt", meta)

@@ -288,41 +288,36 @@ def _cifar(cfg: DataConfig) -> Pool:
 
     from torchvision import datasets as tvd
 
+    from . import unpickle
+
     root = _root(cfg)
-    base = tvd.CIFAR10 if cfg.name == "cifar10" else tvd.CIFAR100
-
-    class Cls(base):
-        def _check_integrity(self) -> bool:  # presence, not md5 (see the module docstring)
-            return all(os.path.isfile(os.path.join(self.root, self.base_folder, f))
-                       for f, _ in self.train_list + self.test_list)
-
-        def _load_meta(self) -> None:
-            path = os.path.join(self.root, self.base_folder, self.meta["filename"])
-            if not os.path.isfile(path):
-                raise RuntimeError(f"{path} not found")
-            with open(path, "rb") as f:
-                self.classes = pickle.load(f, encoding="latin1")[self.meta["key"]]
-
+    base = tvd.CIFAR10 if cfg.name == "cifar10" else tvd.CIFAR100  # file names only: it would pickle.load them
     where = root / base.base_folder
     files = [f for f, _ in base.train_list + base.test_list] + [base.meta["filename"]]
     expected = f"{where}/{{{','.join(files)}}} (python pickles, as torchvision stores them)"
+    if not all((where / f).is_file() for f in files):
+        raise _missing(cfg.name, where, expected)
     try:
-        parts = [Cls(str(root), train=t, download=False) for t in (True, False)]
+        parts = [[unpickle.load(where / f) for f, _ in lst] for lst in (base.train_list, base.test_list)]
+        classes = unpickle.load(where / base.meta["filename"])[base.meta["key"]]
+        xs, ys = [], []
+        for entries in parts:
+            xs.append(np.concatenate([np.asarray(e["data"], np.uint8).reshape(-1, 3, 32, 32) for e in entries]))
+            ys.append(np.concatenate([np.asarray(e["labels"] if "labels" in e else e["fine_labels"], np.int64)
+                                      for e in entries]))
+            if len(xs[-1]) != len(ys[-1]):
+                raise ValueError("images and labels disagree in count")
         coarse = None
-        if cfg.name == "cifar100":  # torchvision keeps only the fine labels; the pairs give the map
-            with open(where / "test", "rb") as f:
-                entry = pickle.load(f, encoding="latin1")
-            fine_to_coarse = np.zeros(100, np.int64)
-            fine_to_coarse[np.asarray(entry["fine_labels"])] = np.asarray(entry["coarse_labels"])
-            coarse = fine_to_coarse
-    except RuntimeError as e:
-        raise _missing(cfg.name, where, expected) from e
-    except (OSError, ValueError, KeyError, EOFError, pickle.UnpicklingError, IndexError) as e:
-        raise _missing(cfg.name, where, expected, f"unreadable: {type(e).__name__}: {e}") from e
-    x = np.concatenate([p.data for p in parts]).transpose(0, 3, 1, 2)  # [n, 3, 32, 32]
-    y = np.concatenate([np.asarray(p.targets, np.int64) for p in parts])
-    test = np.r_[np.zeros(len(parts[0].targets), bool), np.ones(len(parts[1].targets), bool)]
-    n_classes = len(parts[0].classes)
+        if cfg.name == "cifar100":  # the test batch's pairs give the fine -> coarse map
+            entry = parts[1][0]
+            coarse = np.zeros(100, np.int64)
+            coarse[np.asarray(entry["fine_labels"], np.int64)] = np.asarray(entry["coarse_labels"], np.int64)
+    except (OSError, ValueError, KeyError, TypeError, EOFError, pickle.UnpicklingError, IndexError) as e:
+        raise _missing(cfg.name, where, expected, f"unreadable: {type(e).__name__}: {str(e)[:200]}") from e
+    x = np.concatenate(xs)  # [n, 3, 32, 32]
+    y = np.concatenate(ys)
+    test = np.r_[np.zeros(len(ys[0]), bool), np.ones(len(ys[1]), bool)]
+    n_classes = len(classes)
     groups = None
     if coarse is not None:
         if cfg.cifar100_labels == "coarse":

@@ -11,10 +11,13 @@ Layout (rows are rounds, columns clients)::
     /graph/mixing                                                   [R, N, N]
     /<algorithm>/<extra>                                            [R, N, ...]
 
-The writer keeps the file open and flushes it after every round, so between
-rounds the file on disk is complete and any reader (h5py, h5dump, ``open_run``)
-can open it while the run goes on. ``/rounds/round`` is written last: its length is the number of
-complete rounds, and readers ignore rows past it.
+The writer keeps the file open and commits it after every round
+(:mod:`mpifl.logging.journal`): the file on disk changes only by whole rounds, so
+between rounds any reader (h5py, h5dump, ``open_run``) can open it while the run
+goes on, and a SIGKILL at any instant leaves every finished round readable (a
+complete ``run.h5.journal`` left by the kill is replayed by ``open_run`` in
+memory and by the next writer for good). ``/rounds/round`` is written last: its
+length is the number of complete rounds, and readers ignore rows past it.
 
 Row i of every per-round dataset is round ``/rounds/round[i]`` (``Run.rounds``):
 with ``log.every = k`` only every k-th round (and the last) is logged.
@@ -36,7 +39,9 @@ matrix is then stored compactly (``/graph`` attr ``mixing_format = compact``),
 from __future__ import annotations
 
 import json
+import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +49,8 @@ from typing import Any
 import h5py
 import numpy as np
 from scipy import sparse
+
+from .journal import Journaled, journal_path, read_journal
 
 ROUND_KEY = "rounds/round"
 CHUNK_BYTES = 1 << 12  # per-round datasets: rows per chunk up to this size (measured: 4 KiB best)
@@ -156,8 +163,8 @@ def _stack(rows: list) -> np.ndarray:
 
 class Writer:
     """Rank 0's handle on ``run.h5``: open from the first write to :meth:`close`,
-    flushed to disk after every write. Reopening the file each round made HDF5
-    read every dataset's metadata again, three times the cost of the writes.
+    committed through the journal after every write. Reopening the file each round
+    made HDF5 read every dataset's metadata again, three times the cost of the writes.
 
     ``flush_s`` > 0 buffers rounds in memory and writes them together once that
     many seconds have passed since the last write (and on :meth:`close`): opening
@@ -177,18 +184,29 @@ class Writer:
         self.pending: list[dict[str, Any]] = []
         self._last = time.monotonic()
         self._log: _Log | None = None
+        self._file: Journaled | None = None
         self._rows: int | None = None  # rounds in the file, once known
         if keep_rounds is not None and self.path.is_file():
             self.truncate(keep_rounds)
             self.set_attrs(resumed_from_round=keep_rounds, n_ranks=attrs["n_ranks"])
             return
-        with h5py.File(self.path, "w", locking=False) as f:
-            for k, v in attrs.items():
-                f.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else v
-            for k, v in clients.items():
-                f.create_dataset(f"clients/{k}", data=np.asarray(v))
-            g = f.create_group("graph")
-            g.attrs["mixing_format"] = "compact" if self.compact else "dense"
+        # built beside the old log and renamed over it: a kill leaves one or the other
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        jf = Journaled(tmp, "w")
+        try:
+            with h5py.File(jf, "w") as f:
+                for k, v in attrs.items():
+                    f.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else v
+                for k, v in clients.items():
+                    f.create_dataset(f"clients/{k}", data=np.asarray(v))
+                g = f.create_group("graph")
+                g.attrs["mixing_format"] = "compact" if self.compact else "dense"
+            jf.commit()
+        finally:
+            jf.close()
+        journal_path(tmp).unlink(missing_ok=True)
+        journal_path(self.path).unlink(missing_ok=True)  # the old log's, before the old log goes
+        os.replace(tmp, self.path)
 
     def write_round(self, t: int, rounds: dict[str, float], rows: dict[str, np.ndarray],
                     mixing: np.ndarray | sparse.spmatrix | None = None, mixing_row: np.ndarray | None = None,
@@ -212,11 +230,23 @@ class Writer:
                 self._log.trim(self._rows)
             self._log.f.close()
             self._log = None
+        if self._file is not None:
+            self._file.commit()
+            self._file.close()
+            self._file = None
+            journal_path(self.path).unlink(missing_ok=True)
 
     def _open(self) -> _Log:
         if self._log is None:
-            self._log = _Log(h5py.File(self.path, "a", locking=False))
+            self._file = Journaled(self.path, "r+")
+            self._log = _Log(h5py.File(self._file, "r+"))
         return self._log
+
+    def _commit(self) -> None:
+        """Flush HDF5's caches and commit the file: it now holds the rounds written."""
+        assert self._log is not None and self._file is not None
+        self._log.f.flush()
+        self._file.commit()
 
     def flush(self) -> None:
         if not self.pending:
@@ -253,7 +283,7 @@ class Writer:
         # last: marks the rounds complete
         log.append_block(ROUND_KEY, np.array([r["t"] for r in recs], np.int64), at)
         self._rows = at + len(recs)
-        f.flush()
+        self._commit()
         self._last = time.monotonic()
 
     def _mixing_rounds(self, log: _Log, at: int, recs: list[dict[str, Any]]) -> None:
@@ -325,7 +355,7 @@ class Writer:
         if coo_end is not None:
             for k in ("row", "col", "val"):
                 f[f"graph/mixing_coo/{k}"].resize(coo_end, axis=0)
-        f.flush()
+        self._commit()
         self._log = _Log(f)  # sizes changed under the cached handles
         self._rows = None
 
@@ -333,7 +363,7 @@ class Writer:
         f = self._open().f
         for k, v in attrs.items():
             f.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else v
-        f.flush()
+        self._commit()
 
 
 @dataclass(frozen=True)
@@ -364,15 +394,31 @@ class Run:
         if not self.path.is_file():
             raise FileNotFoundError(f"no run log at {self.path}")
 
-    def _file(self) -> h5py.File:
+    @contextmanager
+    def _file(self):
+        """The log open for reading; with the rounds of a complete journal (a writer
+        killed inside a commit) applied in memory."""
         for i in range(self.open_tries):
+            jf = None
             try:
-                return h5py.File(self.path, "r", locking=False)
+                if read_journal(journal_path(self.path)) is None:
+                    f = h5py.File(self.path, "r", locking=False)
+                else:
+                    jf = Journaled(self.path, "r")
+                    f = h5py.File(jf, "r")
+                break
             except OSError:
+                if jf is not None:
+                    jf.close()
                 if i == self.open_tries - 1:
                     raise
                 time.sleep(0.2)
-        raise AssertionError("unreachable")
+        try:
+            yield f
+        finally:
+            f.close()
+            if jf is not None:
+                jf.close()
 
     @property
     def attrs(self) -> dict[str, Any]:

@@ -1,0 +1,243 @@
+"""A file object for h5py that changes the file on disk only by whole commits.
+
+HDF5 updates its metadata (superblock, object headers, chunk indices) and
+uncompressed chunks in place and is not journaled: a SIGKILL inside a flush
+leaves a file whose pieces belong to two different rounds, which HDF5 may refuse
+to open. :class:`Journaled` sits under h5py's ``fileobj`` driver and keeps every
+write to bytes that the last commit's file already held in memory;
+:meth:`Journaled.commit` writes them to a journal file next to the log, then
+into the log:
+
+- killed before the journal is complete (its trailer, carrying the commit's
+  number, is written last): the log still holds the previous commit, untouched;
+- killed after: the journal is replayed when the log is next opened (by the
+  writer, for good, or by a reader, in memory only). Replaying a journal whose
+  writes are already in the log changes nothing.
+
+Writes past the end of the last commit's file (new chunks: most of a round's
+bytes at large N) go straight to the log: nothing committed points there, and
+HDF5 ignores bytes past the end of the file it knows about.
+
+This protects against the process dying (SIGKILL, the OOM killer, ``scancel``),
+not against the machine losing its page cache (power loss): that would need an
+fsync per round.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+MAGIC = b"MPIFLJ02"
+TRAILER = b"MPIFLEND"
+_HEAD = struct.Struct("<8sQQQ")  # magic, commit number, file size after the commit, number of extents
+_EXTENT = struct.Struct("<QQ")  # offset in the log, bytes
+_TAIL = struct.Struct("<8sQQ")  # trailer, commit number, bytes before it
+_IOV = 512  # buffers per pwritev (IOV_MAX is 1024 on Linux)
+
+Extents = list[tuple[int, bytes]]
+
+
+def journal_path(log: Path) -> Path:
+    """The journal of ``log``: ``run.h5`` -> ``run.h5.journal``."""
+    return log.with_name(log.name + ".journal")
+
+
+def read_journal(path: Path) -> tuple[int, Extents] | None:
+    """(file size, [(offset, bytes)]) of a complete journal; None when there is
+    none, it was cut short (its commit never happened) or it was already applied.
+
+    The journal is rewritten in place by every commit, so bytes of an older,
+    longer one may follow it: its length comes from its header, and its trailer
+    must carry the header's commit number."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(_HEAD.size)
+            if data[:len(MAGIC)] != MAGIC:  # none, or applied: readers look here on every open
+                return None
+            data += f.read()
+    except FileNotFoundError:
+        return None
+    if len(data) < _HEAD.size:
+        return None
+    magic, seq, size, n = _HEAD.unpack_from(data, 0)
+    if magic != MAGIC or n > len(data) // _EXTENT.size:
+        return None
+    index = [_EXTENT.unpack_from(data, _HEAD.size + i * _EXTENT.size) for i in range(n)]
+    at = _HEAD.size + n * _EXTENT.size
+    body = at + sum(k for _, k in index)
+    if len(data) < body + _TAIL.size or _TAIL.unpack_from(data, body) != (TRAILER, seq, body):
+        return None
+    out = []
+    for off, k in index:
+        out.append((off, data[at:at + k]))
+        at += k
+    return size, out
+
+
+def _merge(writes: Extents) -> Extents:
+    """Writes in the order made -> disjoint extents sorted by offset, the later
+    write winning where two overlap; touching extents are joined."""
+    order = sorted(range(len(writes)), key=lambda i: writes[i][0])
+    groups: list[list[int]] = []
+    end = -1
+    for i in order:
+        off, b = writes[i]
+        if groups and off <= end:
+            groups[-1].append(i)
+            end = max(end, off + len(b))
+        else:
+            groups.append([i])
+            end = off + len(b)
+    out = []
+    for g in groups:
+        if len(g) == 1:
+            out.append(writes[g[0]])
+            continue
+        lo = min(writes[i][0] for i in g)
+        buf = bytearray(max(writes[i][0] + len(writes[i][1]) for i in g) - lo)
+        for i in sorted(g):  # in the order written
+            off, b = writes[i]
+            buf[off - lo:off - lo + len(b)] = b
+        out.append((lo, bytes(buf)))
+    return out
+
+
+class Journaled:
+    """The log ``path`` as a file object for ``h5py.File(obj, mode)``.
+
+    ``mode``: ``"w"`` a new empty file, ``"r+"`` an existing one (a complete
+    journal left by a kill is replayed into it first), ``"r"`` read only (a
+    complete journal is applied in memory; nothing on disk changes)."""
+
+    def __init__(self, path: str | Path, mode: str = "r+"):
+        self.path = Path(path)
+        self.journal = journal_path(self.path)
+        self.readonly = mode == "r"
+        flags = {"r": os.O_RDONLY, "r+": os.O_RDWR, "w": os.O_RDWR | os.O_CREAT | os.O_TRUNC}[mode]
+        self.fd = os.open(self.path, flags, 0o666)
+        self.jfd: int | None = None
+        self.pos = 0
+        self.writes: Extents = []  # below the last commit's end, in the order made
+        self.seq = int.from_bytes(os.urandom(8), "little") >> 1  # an old journal's trailer never matches
+        pending = None if mode == "w" else read_journal(self.journal)
+        self.size = self.disk = os.fstat(self.fd).st_size
+        if pending is not None:
+            self.size, self.writes = pending
+        if self.readonly:
+            self.committed = 1 << 62  # every write would be an error anyway
+            return
+        self.jfd = os.open(self.journal, os.O_RDWR | os.O_CREAT, 0o666)
+        if pending is not None:
+            self._apply(self.writes)
+        os.ftruncate(self.jfd, 0)
+        self.committed = self.size
+
+    # -- what h5py's fileobj driver calls
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.pos = offset if whence == 0 else (self.pos + offset if whence == 1 else self.size + offset)
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def readinto(self, buf) -> int:
+        mv = memoryview(buf).cast("B")
+        n, off = len(mv), self.pos
+        got = os.preadv(self.fd, [mv], off) if n else 0
+        if got < n:
+            mv[got:] = bytes(n - got)
+        end = off + n
+        for w_off, b in self.writes:  # in the order made: the last one wins
+            lo, hi = max(off, w_off), min(end, w_off + len(b))
+            if lo < hi:
+                mv[lo - off:hi - off] = b[lo - w_off:hi - w_off]
+        self.pos = end
+        return n
+
+    def read(self, size: int = -1) -> bytes:
+        size = self.size - self.pos if size < 0 else size
+        buf = bytearray(max(size, 0))
+        self.readinto(buf)
+        return bytes(buf)
+
+    def write(self, buf) -> int:
+        if self.readonly:
+            raise OSError("the log is open read-only")
+        off = self.pos
+        n = len(buf)
+        end = off + n
+        if end <= self.committed:  # the last commit's bytes: kept until the next commit
+            self.writes.append((off, bytes(buf)))
+        elif off >= self.committed:  # past it: nothing committed points here
+            os.pwrite(self.fd, buf, off)
+            self.disk = max(self.disk, end)
+        else:
+            mv = memoryview(buf).cast("B")
+            cut = self.committed - off
+            self.writes.append((off, bytes(mv[:cut])))
+            os.pwrite(self.fd, mv[cut:], self.committed)
+            self.disk = max(self.disk, end)
+        self.pos = end
+        if end > self.size:
+            self.size = end
+        return n
+
+    def truncate(self, size: int | None = None) -> int:
+        self.size = self.pos if size is None else size
+        return self.size
+
+    def flush(self) -> None:
+        """HDF5's own flushes are not commits: a round is committed as a whole."""
+
+    def close(self) -> None:
+        for fd in (self.fd, self.jfd):
+            if fd is not None:
+                os.close(fd)
+        self.fd = self.jfd = None  # type: ignore[assignment]
+
+    # -- commits
+
+    def commit(self) -> None:
+        """Make every write since the last commit durable against a kill, at once."""
+        if self.readonly:
+            return
+        if self.writes:
+            self.seq += 1
+            extents = _merge(self.writes)
+            head = b"".join([_HEAD.pack(MAGIC, self.seq, self.size, len(extents)),
+                             *(_EXTENT.pack(off, len(b)) for off, b in extents)])
+            body = _pwritev(self.jfd, [head, *(b for _, b in extents)], 0)
+            os.pwrite(self.jfd, _TAIL.pack(TRAILER, self.seq, body), body)  # the commit point
+            self._apply(extents)
+            os.pwrite(self.jfd, bytes(8), 0)  # applied: readers need not replay it
+        elif self.disk != self.size:
+            os.ftruncate(self.fd, self.size)
+            self.disk = self.size
+        self.committed = self.size
+
+    def _apply(self, extents: Extents) -> None:
+        for off, b in extents:
+            os.pwrite(self.fd, b, off)
+            self.disk = max(self.disk, off + len(b))
+        if self.disk != self.size:  # shorter than HDF5's end of file would read as truncated
+            os.ftruncate(self.fd, self.size)
+            self.disk = self.size
+        self.writes = []
+
+
+def _pwritev(fd: int, bufs: list, at: int) -> int:
+    """All of ``bufs`` at ``at`` in as few calls as the system allows; returns the bytes."""
+    start = at
+    for i in range(0, len(bufs), _IOV):
+        part = bufs[i:i + _IOV]
+        want = sum(len(b) for b in part)
+        done = os.pwritev(fd, part, at)
+        if done != want:  # short write (a full disk): finish it piece by piece
+            flat = b"".join(part)
+            while done < want:
+                done += os.pwrite(fd, flat[done:], at + done)
+        at += want
+    return at - start
