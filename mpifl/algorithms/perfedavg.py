@@ -124,13 +124,16 @@ def _step(ctx: Context):
 
     def step(cl: Clients, sel, rows: np.ndarray, x: torch.Tensor, y: torch.Tensor, wt: torch.Tensor) -> torch.Tensor:
         part = [(x[:, j * B:(j + 1) * B], y[:, j * B:(j + 1) * B], wt[:, j * B:(j + 1) * B]) for j in range(3)]
+
+        def grads(params: torch.Tensor, j: int) -> tuple[torch.Tensor, torch.Tensor]:
+            if part[j][0].shape[1] == 0:  # the epoch's last batch left no samples for it
+                return torch.zeros_like(params), torch.zeros(len(rows), device=params.device)
+            return cl.grads(params, *part[j], rows)
+
         w = cl.params[sel]
-        g_in, _ = cl.grads(w, *part[0], rows)
-        g, loss = cl.grads(w - alpha * g_in, *part[1], rows)
-        if hf and part[2][2].shape[1]:
-            g_plus, _ = cl.grads(w + delta * g, *part[2], rows)
-            g_minus, _ = cl.grads(w - delta * g, *part[2], rows)
-            g = g - alpha * (g_plus - g_minus) / (2 * delta)
+        g, loss = grads(w - alpha * grads(w, 0)[0], 1)
+        if hf:
+            g = g - alpha * (grads(w + delta * g, 2)[0] - grads(w - delta * g, 2)[0]) / (2 * delta)
         cl.opt.step_(sel, w, g, lr=beta)
         if not isinstance(sel, slice):
             cl.params[sel] = w
