@@ -49,7 +49,7 @@ def test_apfl_matches_plain_reference(mpi, batched, adaptive):
         np.testing.assert_allclose(out.extras["alpha"][r], alpha[k], rtol=1e-5, atol=1e-7)
         # evaluated on the mixture with the new global model
         mix = alpha[k] * v[k] + (1 - alpha[k]) * w
-        loss, acc = split_metrics(ref.clients, k, "test", lambda idx: logits(ref.clients, mix, idx))
+        loss, acc = split_metrics(ref.clients, k, "test", lambda idx, mix=mix: logits(ref.clients, mix, idx))
         assert metrics["test_loss"][r] == pytest.approx(loss, rel=1e-5)
         assert metrics["test_acc"][r] == pytest.approx(acc)
     moved = [abs(alpha[k] - 0.3) > 1e-6 for k in range(ref.N)]

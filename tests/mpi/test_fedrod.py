@@ -74,7 +74,8 @@ def test_fedrod_matches_plain_reference(mpi, batched):
         torch.testing.assert_close(mine[:, :-1], Wp, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(mine[:, -1], bp, rtol=1e-5, atol=1e-6)
         # prediction = generic logits + personal logits
-        loss, acc = split_metrics(c, k, "test", lambda idx: logits(c, model, idx) + features(model, idx) @ Wp.T + bp)
+        loss, acc = split_metrics(c, k, "test",
+                                  lambda idx, Wp=Wp, bp=bp: logits(c, model, idx) + features(model, idx) @ Wp.T + bp)
         assert metrics["test_loss"][r] == pytest.approx(loss, rel=1e-5)
         assert metrics["test_acc"][r] == pytest.approx(acc)
         _, acc_g = split_metrics(c, k, "test", lambda idx: logits(c, model, idx))

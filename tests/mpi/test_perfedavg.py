@@ -37,8 +37,8 @@ def plain_perfedavg(cfg):
     return ref, model, adapted
 
 
-@pytest.mark.parametrize(("variant", "batched", "beta"), [("fo", "auto", 0.0), ("hf", "auto", 0.03), ("fo", "off", 0.03),
-                                                           ("hf", "off", 0.0)])
+@pytest.mark.parametrize(("variant", "batched", "beta"),
+                         [("fo", "auto", 0.0), ("hf", "auto", 0.03), ("fo", "off", 0.03), ("hf", "off", 0.0)])
 def test_perfedavg_matches_plain_reference(mpi, variant, batched, beta):
     cfg = small_cfg("perfedavg", **{"perfedavg.variant": variant, "train.batched": batched, "perfedavg.beta": beta,
                                     "perfedavg.alpha": 0.05})
@@ -53,7 +53,7 @@ def test_perfedavg_matches_plain_reference(mpi, variant, batched, beta):
     torch.testing.assert_close(state.model, model, rtol=1e-5, atol=1e-6)
     for r, k in enumerate(ctx.comm.local_ids):
         torch.testing.assert_close(rows[r], adapted[k], rtol=1e-5, atol=1e-6)
-        loss, acc = split_metrics(ref.clients, k, "test", lambda idx: logits(ref.clients, adapted[k], idx))
+        loss, acc = split_metrics(ref.clients, k, "test", lambda idx, m=adapted[k]: logits(ref.clients, m, idx))
         assert metrics["test_loss"][r] == pytest.approx(loss, rel=1e-5)
         assert metrics["test_acc"][r] == pytest.approx(acc)
         # the global model before adaptation, logged beside it
