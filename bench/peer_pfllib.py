@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -61,9 +62,18 @@ BASE = {"-gr": "run.rounds", "-nc": "data.n_clients", "-jr": "algorithm.fraction
 
 # mpifl algorithm -> (PFLlib's -algo, {PFLlib flag: mpifl key or fixed value}); a
 # method's engineer adds its row, mapping every hyper-parameter PFLlib reads
-METHODS: dict[str, tuple[str, dict[str, str | float | int]]] = {
+# (a callable value gets the mpifl config)
+METHODS: dict[str, tuple[str, dict[str, str | float | int | Callable]]] = {
     "fedavg": ("FedAvg", {}),
     "local": ("Local", {}),
+    # PFLlib's -al is APFL's initial alpha; its alpha step is -lr, as mpifl's (train.lr)
+    "apfl": ("APFL", {"-al": "apfl.alpha"}),
+    # PFLlib's PerAvg: inner step, outer step (beta) and evaluation step are all -lr
+    # (run mpifl with perfedavg.alpha=train.lr, perfedavg.beta=0); a step takes a
+    # 2 x -lbs batch split in two, as mpifl's fo; its server calls each client's
+    # train() twice a round, so -ls is half of mpifl's train.local_epochs
+    "perfedavg": ("PerAvg", {"-ls": lambda cfg: max(1, cfg.train.local_epochs // 2)}),
+    "fedrod": ("FedROD", {}),
 }
 
 
@@ -110,7 +120,8 @@ def pfllib_args(method: str, cfg, name: str) -> list[str]:
             "-go", "peer"]
     flat = {f"{s}.{k}": v for s, sec in cfg.to_dict().items() for k, v in sec.items()}
     for flag, key in {**BASE, **extra}.items():
-        args += [flag, str(flat[key]) if isinstance(key, str) and key in flat else str(key)]
+        value = key(cfg) if callable(key) else flat[key] if isinstance(key, str) and key in flat else key
+        args += [flag, str(value)]
     return args
 
 
