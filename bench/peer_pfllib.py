@@ -75,6 +75,14 @@ METHODS: dict[str, tuple[str, dict[str, str | float | int | Callable[[dict], obj
     # as mpifl's; it averages prototypes uniformly over clients and collects them
     # during training (mpifl: count-weighted, after training; bench/README.md)
     "fedproto": ("FedProto", {"-lam": "fedproto.lam"}),
+    # PFLlib's -al is APFL's initial alpha; its alpha step is -lr, as mpifl's (train.lr)
+    "apfl": ("APFL", {"-al": "apfl.alpha"}),
+    # PFLlib's PerAvg: inner step, outer step (beta) and evaluation step are all -lr
+    # (run mpifl with perfedavg.alpha=train.lr, perfedavg.beta=0); a step takes a
+    # 2 x -lbs batch split in two, as mpifl's fo; its server calls each client's
+    # train() twice a round, so -ls is half of mpifl's train.local_epochs
+    "perfedavg": ("PerAvg", {"-ls": lambda flat: max(1, int(flat["train.local_epochs"]) // 2)}),
+    "fedrod": ("FedROD", {}),
 }
 
 

@@ -446,7 +446,7 @@ class Clients:
     # ------------------------------------------------------------------ training
     def train(self, local: np.ndarray, epochs: int, round: int, purpose: str = "train",
               subsets: list[np.ndarray] | None = None, objective: Objective | None = None,
-              step: StepFn | None = None) -> np.ndarray:
+              step: StepFn | None = None, batch_size: int | None = None) -> np.ndarray:
         """Train the listed local clients (indices into this rank's block) in place
         for ``epochs`` local epochs (over ``subsets`` of their samples if given, see
         :meth:`plan`); returns each one's mean training loss.
@@ -454,13 +454,15 @@ class Clients:
         ``objective`` adds closed-form terms to every path's gradient; ``step``
         replaces the optimisation step itself (methods whose update is not a
         gradient step on one loss: APFL, Per-FedAvg, FedRoD...), with the same
-        batches, chunks and non-finite handling."""
+        batches, chunks and non-finite handling. ``batch_size`` (default
+        ``train.batch_size``) sizes the batches a step gets: a step that splits its
+        batch into several (Per-FedAvg's inner and outer batches) asks for a multiple."""
         local = np.asarray(local, dtype=np.int64)
         losses = np.zeros(len(local))
         seen = np.zeros(len(local))
         if len(local) == 0 or epochs == 0:
             return np.full(len(local), np.nan)
-        plan = self.plan(local, epochs, round, purpose, subsets=subsets)
+        plan = self.plan(local, epochs, round, purpose, batch_size=batch_size, subsets=subsets)
         skip = self.cfg.on_nonfinite == "skip"
         if skip:
             sel0 = _rows_selector(local, self.device)

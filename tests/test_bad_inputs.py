@@ -101,3 +101,32 @@ def test_bad_input_one_line_exit_2(tmp_path, case):
     assert needle in lines[0], lines[0]
     assert "Traceback" not in res.stdout + res.stderr
     assert not (out / "run" / "run.h5").exists()
+
+
+# every option of apfl, perfedavg: one line naming the key, the value and what is allowed
+BASELINE_B_CASES = {
+    "apfl.alpha=-0.1": "apfl.alpha=-0.1 is not allowed; must be in [0, 1]",
+    "apfl.alpha=1.5": "apfl.alpha=1.5 is not allowed; must be in [0, 1]",
+    "apfl.adaptive=maybe": "apfl.adaptive='maybe'",
+    "perfedavg.variant=so": "perfedavg.variant='so'",
+    "perfedavg.alpha=0": "perfedavg.alpha=0.0 is not allowed; must be > 0",
+    "perfedavg.beta=-0.1": "perfedavg.beta=-0.1 is not allowed; must be >= 0 (0 = train.lr)",
+    "perfedavg.delta=0": "perfedavg.delta=0.0 is not allowed; must be > 0",
+}
+
+
+@pytest.mark.parametrize("override", sorted(BASELINE_B_CASES))
+def test_baseline_b_option_out_of_range_is_one_line(override):
+    with pytest.raises(config.ConfigError) as e:
+        config.load(None, [f"algorithm.name={override.split('.')[0]}", override])
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(override.split("=")[0] + "=")
+    assert BASELINE_B_CASES[override] in msg
+
+
+def test_baseline_b_bad_option_exits_2_under_mpiexec(tmp_path):
+    res = launch(["algorithm.name=perfedavg", "perfedavg.alpha=-1", "data.name=synthetic", "data.n_samples=200",
+                  f"run.out_dir={tmp_path}"], n=2, timeout=90)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.returncode == 2 and len(lines) == 1, res.stderr
+    assert lines[0] == "mpifl: error: perfedavg.alpha=-1.0 is not allowed; must be > 0"

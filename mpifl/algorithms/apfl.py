@@ -1,0 +1,147 @@
+"""APFL: Y. Deng, M. M. Kamani, M. Mahdavi, "Adaptive Personalized Federated
+Learning", arXiv:2003.13461, 2020.
+
+Every client keeps a local model v_i and a mixing weight alpha_i in [0, 1] and
+holds a copy w_i of the global model; its personalized model is the mixture
+
+    vbar_i = alpha_i v_i + (1 - alpha_i) w_i.
+
+Each local step on a batch xi (the paper's Algorithm 1, all three updates from
+the values before the step, on the same batch):
+
+    w_i     <- w_i - eta grad f_i(w_i; xi)
+    v_i     <- v_i - eta alpha_i grad f_i(vbar_i; xi)            (chain rule: d vbar / d v = alpha)
+    alpha_i <- clip(alpha_i - eta <v_i - w_i, grad f_i(vbar_i; xi)>, 0, 1)
+
+(d f_i(vbar) / d alpha = <v - w, grad f_i(vbar)>). The global model is
+synchronised every round (tau = one round of ``train.local_epochs`` epochs, as
+DPFL appendix F.6 runs it): w <- sum_i p_i w_i over the sampled clients (FedAvg,
+p by training-set size), sent back to every client.
+
+    mpiexec -n 2 python -m mpi4py -m mpifl.main jobs/quickstart.yaml algorithm.name=apfl apfl.alpha=0.5
+
+Choices where the paper left room:
+- ``apfl.alpha`` (initial alpha_i) defaults to 0.5, the authors' code's default
+  (FedTorch ``--fed_personal_alpha``); ``apfl.adaptive=false`` keeps it fixed (the
+  paper's fixed-alpha runs). alpha's step size is ``train.lr`` (the paper's eta_t),
+  projected onto [0, 1]; no extra regulariser on alpha (the authors' code adds
+  0.02 alpha to its gradient; the paper does not).
+- v_i starts at the initial global model; w_i's optimizer state is fresh each
+  round (it is a copy of the downloaded model), v_i's persists (it is the
+  client's own model). Both use ``train.optimizer`` (the paper: plain SGD).
+- Only the sampled clients train (w_i, v_i, alpha_i); the others keep theirs.
+- Under ``train.on_nonfinite=skip`` a dropped client keeps v_i and alpha_i from
+  before the round as well as w_i.
+- Evaluation: client i's mixture alpha_i v_i + (1 - alpha_i) w with the new
+  global w (after synchronisation w_i = w).
+
+Logs: the mixing row (p over the sampled clients: FedAvg of w), ``/apfl/alpha``
+(alpha_i every round, what the paper plots), the training loss of the mixture.
+PFLlib's APFL (``clientapfl.py``) differs from the paper: it trains v_i on its own
+loss instead of at the mixture and then overwrites v_i with the mixture each
+round (bench/README.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from ..checkpoint import per_client
+from ..clients import Clients, RowOptimizer
+from ..config import check
+from .base import Context, Round, own_rows_metrics
+
+if TYPE_CHECKING:
+    from ..config import Config
+
+
+@dataclass
+class Params:
+    """Hyper-parameters: the config section ``apfl``."""
+
+    alpha: float = 0.5  # initial mixing weight alpha_i of the local model (authors' code: 0.5)
+    adaptive: bool = True  # learn alpha_i by its gradient (the paper's adaptive APFL); false: fixed
+
+    def validate(self, cfg: Config) -> None:
+        check(0 <= self.alpha <= 1, "apfl.alpha", self.alpha, "must be in [0, 1]")
+
+
+@dataclass
+class State:
+    model: torch.Tensor  # [P] the global model w, identical on every rank
+    v: torch.Tensor = per_client()  # [n_local, P] local models v_i
+    v_opt: dict = per_client()  # v_i's optimizer state (rows as v)
+    alpha: torch.Tensor = per_client()  # [n_local] mixing weights alpha_i
+
+
+def init(ctx: Context) -> State:
+    c = ctx.clients
+    return State(model=c.init.clone(), v=c.init.repeat(c.n, 1), v_opt=c.opt.fresh_state(c.n),
+                 alpha=torch.full((c.n,), float(ctx.cfg.apfl.alpha), device=c.device))
+
+
+def mixture(state: State, w: torch.Tensor) -> torch.Tensor:
+    """alpha_i v_i + (1 - alpha_i) w_i for every local client (``w``: [P] or rows)."""
+    a = state.alpha[:, None]
+    return a * state.v + (1 - a) * w
+
+
+def round(ctx: Context, state: State, t: int) -> Round:
+    c = ctx.clients
+    sampled = ctx.sample(t, ctx.cfg.algorithm.fraction)
+    mine = ctx.local_of(sampled)
+    loss = np.full(ctx.comm.n_local, np.nan)
+    if len(mine):
+        idx = torch.as_tensor(mine, device=c.device)
+        c.params[idx] = state.model
+        c.opt.reset(idx)
+        ctx.comm.count(mine, recv=c.P * ctx.comm.itemsize, models=1)
+        before = state.v[idx].clone(), {k: v[idx].clone() for k, v in state.v_opt.items()}, state.alpha[idx].clone()
+        loss[mine] = c.train(mine, ctx.cfg.train.local_epochs, t, step=_step(ctx, state))
+        dropped = idx[torch.as_tensor(np.isnan(loss[mine]), device=c.device)]
+        if len(dropped):  # on_nonfinite=skip dropped w_i's update: drop v_i's and alpha_i's too
+            keep = torch.isin(idx, dropped)
+            state.v[dropped], state.alpha[dropped] = before[0][keep], before[2][keep]
+            for k, v in state.v_opt.items():
+                v[dropped] = before[1][k][keep]
+    row = np.zeros(ctx.N)
+    row[sampled] = ctx.p[sampled] / ctx.p[sampled].sum()
+    w = np.zeros(ctx.comm.n_local)
+    w[mine] = row[ctx.comm.local_ids[mine]]
+    state.model = ctx.comm.weighted_sum(c.params, w)
+    return Round(train_loss=loss, mixing_row=row, extras={"alpha": state.alpha.cpu().numpy().copy()})
+
+
+def _step(ctx: Context, state: State):
+    """The APFL step of the equations above, for ``Clients.train``."""
+    c = ctx.clients
+    lr = ctx.cfg.train.lr
+    adaptive = ctx.cfg.apfl.adaptive
+    v_opt = RowOptimizer(c.cfg, 0, c.P, c.device, [k for _, _, k in c.layout.params])
+    v_opt.state = state.v_opt
+
+    def step(cl: Clients, sel, rows: np.ndarray, x: torch.Tensor, y: torch.Tensor, wt: torch.Tensor) -> torch.Tensor:
+        w, v = cl.params[sel], state.v[sel]  # views when the rows are contiguous
+        a = state.alpha[sel][:, None]
+        vbar = a * v + (1 - a) * w
+        g_w, _ = cl.grads(w, x, y, wt, rows)
+        g_bar, loss = cl.grads(vbar, x, y, wt, rows)
+        if adaptive:
+            grad_a = ((v - w) * g_bar).sum(1)
+        cl.opt.step_(sel, w, g_w)
+        v_opt.step_(sel, v, g_bar.mul_(a))
+        if adaptive:
+            state.alpha[sel] = (a[:, 0] - lr * grad_a).clamp_(0.0, 1.0)
+        if not isinstance(sel, slice):
+            cl.params[sel], state.v[sel] = w, v
+        return loss
+
+    return step
+
+
+def evaluate(ctx: Context, state: State, t: int) -> dict[str, np.ndarray]:
+    return own_rows_metrics(ctx, mixture(state, state.model))

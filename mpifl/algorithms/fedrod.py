@@ -1,0 +1,156 @@
+"""FedRoD: H.-Y. Chen, W.-L. Chao, "On Bridging Generic and Personalized
+Federated Learning for Image Classification", ICLR 2022.
+
+The model is a body phi (features h = phi(x)) and a generic head (W_g, b_g), both
+shared and averaged as in FedAvg; every client also keeps a personal head
+(W_p,i, b_p,i) of the same shape (the paper's linear personal head, no
+hypernetwork). Each local step of a sampled client i on a batch (x, y):
+
+    h = phi(x),  z_g = W_g h + b_g,  z_p = W_p,i h + b_p,i          (before the step)
+    (phi, W_g, b_g) <- SGD step on the balanced softmax loss
+        BSM_i = CE(z_g + log pi_i, y),   pi_i,c = n_i,c / n_i      (client i's training label prior)
+    (W_p,i, b_p,i)  <- SGD step on CE(stopgrad(z_g) + z_p, y), h detached
+
+and client i predicts with z_g + z_p. The server averages (phi, W_g, b_g) over
+the sampled clients by p_i (training-set size). The split into body and head is
+the model's last ``nn.Linear`` (``mpifl.head.find_head``).
+
+    mpiexec -n 2 python -m mpi4py -m mpifl.main jobs/quickstart.yaml algorithm.name=fedrod
+
+Choices where the paper left room:
+- A class absent from a client's training data has prior 0: its log-prior is
+  -1e4 instead of -inf (its softmax term underflows to exactly 0 in float32 just
+  the same, without the NaN that 0 * -inf gives on padded samples).
+- The personal heads start as the initial model's head (PFLlib's choice) and
+  keep their optimizer state (``train.optimizer``) across rounds; the shared part
+  starts every round from the downloaded model with a fresh optimizer state.
+- Only the sampled clients train their personal heads.
+- Evaluation: a linear head on top of the same features sums, so z_g + z_p is
+  the model with head (W_g + W_p,i, b_g + b_p,i); clients are evaluated with that
+  model (the new global body and generic head, their own personal head).
+
+Logs: the mixing row (p over the sampled clients); the training loss of the
+personalized prediction; ``/fedrod/bsm_loss`` (the generic model's balanced
+softmax loss); ``/fedrod/generic_test_acc``, the generic model's test accuracy
+(the paper's G-FL, next to P-FL in ``test_acc``) in evaluation rounds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..checkpoint import per_client
+from ..clients import Clients, RowOptimizer
+from ..head import Head, find_head
+from .base import Context, Round, own_rows_metrics
+
+ABSENT_LOG_PRIOR = -1e4  # log pi of a class the client does not hold (see the docstring)
+
+
+@dataclass
+class State:
+    model: torch.Tensor  # [P] body + generic head, identical on every rank
+    head: torch.Tensor = per_client()  # [n_local, C * width] personal heads, rows as Head.rows flattened
+    head_opt: dict = per_client()  # their optimizer state
+
+
+def _head(ctx: Context) -> Head:
+    return find_head(ctx.clients, ctx.cfg.model.name, "fedrod")
+
+
+def init(ctx: Context) -> State:
+    c = ctx.clients
+    h = _head(ctx)
+    v = h.rows(c.init[None]).reshape(1, -1)
+    return State(model=c.init.clone(), head=v.repeat(c.n, 1),
+                 head_opt=RowOptimizer(c.cfg, c.n, v.shape[1], c.device).state)
+
+
+def log_prior(ctx: Context) -> torch.Tensor:
+    """[n_local, C] log of each local client's training label frequencies."""
+    hist = torch.as_tensor(ctx.data.label_hist[ctx.comm.local_ids], dtype=torch.float64)
+    prior = hist / hist.sum(1, keepdim=True).clamp_min(1)
+    out = torch.where(prior > 0, prior.log(), torch.full_like(prior, ABSENT_LOG_PRIOR))
+    return out.float().to(ctx.clients.device)
+
+
+def round(ctx: Context, state: State, t: int) -> Round:
+    c = ctx.clients
+    sampled = ctx.sample(t, ctx.cfg.algorithm.fraction)
+    mine = ctx.local_of(sampled)
+    if len(mine):
+        idx = torch.as_tensor(mine, device=c.device)
+        c.params[idx] = state.model
+        c.opt.reset(idx)
+        ctx.comm.count(mine, recv=c.P * ctx.comm.itemsize, models=1)
+    n = ctx.comm.n_local
+    loss, bsm = np.full(n, np.nan), np.zeros(n)
+    step = _step(ctx, state, bsm)
+    loss[mine] = c.train(mine, ctx.cfg.train.local_epochs, t, step=step)
+    bsm[mine] /= np.maximum(step.seen[mine], 1)
+    bsm[np.setdiff1d(np.arange(n), mine)] = np.nan
+    row = np.zeros(ctx.N)
+    row[sampled] = ctx.p[sampled] / ctx.p[sampled].sum()
+    w = np.zeros(n)
+    w[mine] = row[ctx.comm.local_ids[mine]]
+    state.model = ctx.comm.weighted_sum(c.params, w)
+    extras = {"bsm_loss": bsm}
+    if (t + 1) % ctx.cfg.run.eval_every == 0 or t == ctx.cfg.run.rounds - 1:
+        extras["generic_test_acc"] = c.evaluate("test", state.model)[1]
+    return Round(train_loss=loss, mixing_row=row, extras=extras)
+
+
+def _step(ctx: Context, state: State, bsm: np.ndarray):
+    """The FedRoD step of the equations above, for ``Clients.train``; adds each
+    client's sample-weighted BSM loss into ``bsm`` (``step.seen``: its samples)."""
+    c = ctx.clients
+    head = _head(ctx)
+    bias = log_prior(ctx)
+    h_opt = RowOptimizer(c.cfg, 0, state.head.shape[1], c.device)
+    h_opt.state = state.head_opt
+    C, D = head.n_classes, head.width
+
+    def step(cl: Clients, sel, rows: np.ndarray, x: torch.Tensor, y: torch.Tensor, wt: torch.Tensor) -> torch.Tensor:
+        p = cl.params[sel]
+        hp = state.head[sel]
+        m = len(rows)
+        with torch.no_grad():
+            feats = head.features_of(cl, p, x, rows)  # [m, b, d], before the step
+            z_g = head.logits(feats, head.rows(p))
+        g, loss_g = cl.grads(p, x, y, wt, rows, bias=bias[torch.as_tensor(rows, device=bias.device)])
+        cl.opt.step_(sel, p, g)
+        # personal head: CE(z_g + z_p, y) by its closed-form gradient, features fixed
+        z = z_g + head.logits(feats, hp.view(m, C, D))
+        share = (wt / wt.sum(1, keepdim=True).clamp_min(1.0)).unsqueeze(-1)  # [m, b, 1]
+        logp = torch.log_softmax(z, -1)
+        loss = -(logp.gather(-1, y.unsqueeze(-1)) * share).sum((1, 2))
+        dz = (logp.exp() - F.one_hot(y, C).to(z.dtype)) * share  # d loss / d z
+        g_head = torch.bmm(dz.transpose(1, 2), feats)  # [m, C, d]
+        if head.bias is not None:
+            g_head = torch.cat([g_head, dz.sum(1).unsqueeze(-1)], dim=2)
+        h_opt.step_(sel, hp, g_head.reshape(m, -1))
+        if not isinstance(sel, slice):
+            cl.params[sel], state.head[sel] = p, hp
+        nw = wt.sum(1).cpu().numpy()
+        bsm[rows] += loss_g.detach().cpu().numpy() * nw
+        step.seen[rows] += nw
+        return loss
+
+    step.seen = np.zeros(ctx.comm.n_local)
+    return step
+
+
+def personalized(ctx: Context, state: State) -> torch.Tensor:
+    """[n_local, P]: the global model with head (W_g + W_p,i, b_g + b_p,i)."""
+    c = ctx.clients
+    head = _head(ctx)
+    rows = state.model.repeat(c.n, 1)
+    return head.put(rows, head.rows(rows) + state.head.view(c.n, head.n_classes, head.width))
+
+
+def evaluate(ctx: Context, state: State, t: int) -> dict[str, np.ndarray]:
+    return own_rows_metrics(ctx, personalized(ctx, state))

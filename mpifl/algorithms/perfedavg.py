@@ -1,0 +1,160 @@
+"""Per-FedAvg: A. Fallah, A. Mokhtari, A. Ozdaglar, "Personalized Federated
+Learning with Theoretical Guarantees: A Model-Agnostic Meta-Learning Approach",
+NeurIPS 2020.
+
+FedAvg on the MAML objective F_i(w) = f_i(w - alpha grad f_i(w)): the global
+model is a starting point that one gradient step on a client's own data
+personalises. Each local step of a sampled client, on independent batches D, D'
+(and D'' for the Hessian-free variant) of its training data:
+
+    w~ = w - alpha grad f_i(w; D)                                  (inner step)
+    fo: w <- w - beta grad f_i(w~; D')                             (first-order, Per-FedAvg (FO))
+    hf: w <- w - beta (grad f_i(w~; D') - alpha d)                  (Hessian-free, Per-FedAvg (HF))
+        d = [grad f_i(w + delta u; D'') - grad f_i(w - delta u; D'')] / (2 delta),  u = grad f_i(w~; D')
+
+(d approximates the Hessian-vector product grad^2 f_i(w; D'') u by a central
+difference, as the paper does). After ``train.local_epochs`` epochs the server
+averages the sampled clients' models by p_i (training-set size), as FedAvg.
+
+Evaluation follows the paper: every client adapts the global model by one step
+of size alpha on one training batch (``train.batch_size`` samples) and is
+evaluated with the adapted model; the adaptation works on a copy, so training
+state is unchanged.
+
+    mpiexec -n 2 python -m mpi4py -m mpifl.main jobs/quickstart.yaml algorithm.name=perfedavg perfedavg.alpha=0.01
+
+Choices where the paper left room:
+- Batches: a step takes one batch of k x ``train.batch_size`` samples (k = 2 for
+  fo, 3 for hf) from the client's plan and splits it into D, D' (, D''), as
+  PFLlib does: an epoch is one pass over the client's data with every sample
+  used once, in 1/k as many steps as FedAvg takes. An epoch's last, short batch
+  is split the same way, so its D' (or D'') may hold fewer samples or none; an
+  empty D' gives a zero outer gradient (the step only moves momentum), an empty
+  D'' makes that step first-order.
+- alpha defaults to 0.01 (DPFL appendix F.6); beta to ``train.lr`` (PFLlib's
+  choice) when ``perfedavg.beta=0``; delta to 0.001. The inner step is plain
+  gradient descent on a copy; the outer step goes through ``train.optimizer``
+  with step beta (its momentum and weight decay apply to the meta-gradient).
+- The reported training loss is the outer loss f_i(w~; D').
+
+Logs: the mixing row (p over the sampled clients); ``/perfedavg/global_test_acc``,
+the test accuracy of the global model before adaptation (evaluation rounds), next
+to the adapted one in ``test_acc``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+import torch
+
+from ..clients import Clients
+from ..config import check
+from .base import Context, Round, own_rows_metrics
+
+if TYPE_CHECKING:
+    from ..config import Config
+
+
+@dataclass
+class Params:
+    """Hyper-parameters: the config section ``perfedavg``."""
+
+    variant: Literal["fo", "hf"] = "fo"  # first-order MAML, or Hessian-free (finite-difference HVP)
+    alpha: float = 0.01  # inner (personalisation) step size (DPFL appendix F.6)
+    beta: float = 0.0  # outer step size; 0 = train.lr (PFLlib's choice)
+    delta: float = 0.001  # hf: finite-difference step of the Hessian-vector product
+
+    def validate(self, cfg: Config) -> None:
+        check(self.alpha > 0, "perfedavg.alpha", self.alpha, "must be > 0")
+        check(self.beta >= 0, "perfedavg.beta", self.beta, "must be >= 0 (0 = train.lr)")
+        check(self.delta > 0, "perfedavg.delta", self.delta, "must be > 0")
+
+
+@dataclass
+class State:
+    model: torch.Tensor  # [P] the global model, identical on every rank
+
+
+def init(ctx: Context) -> State:
+    return State(model=ctx.clients.init.clone())
+
+
+def batches_per_step(ctx: Context) -> int:
+    return 3 if ctx.cfg.perfedavg.variant == "hf" else 2
+
+
+def outer_lr(ctx: Context) -> float:
+    return ctx.cfg.perfedavg.beta or ctx.cfg.train.lr
+
+
+def round(ctx: Context, state: State, t: int) -> Round:
+    c = ctx.clients
+    sampled = ctx.sample(t, ctx.cfg.algorithm.fraction)
+    mine = ctx.local_of(sampled)
+    if len(mine):
+        idx = torch.as_tensor(mine, device=c.device)
+        c.params[idx] = state.model
+        c.opt.reset(idx)
+        ctx.comm.count(mine, recv=c.P * ctx.comm.itemsize, models=1)
+    loss = np.full(ctx.comm.n_local, np.nan)
+    k = batches_per_step(ctx)
+    loss[mine] = c.train(mine, ctx.cfg.train.local_epochs, t, step=_step(ctx),
+                         batch_size=k * ctx.cfg.train.batch_size)
+    row = np.zeros(ctx.N)
+    row[sampled] = ctx.p[sampled] / ctx.p[sampled].sum()
+    w = np.zeros(ctx.comm.n_local)
+    w[mine] = row[ctx.comm.local_ids[mine]]
+    state.model = ctx.comm.weighted_sum(c.params, w)
+    extras = {}
+    if evaluated(ctx, t):
+        extras["global_test_acc"] = c.evaluate("test", state.model)[1]
+    return Round(train_loss=loss, mixing_row=row, extras=extras)
+
+
+def evaluated(ctx: Context, t: int) -> bool:
+    return (t + 1) % ctx.cfg.run.eval_every == 0 or t == ctx.cfg.run.rounds - 1
+
+
+def _step(ctx: Context):
+    p_cfg = ctx.cfg.perfedavg
+    B, alpha, beta, delta, hf = ctx.cfg.train.batch_size, p_cfg.alpha, outer_lr(ctx), p_cfg.delta, p_cfg.variant == "hf"
+
+    def step(cl: Clients, sel, rows: np.ndarray, x: torch.Tensor, y: torch.Tensor, wt: torch.Tensor) -> torch.Tensor:
+        part = [(x[:, j * B:(j + 1) * B], y[:, j * B:(j + 1) * B], wt[:, j * B:(j + 1) * B]) for j in range(3)]
+
+        def grads(params: torch.Tensor, j: int) -> tuple[torch.Tensor, torch.Tensor]:
+            if part[j][0].shape[1] == 0:  # the epoch's last batch left no samples for it
+                return torch.zeros_like(params), torch.zeros(len(rows), device=params.device)
+            return cl.grads(params, *part[j], rows)
+
+        w = cl.params[sel]
+        g, loss = grads(w - alpha * grads(w, 0)[0], 1)
+        if hf:
+            g = g - alpha * (grads(w + delta * g, 2)[0] - grads(w - delta * g, 2)[0]) / (2 * delta)
+        cl.opt.step_(sel, w, g, lr=beta)
+        if not isinstance(sel, slice):
+            cl.params[sel] = w
+        return loss
+
+    return step
+
+
+def adapted(ctx: Context, model: torch.Tensor, t: int) -> torch.Tensor:
+    """[n_local, P]: the global ``model`` after one step of size alpha on one
+    training batch of each local client (a copy; nothing else changes)."""
+    c = ctx.clients
+    local = np.arange(c.n)
+    rows = model.repeat(c.n, 1)
+    if c.n == 0:
+        return rows
+    plan = c.plan(local, 1, t, purpose="adapt", max_batches=1)
+    x, y, w = c.batch(plan.idx[:, 0])
+    g, _ = c.grads(rows, x, y, w, local)
+    return rows.sub_(g, alpha=ctx.cfg.perfedavg.alpha)
+
+
+def evaluate(ctx: Context, state: State, t: int) -> dict[str, np.ndarray]:
+    return own_rows_metrics(ctx, adapted(ctx, state.model, t))
