@@ -75,6 +75,13 @@ METHODS: dict[str, tuple[str, dict[str, str | float | int | Callable[[dict], obj
     # as mpifl's; it averages prototypes uniformly over clients and collects them
     # during training (mpifl: count-weighted, after training; bench/README.md)
     "fedproto": ("FedProto", {"-lam": "fedproto.lam"}),
+    # clientProx: PerturbedGradientDescent, grad + mu (w - w_global)
+    "fedprox": ("FedProx", {"-mu": "fedprox.mu"}),
+    # clientDitto: args.mu is Ditto's lambda; ptrain runs plocal_epochs (mpifl's 0 = train.local_epochs)
+    "ditto": ("Ditto", {"-mu": "ditto.lam",
+                        "-pls": lambda flat: flat["ditto.personal_epochs"] or flat["train.local_epochs"]}),
+    # clientRep: plocal_epochs of head (body frozen), then local_epochs of body (head frozen)
+    "fedrep": ("FedRep", {"-pls": "fedrep.head_epochs"}),
 }
 
 
