@@ -14,8 +14,8 @@ from mpifl.paths import RunDir
 
 
 def test_state_field_missing_from_an_older_checkpoint_keeps_its_initial_value(tmp_path):
-    cfg = config.load(None, ["data.name=synthetic", "data.n_samples=200", "data.n_clients=3", "data.partition=iid", "model.hidden=[8]",
-                             "algorithm.name=fedavg_ft", "fedavg_ft.start=best_val"])
+    cfg = config.load(None, ["data.name=synthetic", "data.n_samples=200", "data.n_clients=3", "data.partition=iid",
+                             "model.hidden=[8]", "algorithm.name=fedavg_ft", "fedavg_ft.start=best_val"])
     comm = Comm(3, solo())
     data = build(cfg.data, 0, comm.local_ids)
     c = Clients(models.build(cfg.model, data.in_shape, data.n_classes, 0), data, cfg.train, torch.device("cpu"), 0)

@@ -101,7 +101,7 @@ def test_fedprox_matches_plain_torch(mpi, mu):
     w = ref.clients.init.clone()
     for t in range(ROUNDS):
         w0 = w
-        rows = {int(k): sgd(ref, w0, int(k), t, cfg.train.local_epochs, pull=lambda v: mu * (v - w0))
+        rows = {int(k): sgd(ref, w0, int(k), t, cfg.train.local_epochs, pull=lambda v, c=w0: mu * (v - c))
                 for k in ref.sample(t, cfg.algorithm.fraction)}
         drift = {k: float(torch.linalg.vector_norm(r - w0)) for k, r in rows.items()}
         w = average(ref, rows)
@@ -138,7 +138,7 @@ def test_finetuning_from_the_best_validation_model_matches_plain_torch(mpi, name
     w, best, best_acc, best_t = ref.clients.init.clone(), None, -1.0, -1
     for t in range(3):
         w0 = w
-        rows = {int(k): sgd(ref, w0, int(k), t, cfg.train.local_epochs, pull=lambda v: mu * (v - w0))
+        rows = {int(k): sgd(ref, w0, int(k), t, cfg.train.local_epochs, pull=lambda v, c=w0: mu * (v - c))
                 for k in ref.sample(t, cfg.algorithm.fraction)}
         w = average(ref, rows)
         acc = np.mean([accuracy(ref, w, k, "val")[1] for k in range(ref.N)])
@@ -165,7 +165,7 @@ def test_ditto_matches_plain_torch(mpi, lam):
         w0 = w
         sampled = [int(k) for k in ref.sample(t, cfg.algorithm.fraction)]
         for k in sampled:
-            v[k] = sgd(ref, v[k], k, t, 1, pull=lambda x: lam * (x - w0))
+            v[k] = sgd(ref, v[k], k, t, 1, pull=lambda x, c=w0: lam * (x - c))
         w = average(ref, {k: sgd(ref, w0, k, t, cfg.train.local_epochs) for k in sampled})
     close(state.model, w)
     for r, i in enumerate(ctx.comm.local_ids):
