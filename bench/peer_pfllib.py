@@ -83,6 +83,13 @@ METHODS: dict[str, tuple[str, dict[str, str | float | int | Callable[[dict], obj
     # train() twice a round, so -ls is half of mpifl's train.local_epochs
     "perfedavg": ("PerAvg", {"-ls": lambda flat: max(1, int(flat["train.local_epochs"]) // 2)}),
     "fedrod": ("FedROD", {}),
+    # clientProx: PerturbedGradientDescent, grad + mu (w - w_global)
+    "fedprox": ("FedProx", {"-mu": "fedprox.mu"}),
+    # clientDitto: args.mu is Ditto's lambda; ptrain runs plocal_epochs (mpifl's 0 = train.local_epochs)
+    "ditto": ("Ditto", {"-mu": "ditto.lam",
+                        "-pls": lambda flat: flat["ditto.personal_epochs"] or flat["train.local_epochs"]}),
+    # clientRep: plocal_epochs of head (body frozen), then local_epochs of body (head frozen)
+    "fedrep": ("FedRep", {"-pls": "fedrep.head_epochs"}),
 }
 
 
@@ -150,9 +157,14 @@ def write_clients(cfg, root: Path, name: str) -> int:
     return data.n_classes
 
 
-def run_pfllib(pfllib: Path, method: str, cfg, work: Path) -> dict:
+def run_pfllib(pfllib: Path, method: str, cfg, work: Path, keep_last: bool = False) -> dict:
     name = f"mpifl-{cfg.data.name}"
     shutil.copytree(pfllib / "system", work / "system")
+    if keep_last:  # a diagnosis: PFLlib's training loader drops each epoch's short last batch
+        base = work / "system" / "flcore" / "clients" / "clientbase.py"
+        text = base.read_text()
+        assert text.count("drop_last=True") == 1, "PFLlib's clientbase.py changed: update --pfllib-keep-last"
+        base.write_text(text.replace("drop_last=True", "drop_last=False"))
     n_classes = write_clients(cfg, work, name)
     args = pfllib_args(method, cfg, name)
     args[args.index("-ncl") + 1] = str(n_classes)
@@ -265,6 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--ranks", type=int, default=1, help="mpifl's MPI ranks")
     ap.add_argument("--only", choices=["mpifl", "pfllib"], help="run one side only")
+    ap.add_argument("--pfllib-keep-last", action="store_true",
+                    help="diagnosis: PFLlib trains on each epoch's short last batch too, as mpifl "
+                         "(its scratch copy's training DataLoader gets drop_last=False)")
     ap.add_argument("overrides", nargs="*", help="mpifl section.key=value (both sides get the mapped ones)")
     a = ap.parse_args(argv)
     if a.only != "mpifl" and (a.pfllib is None or not (a.pfllib / "system" / "main.py").is_file()):
@@ -277,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
             if a.only != "pfllib":
                 row["mpifl"] = run_mpifl(a.method, cfg, a.overrides, Path(tmp) / "m", a.ranks)
             if a.only != "mpifl":
-                row["pfllib"] = run_pfllib(a.pfllib.resolve(), a.method, cfg, Path(tmp) / "p")
+                row["pfllib"] = run_pfllib(a.pfllib.resolve(), a.method, cfg, Path(tmp) / "p", a.pfllib_keep_last)
         rows.append(row)
         print(json.dumps(row), flush=True)
     print(f"\n{a.method}: final test accuracy after {cfg.run.rounds} rounds (mean over clients / "

@@ -217,7 +217,8 @@ def load(path: Path, ctx, state: Any) -> int:
     meta = read_meta(path)
     rows, glob = _fields(state)
     for k in glob:
-        setattr(state, k, _decode(meta["algo"][k], getattr(state, k), c.device))
+        if k in meta["algo"]:  # a field added to State since the checkpoint keeps init's value
+            setattr(state, k, _decode(meta["algo"][k], getattr(state, k), c.device))
     starts = np.asarray(meta["starts"])
     lo, hi = int(c.ids[0]), int(c.ids[-1]) + 1
     for r in range(len(starts) - 1):

@@ -198,6 +198,12 @@ class Objective:
     logit_bias: torch.Tensor | None = None
     sample_weight: torch.Tensor | None = None
 
+    @property
+    def active(self) -> bool:
+        """Whether it changes anything: an inactive one (mu = 0, nothing frozen, no
+        bias) trains exactly as no objective, on the same (possibly fused) path."""
+        return bool((self.prox_mu and self.prox_center is not None) or self.frozen or self.logit_bias is not None)
+
     def bias(self, rows: np.ndarray) -> torch.Tensor | None:
         return None if self.logit_bias is None else self.logit_bias[torch.as_tensor(rows)]
 
@@ -458,6 +464,8 @@ class Clients:
         ``train.batch_size``) sizes the batches a step gets: a step that splits its
         batch into several (Per-FedAvg's inner and outer batches) asks for a multiple."""
         local = np.asarray(local, dtype=np.int64)
+        if objective is not None and not objective.active:
+            objective = None  # FedProx at mu = 0 is FedAvg bit for bit, Ditto at lam = 0 Local
         losses = np.zeros(len(local))
         seen = np.zeros(len(local))
         if len(local) == 0 or epochs == 0:

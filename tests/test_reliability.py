@@ -25,6 +25,11 @@ WHOM = {"cfl": ["cfl.warmup_rounds=1", "cfl.eps1=10", "cfl.eps2=0.01", "cfl.min_
         "fesem": [], "pfedgraph": ["pfedgraph.lam=0.1"], "fedfomo": ["fedfomo.m=2", "fedfomo.eps=0.5"]}
 
 
+# the personalization baselines: extra rows with an optimizer state to carry (momentum)
+PERSONAL = {"fedavg_ft-best": ["fedavg_ft.start=best_val"], "ditto": ["train.momentum=0.9"],
+            "fedrep": ["fedrep.head_epochs=2", "train.momentum=0.9"]}
+
+
 def assert_same_logs(a, b):
     ka, kb = set(a.keys()) - TIMING, set(b.keys()) - TIMING
     assert ka == kb
@@ -39,6 +44,8 @@ def assert_same_logs(a, b):
     ("federico", "1:3:kill"), ("fedc2i", "1:3:kill"), ("dpfl", "1:3:kill"),
     ("pfedlia", "1:3:kill"), ("pfedlia-p2p", "1:3:kill"),  # warm-up and LIA happen before the kill
     ("fedem", "1:3:kill"), ("fedproto", "1:3:kill"), ("knn_per", "1:3:kill"),
+    ("fedprox", "1:3:kill"), ("fedprox_ft", "1:3:kill"), ("fedavg_ft-best", "1:3:kill"), ("ditto", "1:3:kill"),
+    ("fedrep", "1:3:kill"), ("ditto", "0:3:kill_in_checkpoint"),  # personal models and their optimizer state
     ("fedavg", "0:3:kill_in_checkpoint"),  # killed between writing its part and publishing
     ("fedavg", "1:1:kill"),  # before the first checkpoint: the rerun starts over
     ("oracle", "0:5:kill"), ("federico", "0:5:kill_in_checkpoint"),
@@ -46,7 +53,7 @@ def assert_same_logs(a, b):
     ("apfl", "1:3:kill"), ("perfedavg", "1:3:kill"), ("perfedavg-hf", "1:3:kill"), ("fedrod", "1:3:kill"),
 ])
 def test_sigkill_then_resume_is_identical(tmp_path, algo, fault):
-    extra = {**WHOM, "pfedlia": ["pfedlia.warmup_rounds=2", "pfedlia.lia_epochs=2"],
+    extra = {**WHOM, **PERSONAL, "pfedlia": ["pfedlia.warmup_rounds=2", "pfedlia.lia_epochs=2"],
              "pfedlia-p2p": ["pfedlia.warmup_rounds=2", "pfedlia.lia_epochs=2", "pfedlia.mode=p2p"],
              "perfedavg-hf": ["perfedavg.variant=hf"]}
     args = [*BASE, f"algorithm.name={algo.split('-')[0]}", *extra.get(algo, []), f"run.out_dir={tmp_path}"]
@@ -71,11 +78,13 @@ def test_sigkill_then_resume_is_identical(tmp_path, algo, fault):
     assert_same_logs(open_run(tmp_path / "ref"), open_run(tmp_path / "cut"))
 
 
-@pytest.mark.parametrize("algo", ["fedem", "fedproto", "knn_per"])
+@pytest.mark.parametrize("algo", ["fedem", "fedproto", "knn_per", "fedprox", "fedprox_ft", "ditto", "fedrep",
+                                  "fedavg_ft-best"])
 def test_same_seed_same_results_on_1_and_4_ranks(tmp_path, algo):
     """Rank-count invariance: every logged per-client value agrees; only the
     order of floating-point sums across ranks may differ."""
-    args = [*BASE, f"algorithm.name={algo}", "run.checkpoint_every=0", f"run.out_dir={tmp_path}"]
+    args = [*BASE, f"algorithm.name={algo.split('-')[0]}", *PERSONAL.get(algo, []), "run.checkpoint_every=0",
+            f"run.out_dir={tmp_path}"]
     runs = {}
     for n in (1, 4):
         res = launch([*args, f"run.name=n{n}"], n=n)
@@ -84,7 +93,7 @@ def test_same_seed_same_results_on_1_and_4_ranks(tmp_path, algo):
     a, b = runs[1], runs[4]
     keys = set(a.keys()) - TIMING - {"clients/rank"}
     assert keys == set(b.keys()) - TIMING - {"clients/rank"} and a.n_rounds == b.n_rounds == 6
-    assert any(k.startswith(f"{algo}/") for k in keys) or algo == "knn_per"
+    assert any(k.startswith(f"{algo.split('-')[0]}/") for k in keys) or algo == "knn_per"
     for k in sorted(keys):
         x, y = a.get(k), b.get(k)
         assert x.shape == y.shape, k

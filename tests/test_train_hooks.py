@@ -65,11 +65,17 @@ def test_prox_term_matches_plain_torch(path):
         torch.testing.assert_close(c.params[k], ref, rtol=1e-5, atol=1e-6)
 
 
-def test_prox_with_zero_mu_is_plain_training():
+@pytest.mark.parametrize("threads", [1, 2])  # one thread: the fused SGD path
+def test_prox_with_zero_mu_is_plain_training(threads):
     a, b = make("stacked"), make("stacked")
-    a.train(np.arange(a.n), 1, 3)
-    b.train(np.arange(b.n), 1, 3, objective=Objective(prox_center=b.init, prox_mu=0.0))
-    torch.testing.assert_close(a.params, b.params, rtol=0, atol=1e-6)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        a.train(np.arange(a.n), 1, 3)
+        b.train(np.arange(b.n), 1, 3, objective=Objective(prox_center=b.init, prox_mu=0.0))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(a.params, b.params)  # bit for bit: the same (fused) path
 
 
 @pytest.mark.parametrize("path", list(PATHS))

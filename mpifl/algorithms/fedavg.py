@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..clients import Objective
 from .base import Context, Round, own_rows_metrics
 
 
@@ -27,9 +28,11 @@ def init(ctx: Context) -> State:
     return State(model=ctx.clients.init.clone())
 
 
-def local_update(ctx: Context, start: torch.Tensor, sampled: np.ndarray, t: int) -> tuple[np.ndarray, np.ndarray]:
+def local_update(ctx: Context, start: torch.Tensor, sampled: np.ndarray, t: int,
+                 objective: Objective | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Sampled local clients download ``start`` ([P], or [n_local, P] per client)
-    and train E epochs from a fresh optimizer; returns (local positions, losses)."""
+    and train E epochs from a fresh optimizer (on ``objective``: FedProx's pull);
+    returns (local positions, losses)."""
     c = ctx.clients
     mine = ctx.local_of(sampled)
     if len(mine):
@@ -38,7 +41,7 @@ def local_update(ctx: Context, start: torch.Tensor, sampled: np.ndarray, t: int)
         c.opt.reset(idx)
         ctx.comm.count(mine, recv=c.P * ctx.comm.itemsize, models=1)
     loss = np.full(ctx.comm.n_local, np.nan)
-    loss[mine] = c.train(mine, ctx.cfg.train.local_epochs, t)
+    loss[mine] = c.train(mine, ctx.cfg.train.local_epochs, t, objective=objective)
     return mine, loss
 
 
@@ -47,10 +50,12 @@ def round(ctx: Context, state: State, t: int) -> Round:
     return out
 
 
-def step(ctx: Context, model: torch.Tensor, t: int, fraction: float) -> tuple[torch.Tensor, Round]:
-    """One FedAvg round from the global ``model`` [P]: the new model and the round."""
+def step(ctx: Context, model: torch.Tensor, t: int, fraction: float,
+         objective: Objective | None = None) -> tuple[torch.Tensor, Round]:
+    """One FedAvg round from the global ``model`` [P]: the new model and the round
+    (local training on ``objective`` when given)."""
     sampled = ctx.sample(t, fraction)
-    mine, loss = local_update(ctx, model, sampled, t)
+    mine, loss = local_update(ctx, model, sampled, t, objective)
     row = np.zeros(ctx.N)
     row[sampled] = ctx.p[sampled] / ctx.p[sampled].sum()
     w = np.zeros(ctx.comm.n_local)

@@ -1,29 +1,105 @@
 """FedAvg+FT ("FedAvg+"): FedAvg, then before evaluation every client fine-tunes
-the global model for ``algorithm.ft_epochs`` local epochs on its own data.
-Evaluation-time only: the global model is not changed by fine-tuning.
+a global model for ``algorithm.ft_epochs`` local epochs on its own data and is
+evaluated on the result. Evaluation-time only: neither the global model nor the
+clients' training state is changed by fine-tuning.
 
-    mpiexec -n 2 python -m mpifl.main jobs/quickstart.yaml algorithm.name=fedavg_ft algorithm.ft_epochs=1
+    mpiexec -n 2 python -m mpi4py -m mpifl.main jobs/quickstart.yaml algorithm.name=fedavg_ft algorithm.ft_epochs=1
+
+Which global model is fine-tuned (``fedavg_ft.start``):
+
+- ``last`` (default, mpifl's FedAvg+FT so far): the current global model w^{t+1}.
+- ``best_val``: DPFL's FedAvg+FT (appendix F.6: "save the best models on the
+  validation dataset when training, then starting from that model perform 2*tau
+  local epochs"): after every round the new global model is evaluated on every
+  client's validation split; the model with the highest mean over clients of
+  that accuracy so far (the earliest on ties) is kept in the state (and in
+  checkpoints), and fine-tuning starts from it. This costs one validation pass
+  per round, whatever ``run.eval_every`` is, so the choice does not depend on
+  the evaluation schedule. DPFL's 2*tau epochs: ``algorithm.ft_epochs=2*E``.
+
+Fine-tuning runs from a fresh optimizer on batches of its own purpose
+("finetune"), through ``Clients.using`` on a copy of the model per client.
+FedProx+FT (``fedprox_ft``) shares this module's fine-tuning and tracking.
+
+Logged: the mixing row (as FedAvg); with ``best_val``, ``/<name>/global_val_acc``
+(each client's validation accuracy of the new global model) every round and the
+root attribute ``best_round`` (the round whose model fine-tuning starts from).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
 import numpy as np
+import torch
 
+from ..config import check
 from . import fedavg
-from .base import Context, own_rows_metrics
+from .base import Context, Round, own_rows_metrics
 
-State = fedavg.State
-init = fedavg.init
-round = fedavg.round
+if TYPE_CHECKING:
+    from ..config import Config
+
+
+@dataclass
+class Params:
+    # global model fine-tuned before evaluation: last = the current one, best_val =
+    # the one of best mean validation accuracy over clients so far (DPFL's FedAvg+FT)
+    start: Literal["last", "best_val"] = "last"
+
+    def validate(self, cfg: Config) -> None:
+        check_start("fedavg_ft", self.start, cfg)
+
+
+def check_start(section: str, start: str, cfg: Config) -> None:
+    """best_val needs validation samples (only when that algorithm is chosen)."""
+    if cfg.algorithm.name == section:
+        check(start != "best_val" or cfg.data.val_frac > 0, f"{section}.start", start,
+              "best_val needs validation samples: set data.val_frac > 0 or use last")
+
+
+@dataclass
+class State:
+    model: torch.Tensor  # [P] the global model, identical on every rank
+    best: torch.Tensor | None = None  # [P] the global model of best mean val accuracy (start=best_val)
+    best_acc: float = -1.0  # its mean validation accuracy over clients
+    best_round: int = -1
+
+
+def init(ctx: Context) -> State:
+    return State(model=ctx.clients.init.clone())
+
+
+def round(ctx: Context, state: State, t: int) -> Round:
+    state.model, out = fedavg.step(ctx, state.model, t, ctx.cfg.algorithm.fraction)
+    if ctx.cfg.fedavg_ft.start == "best_val":
+        track_best(ctx, state, out, t)
+    return out
 
 
 def evaluate(ctx: Context, state: State, t: int) -> dict[str, np.ndarray]:
+    start = state.best if ctx.cfg.fedavg_ft.start == "best_val" else state.model
+    return finetuned_metrics(ctx, start, ctx.cfg.algorithm.ft_epochs, t)
+
+
+def track_best(ctx: Context, state: State, out: Round, t: int) -> None:
+    """Evaluate the new global model on every client's val split and keep it in
+    ``state.best`` if its mean over clients beats the best so far. The mean is
+    taken over all N clients' accuracies gathered in client order, so it is the
+    same number on every rank and for every rank count."""
+    _, acc = ctx.clients.evaluate("val", state.model)
+    mean = float(np.nanmean(ctx.comm.allgather_rows(acc)))
+    if state.best is None or mean > state.best_acc:
+        state.best, state.best_acc, state.best_round = state.model.clone(), mean, t
+    out.extras["global_val_acc"] = acc
+    out.attrs["best_round"] = state.best_round
+
+
+def finetuned_metrics(ctx: Context, model: torch.Tensor, epochs: int, t: int) -> dict[str, np.ndarray]:
+    """val/test metrics of every client after ``epochs`` local epochs from ``model``
+    [P] with a fresh optimizer; the clients' own rows and optimizer are untouched."""
     c = ctx.clients
-    saved_params, saved_opt = c.params.clone(), {k: v.clone() for k, v in c.opt.state.items()}
-    c.params[:] = state.model
-    c.opt.reset()
-    c.train(np.arange(c.n), ctx.cfg.algorithm.ft_epochs, t, purpose="finetune")
-    out = own_rows_metrics(ctx)
-    c.params[:] = saved_params
-    c.opt.state.update(saved_opt)
-    return out
+    with c.using(model.repeat(c.n, 1)):
+        c.train(np.arange(c.n), epochs, t, purpose="finetune")
+        return own_rows_metrics(ctx)

@@ -1,0 +1,69 @@
+"""FedProx+FT: FedProx (``fedprox``: Li et al., "Federated Optimization in
+Heterogeneous Networks", MLSys 2020) whose best-validation global model every
+client fine-tunes before evaluation, as DPFL's baseline (Kharrat et al., appendix
+F.6: "save the best models on the validation dataset when training FedProx, then
+starting from that model perform 2*tau local epochs and report the average test
+accuracies").
+
+Training is FedProx's round (proximal weight ``fedprox.mu``). After every round
+the new global model w^{t+1} is evaluated on every client's validation split;
+the model with the highest mean over clients so far (earliest on ties) is kept.
+Before evaluation each client i fine-tunes that model on its own loss F_i alone
+(no proximal term) for ``fedprox_ft.ft_epochs`` local epochs from a fresh
+optimizer, and is evaluated on the result. Fine-tuning and tracking are
+``fedavg_ft``'s (one code path); neither changes the training state.
+
+    mpiexec -n 2 python -m mpi4py -m mpifl.main jobs/quickstart.yaml algorithm.name=fedprox_ft fedprox.mu=0.1
+
+Choices: ``ft_epochs`` 0 means 2 * ``train.local_epochs`` (DPFL's 2*tau);
+``start=last`` fine-tunes the current global model instead of the best one.
+The fine-tuning runs at every evaluation (``run.eval_every``) from the best model
+so far, so the last round's figures are DPFL's.
+
+Logged: as ``fedprox`` (mixing row, ``drift``) plus, with ``best_val``,
+``/fedprox_ft/global_val_acc`` per round and the root attribute ``best_round``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+
+from ..config import check
+from . import fedavg_ft, fedprox
+from .base import Context, Round
+
+if TYPE_CHECKING:
+    from ..config import Config
+
+
+@dataclass
+class Params:
+    ft_epochs: int = 0  # local fine-tuning epochs before evaluation; 0 = 2 * train.local_epochs (DPFL)
+    # global model fine-tuned: best_val = the one of best mean validation accuracy over
+    # clients so far (DPFL), last = the current one
+    start: Literal["best_val", "last"] = "best_val"
+
+    def validate(self, cfg: Config) -> None:
+        check(self.ft_epochs >= 0, "fedprox_ft.ft_epochs", self.ft_epochs,
+              "must be >= 0 (0 = 2 * train.local_epochs)")
+        fedavg_ft.check_start("fedprox_ft", self.start, cfg)
+
+
+State = fedavg_ft.State
+init = fedavg_ft.init
+
+
+def round(ctx: Context, state: State, t: int) -> Round:
+    state.model, out = fedprox.step(ctx, state.model, t)
+    if ctx.cfg.fedprox_ft.start == "best_val":
+        fedavg_ft.track_best(ctx, state, out, t)
+    return out
+
+
+def evaluate(ctx: Context, state: State, t: int) -> dict[str, np.ndarray]:
+    p = ctx.cfg.fedprox_ft
+    start = state.best if p.start == "best_val" else state.model
+    return fedavg_ft.finetuned_metrics(ctx, start, p.ft_epochs or 2 * ctx.cfg.train.local_epochs, t)
