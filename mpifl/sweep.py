@@ -523,7 +523,7 @@ def _main_run(a: argparse.Namespace, workdir: Path) -> int:
         print(script, end="")
         return 0
     if a.local:
-        raise ConfigError("--local with --run: launch it directly, mpiexec -n N python -m mpifl.main CONFIG.yaml")
+        raise ConfigError("--local with --run: launch it directly, mpiexec -n N python -m mpi4py -m mpifl.main CONFIG.yaml")
     if rd.config.exists() and rd.config.read_text() != cfg.to_yaml() and not a.force:
         raise ConfigError(f"{rd.config} holds a different config; pick another run.name or pass --force")
     refuse_node_local(opts, workdir, rd.root)
