@@ -18,8 +18,8 @@ the resolved config of a file with overrides:  python -m mpifl.config CONFIG.yam
 
 
 def parse(argv: list[str]) -> tuple[str | None, list[str]]:
-    ap = argparse.ArgumentParser(prog="python -m mpifl.main", description="Run one federated-learning job.", epilog=EPILOG,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m mpifl.main", description="Run one federated-learning job.",
+                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("config", nargs="?", help="YAML config (defaults apply when omitted)")
     ap.add_argument("overrides", nargs="*", help="section.key=value")
     a = ap.parse_args(argv)
