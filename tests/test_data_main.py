@@ -65,6 +65,7 @@ BAD = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(BAD_CLI))
 def test_bad_data_inputs_exit_2_with_one_line(tmp_path, case):
     args, expect = BAD_CLI[case]
