@@ -2,7 +2,7 @@
 the global model for ``algorithm.ft_epochs`` local epochs on its own data.
 Evaluation-time only: the global model is not changed by fine-tuning.
 
-    mpiexec -n 2 python -m mpifl.main jobs/quickstart.yaml algorithm.name=fedavg_ft algorithm.ft_epochs=1
+    mpiexec -n 2 python -m mpi4py -m mpifl.main jobs/quickstart.yaml algorithm.name=fedavg_ft algorithm.ft_epochs=1
 """
 
 from __future__ import annotations
