@@ -38,7 +38,8 @@ def fake_checkpoint(tmp, name: str, cfg_args: list[str], meta: bytes | None = No
     write(d / "part-0001.pt", part)
 
 
-# name -> (config text or bytes or None, overrides, expected fragment, setup(tmp) or None)
+# name -> (config text or bytes, "" for no config file, or None when the first override is the
+# config path; overrides; expected fragment)
 CASES = {
     "unknown section": ("bogus: {x: 1}\n", [], "unknown key 'bogus'"),
     "unknown key": ("run: {roundz: 3}\n", [], "unknown key 'run.roundz'"),
@@ -62,6 +63,7 @@ CASES = {
     "run name with slash": ("", ["run.name=a/b"], "run.name='a/b'"),
     "section not a mapping": ("model: 5\n", [], "model must be a mapping"),
     "not yaml": ("run: [rounds: 3\n", [], "not valid YAML"),
+    "empty config file": ("\n# only a comment\n", [], "is empty; to run on the defaults give no config file"),
     "not a mapping": ("- 1\n- 2\n", [], "must hold a mapping"),
     "binary file": (b"\x89HDF\r\n\x1a\n\x00\xff\xfe" * 20, [], "is not a YAML text file"),
     "malformed override": ("", ["rounds5"], "must look like section.key=value"),
@@ -102,6 +104,8 @@ def prepare(tmp_path, case: str) -> tuple[list[str], str, object]:
     # overrides after the common ones: the later value of a key wins
     if text is None:
         args = [over[0], *common, *over[1:]]
+    elif text == "":
+        args = [*common, *over]
     else:
         args = [str(write(tmp_path / "bad.yaml", text)), *common, *over]
     if case == "cuda without gpu" and torch.cuda.is_available():
