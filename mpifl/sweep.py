@@ -576,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.dry_run:
             print(f"sweep {sweep.name}: {len(sweep.points)} runs in {sweep.root}")
             for p in sweep.points:
-                vals = " ".join(f"{k}={v}" for k, v in p.values.items())
+                vals = " ".join(f"{k}={'~' if v is None else v}" for k, v in p.values.items())
                 print(f"[{p.index}] {p.name}  {vals}  ({status(p.config)})")
             return 0
         if not a.local:
