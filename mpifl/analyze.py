@@ -8,7 +8,9 @@ round.
 Runs are grouped by the config keys whose values differ between them, leaving
 out the seed and where/how a run ran (``IGNORED``) and the sections of other
 algorithms than a run's own (FedAvg's row is not split by ``pfedlia.metric``; a
-variant ``X_ft`` reads ``X``'s section); each group's row holds mean ± sample
+variant ``X_ft`` reads ``X``'s section); runs of a sweep over config files
+(``grid: {base: [...]}``) are grouped by the file (column ``job``) and the keys
+that vary within a file, not by every key the files set. Each group's row holds mean ± sample
 std (ddof 1, as papers report; ``--ddof 0`` for numpy's) over its runs (its
 seeds) of
 
@@ -51,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
 from .logging.h5 import Run, open_run
 
@@ -58,6 +61,7 @@ from .logging.h5 import Run, open_run
 IGNORED = ("run.seed", "run.name", "run.out_dir", "run.threads", "run.device", "data.root")
 ACC = ("final_acc", "final_acc_w", "tail_acc", "tail_acc_w", "best_acc", "best_acc_w")
 WINDOW = 10  # rounds averaged by tail_acc and joined for graph ARI
+JOB = "job"  # not a config key: the config file a sweep point was made from
 
 
 # --------------------------------------------------------------------------- per run
@@ -223,6 +227,25 @@ def check_shapes(run: Run) -> None:
                            f"{max(rounds, planned or 0)} rounds logs at most {limit}")
 
 
+def sweep_job(log: Path) -> str | None:
+    """The name of the config file a run was made from, where its sweep varied the
+    file (``grid: {base: [...]}``): ``<sweep>/sweep.yaml`` lists each point of
+    ``<sweep>/runs/<point>/`` with its grid values."""
+    point = Path(log).parent
+    spec = point.parent.parent / "sweep.yaml"
+    if point.parent.name != "runs" or not spec.is_file():
+        return None
+    try:
+        points = (yaml.safe_load(spec.read_text()) or {}).get("points") or []
+    except (yaml.YAMLError, AttributeError):
+        return None
+    for p in points:
+        values = p.get("values") if isinstance(p, dict) else None
+        if p.get("name") == point.name and isinstance(values, dict) and values.get("base") is not None:
+            return Path(str(values["base"])).stem
+    return None
+
+
 def summarize(path: Path, window: int = WINDOW) -> Summary:
     import h5py
 
@@ -231,6 +254,9 @@ def summarize(path: Path, window: int = WINDOW) -> Summary:
     run = open_run(path)
     check_shapes(run)
     cfg = flatten(run.config)
+    job = sweep_job(run.path)
+    if job is not None:
+        cfg[JOB] = job
     n_rounds = run.n_rounds
     test = run.metric("test_acc") if n_rounds else np.zeros((0, 0))
     val = run.metric("val_acc") if n_rounds else np.zeros((0, 0))
@@ -306,6 +332,13 @@ def varying_keys(runs: list[Summary]) -> list[str]:
         keys += [k for k in r.config if k not in keys]
     vary = [k for k in keys if k not in IGNORED
             and len({setting(r, k) for r in runs} - {NOT_APPLICABLE}) > 1]
+    if JOB in vary:
+        # what a job file sets is told by its name; only keys varied on top of it are columns
+        jobs: dict[str, list[Summary]] = {}
+        for r in runs:
+            jobs.setdefault(str(r.config.get(JOB)), []).append(r)
+        vary = [JOB] + [k for k in vary
+                        if any(len({setting(r, k) for r in rs} - {NOT_APPLICABLE}) > 1 for rs in jobs.values())]
     return ["algorithm.name"] + [k for k in vary if k != "algorithm.name"]
 
 

@@ -251,7 +251,10 @@ def _load(path: str | Path | None, overrides: list[str], n_ranks: int) -> Any:
             raise ConfigError(f"config file {name} not found")
         if not p.is_file():
             raise ConfigError(f"config file {name} is not a file")
-        raw = read_yaml(p, f"config file {name}") or {}
+        raw = read_yaml(p, f"config file {name}")
+        if raw is None:  # nothing but whitespace or comments: most likely not the file meant
+            raise ConfigError(f"config file {name} is empty; to run on the defaults give no config file: "
+                              f"python -m mpifl.main [section.key=value ...]")
         if not isinstance(raw, dict):
             raise ConfigError(f"config file {name} must hold a mapping of sections, got {type(raw).__name__}")
     for item in overrides:
@@ -259,6 +262,8 @@ def _load(path: str | Path | None, overrides: list[str], n_ranks: int) -> Any:
         if not sep or not key or "." not in key:
             raise ConfigError(f"override {shorten(repr(item))} must look like section.key=value")
         value = parse_yaml(text, f"override {shorten(repr(item))}", invalid_ok=True) if text != "" else ""
+        if not isinstance(value, str) and _is_text(_key_hint(key)):
+            value = text  # YAML 1.1 reads off, no, 007, ~ as bool, int, null: a string key keeps the text
         node = raw
         *parents, leaf = key.split(".")
         for part in parents:
@@ -317,6 +322,23 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
         else:
             kwargs[name] = _coerce(raw[name], hint, key)
     return cls(**kwargs)
+
+
+def _key_hint(key: str) -> Any:
+    """The type of a dotted config key; None for an unknown one (reported while building)."""
+    cls: Any = config_class()
+    for part in key.split("."):
+        if not dataclasses.is_dataclass(cls):
+            return None
+        cls = typing.get_type_hints(cls).get(part)
+    return cls
+
+
+def _is_text(hint: Any) -> bool:
+    """A string key, or a choice among strings."""
+    if typing.get_origin(hint) is Literal:
+        return all(isinstance(c, str) for c in typing.get_args(hint))
+    return hint is str
 
 
 def _join(prefix: str, name: str) -> str:
@@ -442,34 +464,129 @@ def validate(cfg: Any, n_ranks: int = 1) -> None:
 # --------------------------------------------------------------------------- reference
 
 
-def reference() -> str:
-    """The config reference as Markdown, read from the dataclasses and their
-    comments (``python -m mpifl.config``), so the docs cannot drift from the code."""
+@dataclass
+class KeyDoc:
+    """One config key as documented: read from its dataclass, its comments and the
+    range checks of the ``validate`` that owns it."""
+
+    key: str
+    default: Any
+    type: str  # int, float, str, bool, list[int]
+    allowed: str  # the choices, or the ranges ``validate`` enforces; "" when any value of the type is
+    meaning: str
+
+
+def _type_name(hint: Any) -> str:
+    if typing.get_origin(hint) is Literal:
+        return type(typing.get_args(hint)[0]).__name__
+    if hint is list or typing.get_origin(hint) is list:
+        return "list[int]"
+    return getattr(hint, "__name__", str(hint))
+
+
+def _ranges(func: Any) -> dict[str, list[str]]:
+    """``key -> ["must be >= 1", ...]``: every ``check(ok, "key", value, "must be ...")``
+    in a validate function whose key and text are plain strings (rules that
+    depend on other keys are formatted at run time or say more, and stay out)."""
+    import ast
+    import inspect
+    import textwrap
+
+    out: dict[str, list[str]] = {}
+    tree = ast.parse(textwrap.dedent(inspect.getsource(func)))
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "check" and len(node.args) == 4
+                and all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in (node.args[1], node.args[3]))
+                and node.args[3].value.startswith("must be")):
+            out.setdefault(node.args[1].value, []).append(node.args[3].value)
+    return out
+
+
+def key_docs() -> list[KeyDoc]:
+    """Every config key in section order, for ``python -m mpifl.config`` and the README."""
     import inspect
     import re
 
-    out = ["| key | default | meaning |", "|---|---|---|"]
+    ranges = _ranges(validate)
+    out = []
     for section in dataclasses.fields(config_class()):
         cls = section.type
-        src = inspect.getsource(cls).splitlines()
+        if hasattr(cls, "validate"):
+            ranges.update(_ranges(cls.validate))
+        hints = typing.get_type_hints(cls)
+        names = {f.name for f in dataclasses.fields(cls)}
+        defaults = cls()
         pending: list[str] = []
-        for line in src:
+        for line in inspect.getsource(cls).splitlines():
             s = line.strip()
             if s.startswith("#"):
                 pending.append(s.lstrip("# "))
                 continue
             m = re.match(r"(\w+): [^=]+?(?:=\s*(.*?))?\s*(?:#\s*(.*))?$", s)
-            names = {f.name for f in dataclasses.fields(cls)}
             if m and m.group(1) in names:
-                default = getattr(cls(), m.group(1))
-                doc = " ".join([*pending, m.group(3) or ""]).strip().replace("|", "\\|")
-                hint = typing.get_type_hints(cls)[m.group(1)]
-                if typing.get_origin(hint) is Literal:
-                    doc = (doc + "; " if doc else "") + "one of " + ", ".join(f"`{c}`" for c in typing.get_args(hint))
-                out.append(f"| `{section.name}.{m.group(1)}` | `{default!r}` | {doc} |")
-            pending = [] if not s.startswith("#") else pending
+                key, hint = f"{section.name}.{m.group(1)}", hints[m.group(1)]
+                allowed = [*(["one of " + ", ".join(map(str, typing.get_args(hint)))]
+                             if typing.get_origin(hint) is Literal else []),
+                           *(["true or false"] if hint is bool else []), *ranges.get(key, [])]
+                out.append(KeyDoc(key, getattr(defaults, m.group(1)), _type_name(hint), "; ".join(allowed),
+                                  " ".join([*pending, m.group(3) or ""]).strip()))
+            pending = []
+    return out
+
+
+def reference() -> str:
+    """The config reference as Markdown (``python -m mpifl.config``; the README's
+    table), so the docs cannot drift from the code."""
+    out = ["| key | default | type | allowed | meaning |", "|---|---|---|---|---|"]
+    for k in key_docs():
+        cells = [f"`{k.key}`", f"`{k.default!r}`", k.type, k.allowed, k.meaning]
+        out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(out)
 
 
+def annotated_yaml(cfg: Any) -> str:
+    """The resolved config as YAML that loads back to it, each key commented with
+    its type, what is allowed, its default where the value differs, and the first
+    sentence of its meaning."""
+    docs = {k.key: k for k in key_docs()}
+    lines = []
+    for section, values in cfg.to_dict().items():
+        lines.append(f"{section}:")
+        for name, value in values.items():
+            doc = docs[f"{section}.{name}"]
+            text = yaml.safe_dump(value, default_flow_style=True, width=1 << 16).strip().removesuffix("...").strip()
+            notes = [doc.type, doc.allowed, "" if value == doc.default else f"default {doc.default!r}",
+                     doc.meaning.split(". ")[0]]
+            lines.append(f"  {name}: {text}  # " + "; ".join(n for n in notes if n))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m mpifl.config``: the reference table; with a config file and/or
+    overrides, the resolved config as commented YAML."""
+    import argparse
+    import sys
+
+    from .main import parse  # the same reading of CONFIG vs overrides as the entry point
+
+    ap = argparse.ArgumentParser(prog="python -m mpifl.config", description=main.__doc__.splitlines()[0][2:-2])
+    ap.add_argument("config", nargs="?", help="YAML config: print it resolved (defaults + file + overrides)")
+    ap.add_argument("overrides", nargs="*", help="section.key=value")
+    args = sys.argv[1:] if argv is None else argv
+    ap.parse_args(args)
+    if not args:
+        print(reference())
+        return 0
+    try:
+        path, overrides = parse(args)
+        cfg = load(path, overrides)
+        print(f"# resolved: {path or 'the defaults'}{''.join(' ' + o for o in overrides)}")
+        print(annotated_yaml(cfg), end="")
+    except ConfigError as e:
+        print(f"mpifl.config: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 if __name__ == "__main__":
-    print(reference())
+    raise SystemExit(main())

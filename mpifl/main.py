@@ -1,7 +1,8 @@
 """Entry point: ``python -m mpifl.main CONFIG.yaml [section.key=value ...]``.
 
-Launch with ``mpiexec -n R``/``srun -n R`` (or alone for one rank). User errors
-print one line and exit 2 on every rank; anything else aborts all ranks.
+Launch with ``mpiexec -n R python -m mpi4py -m mpifl.main ...`` (or ``srun -n R``;
+alone for one rank). User errors print one line and exit 2 on every rank;
+anything else aborts all ranks.
 """
 
 from __future__ import annotations
@@ -15,11 +16,19 @@ import sys
 OVERRIDE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+=")
 
 
+EPILOG = """\
+launch on R ranks:  mpiexec -n R python -m mpi4py -m mpifl.main CONFIG.yaml [section.key=value ...]
+every config key (default, type, allowed values, meaning):  python -m mpifl.config
+the resolved config of a file with overrides:  python -m mpifl.config CONFIG.yaml [section.key=value ...]
+"""
+
+
 def parse(argv: list[str]) -> tuple[str | None, list[str]]:
     """(config path or None, overrides). The first argument is the config when it
     is an existing file or does not look like ``section.key=value``: a sweep over
     lr makes paths like ``results/lr=0.1/config.yaml``."""
-    ap = argparse.ArgumentParser(prog="python -m mpifl.main", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m mpifl.main", description="Run one federated-learning job.",
+                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("config", nargs="?", help="YAML config (defaults apply when omitted)")
     ap.add_argument("overrides", nargs="*", help="section.key=value")
     a = ap.parse_args(argv)
@@ -31,10 +40,11 @@ def parse(argv: list[str]) -> tuple[str | None, list[str]]:
 def main(argv: list[str] | None = None) -> int:
     """Run one job; returns 0, 2 (user error, on every rank) or 75 (preempted after
     a checkpoint). Any other failure aborts every rank."""
+    # arguments first: --help and usage errors must not wait for torch and MPI
+    path, overrides = parse(sys.argv[1:] if argv is None else argv)
     from . import config, runtime
     from .comm import report_crash, world
 
-    path, overrides = parse(sys.argv[1:] if argv is None else argv)
     mpi = world()
     try:
         cfg = config.load(path, overrides, n_ranks=mpi.Get_size())
@@ -53,10 +63,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from .comm import exit_all
-
     code = main()
     # past the interpreter: `python -m mpi4py` would turn a non-zero exit into an
     # MPI_Abort with its own lines; every rank is leaving together anyway
     if code:
+        from .comm import exit_all
+
         exit_all(code)

@@ -19,7 +19,7 @@ from .clients import Clients
 from .comm import Comm, agree, pick_device, set_threads, versions
 from .config import Config, ConfigError, read_yaml
 from .data import build as build_data
-from .logging.h5 import Writer
+from .logging.h5 import Writer, open_run
 from .paths import RunDir, atomic_write_text
 
 METRICS = ("val_loss", "val_acc", "test_loss", "test_acc")
@@ -171,6 +171,25 @@ def _gather_mixing(ctx: Context, m) -> np.ndarray | sparse.coo_matrix | None:
     return sparse.coo_matrix((vals, (rows, cols)), shape=(N, N))
 
 
+def last_evaluated(log: Path) -> tuple[int, float]:
+    """(round, mean test_acc over clients) of the last evaluated round in a log;
+    (-1, nan) when it holds none. Seeds the progress line of a resumed run."""
+    run = open_run(log)
+    acc = run.metric("test_acc")
+    done = np.flatnonzero(~np.all(np.isnan(acc), axis=1)) if acc.size else []
+    if len(done) == 0:
+        return -1, float("nan")
+    return int(run.rounds[done[-1]]), float(np.nanmean(acc[done[-1]]))
+
+
+def _acc_text(acc: float, at: int, t: int) -> str:
+    """This round's accuracy, or the last evaluated one marked with its round, so a
+    value carried over (run.eval_every > 1) does not read as fresh."""
+    if at < 0:
+        return "  --  "
+    return f"{acc:.4f}" if at == t else f"{acc:.4f} (round {at + 1})"
+
+
 def run(cfg: Config, mpi_comm) -> Path:
     s = setup(cfg, mpi_comm)
     ctx, algo = s.ctx, s.algo
@@ -191,7 +210,9 @@ def run(cfg: Config, mpi_comm) -> Path:
     t_start = time.perf_counter()
     R = cfg.run.rounds
     every = cfg.run.checkpoint_every
-    last_acc = float("nan")
+    last_at, last_acc = -1, float("nan")  # round of the last evaluation seen, its mean test_acc
+    if writer is not None and first > 0:
+        last_at, last_acc = last_evaluated(rd.log)
     try:
         for t in range(first, R):
             if fault == (t, "raise"):
@@ -216,10 +237,11 @@ def run(cfg: Config, mpi_comm) -> Path:
             if gathered is not None:
                 acc = gathered["metrics/test_acc"]
                 if not np.all(np.isnan(acc)):
-                    last_acc = float(np.nanmean(acc))
+                    last_at, last_acc = t, float(np.nanmean(acc))
                 elapsed = time.perf_counter() - t_start
                 eta = elapsed / (t + 1 - first) * (R - t - 1)
-                say(f"round {t + 1:>4}/{R}  test_acc {last_acc:.4f}  {wall:.2f}s/round  eta {eta:.0f}s", flush=True)
+                say(f"round {t + 1:>4}/{R}  test_acc {_acc_text(last_acc, last_at, t)}  {wall:.2f}s/round  "
+                    f"eta {eta:.0f}s", flush=True)
             stopping = comm.allreduce_max(stop.signum) > 0
             if stopping or t == R - 1 or (every and (t + 1) % every == 0):
                 if writer is not None:  # the log must hold every round the checkpoint does
@@ -233,7 +255,12 @@ def run(cfg: Config, mpi_comm) -> Path:
         if writer is not None:  # buffered rounds (log.flush_s), also when a round failed
             writer.close()
     total = time.perf_counter() - t_start
-    say(f"done: {R} rounds in {total:.1f}s, final mean test_acc {last_acc:.4f}; log: {rd.log}", flush=True)
+    if first >= R:
+        say(f"done: the run had already finished all {R} rounds (checkpoint of round {first}; nothing to do), "
+            f"final mean test_acc {last_acc:.4f}; log: {rd.log}; to start over: run.resume=never", flush=True)
+    else:
+        ran = f" ({R - first} in this run, resumed after round {first})" if first else ""
+        say(f"done: {R} rounds{ran} in {total:.1f}s, final mean test_acc {last_acc:.4f}; log: {rd.log}", flush=True)
     return rd.log
 
 

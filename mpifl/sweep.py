@@ -10,6 +10,8 @@ A sweep file names a base config, overrides for every point and a grid::
     grid:                        # the cartesian product of these lists
       dpfl.budget: [inf, 0.2N, 0.1N]
       run.seed: [0, 1, 2]
+      # base: [../a.yaml, ../b.yaml]   a grid over config files instead of one base;
+      # algorithm.name: [~, local]     ~ keeps the base's own value
     slurm:                       # optional; see SlurmOptions
       ntasks: 4
       gpus_per_task: 1
@@ -56,6 +58,7 @@ if TYPE_CHECKING:  # building Config imports every algorithm: only when points a
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "slurm"
 RESERVED = ("run.name", "run.out_dir")  # the sweep owns where each point runs
+BASE = "base"  # the grid key that varies the config file itself
 
 
 @dataclass
@@ -206,6 +209,8 @@ def _mapping(raw: Any, key: str) -> dict:
 
 
 def _slug(value: Any) -> str:
+    if value is None:  # a grid's ~: the base's own value
+        return "base"
     text = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
     text = text.strip("[]{}'\" ")  # a minus sign must survive: -1 is not 1
     return re.sub(r"[^A-Za-z0-9.+-]+", "-", text) or "-"
@@ -230,8 +235,20 @@ def _point_names(keys: list[str], combos: list[tuple]) -> list[str]:
                 break
         labels.append(label)
     width = max(3, len(str(len(combos) - 1)))
-    return [f"{i:0{width}d}" + "".join(f"_{lab}-{_slug(v)}" for lab, v in zip(labels, combo))
+    slug = [(lambda v: _slug(Path(str(v)).stem)) if k == BASE else _slug for k in keys]
+    return [f"{i:0{width}d}" + "".join(f"_{lab}-{f(v)}" for lab, f, v in zip(labels, slug, combo))
             for i, combo in enumerate(combos)]
+
+
+def _read_base(sweep: Path, value: Any, where: str) -> tuple[Path, dict]:
+    """A base config file (relative to the sweep file) and its sections."""
+    base = (sweep.parent / str(value)).resolve()
+    if not base.is_file():
+        raise ConfigError(f"{where}={value!r} is not allowed; no such file {str(base)!r}")
+    raw = yaml.safe_load(base.read_text()) or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}={value!r} must hold a mapping of sections")
+    return base, raw
 
 
 def load(path: str | Path, out_dir: str | None = None, slurm_overrides: dict | None = None,
@@ -256,12 +273,7 @@ def load(path: str | Path, out_dir: str | None = None, slurm_overrides: dict | N
     base = None
     raw: dict = {}
     if spec.get("base") is not None:
-        base = (path.parent / str(spec["base"])).resolve()
-        if not base.is_file():
-            raise ConfigError(f"base={spec['base']!r} is not allowed; no such file {str(base)!r}")
-        raw = yaml.safe_load(base.read_text()) or {}
-        if not isinstance(raw, dict):
-            raise ConfigError(f"base={spec['base']!r} must hold a mapping of sections")
+        base, raw = _read_base(path, spec["base"], "base")
     sets = _mapping(spec.get("set"), "set")
     grid = _mapping(spec.get("grid"), "grid")
     for key, values in grid.items():
@@ -270,8 +282,12 @@ def load(path: str | Path, out_dir: str | None = None, slurm_overrides: dict | N
     for key in [*sets, *grid]:
         if key in RESERVED:
             raise ConfigError(f"{key} is not allowed in a sweep; the sweep sets it for every point")
-    for key, value in sets.items():
-        _assign(raw, key, value, "set")
+    bases = {}
+    if BASE in grid:
+        if base is not None:
+            raise ConfigError(f"grid.base and base={spec['base']!r} are not allowed together; keep one of them")
+        bases = {str(v): _read_base(path, v, "grid.base")[1] for v in grid[BASE]}
+        raw = bases[str(grid[BASE][0])]
     slurm_raw = dict(_mapping(spec.get("slurm"), "slurm"))
     slurm_raw.update(slurm_overrides or {})
     slurm = SlurmOptions.from_dict(slurm_raw)
@@ -283,9 +299,13 @@ def load(path: str | Path, out_dir: str | None = None, slurm_overrides: dict | N
     combos = list(itertools.product(*(grid[k] for k in keys)))
     points = []
     for i, (pname, combo) in enumerate(zip(_point_names(keys, combos), combos)):
-        point_raw = copy.deepcopy(raw)
-        for key, value in zip(keys, combo):
-            _assign(point_raw, key, value, "grid")
+        values = dict(zip(keys, combo))
+        point_raw = copy.deepcopy(bases[str(values[BASE])] if BASE in values else raw)
+        for key, value in sets.items():
+            _assign(point_raw, key, value, "set")
+        for key, value in values.items():
+            if key != BASE and value is not None:
+                _assign(point_raw, key, value, "grid")
         _assign(point_raw, "run.name", pname, "sweep")
         _assign(point_raw, "run.out_dir", str(root / "runs"), "sweep")
         try:
@@ -562,7 +582,8 @@ def _main_run(a: argparse.Namespace, workdir: Path) -> int:
         print(script, end="")
         return 0
     if a.local:
-        raise ConfigError("--local with --run: launch it directly, mpiexec -n N python -m mpifl.main CONFIG.yaml")
+        raise ConfigError("--local with --run: launch it directly, "
+                          "mpiexec -n N python -m mpi4py -m mpifl.main CONFIG.yaml")
     if rd.config.exists() and rd.config.read_text() != cfg.to_yaml() and not a.force:
         raise ConfigError(f"{rd.config} holds a different config; pick another run.name or pass --force")
     refuse_node_local(opts, workdir, rd.root)
@@ -594,7 +615,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.dry_run:
             print(f"sweep {sweep.name}: {len(sweep.points)} runs in {sweep.root}")
             for p in sweep.points:
-                vals = " ".join(f"{k}={v}" for k, v in p.values.items())
+                vals = " ".join(f"{k}={'~' if v is None else v}" for k, v in p.values.items())
                 print(f"[{p.index}] {p.name}  {vals}  ({status(p.config)})")
             return 0
         if not a.local:

@@ -13,6 +13,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+import yaml
 
 from mpifl import analyze as an
 from mpifl import config
@@ -114,6 +115,7 @@ def test_cli_defaults_to_an_analysis_folder_and_reports_missing_paths(sweep_dir,
     assert an.main([str(tmp_path / "nothing")]) == 2
 
 
+@pytest.mark.slow
 def test_a_run_in_progress_and_then_killed_is_analyzed_up_to_its_last_round(tmp_path):
     out = tmp_path / "runs"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -314,3 +316,27 @@ def test_learned_weight_graphs_are_clustered_spectrally_for_the_ari(tmp_path):
     ari = an.summarize(path).ari
     assert ari["spectral.fedfomo.affinity"] == 1.0  # the last round's graph
     assert abs(ari["spectral.pfedgraph.graph"]) < 0.2  # nothing to find in a uniform graph
+
+
+def test_a_sweep_over_job_files_is_grouped_by_file_and_algorithm(tmp_path):
+    def point(name: str, base: str, algo: str, seed: int, lr: float) -> tuple[str, str, an.Summary]:
+        log = tmp_path / "sw" / "runs" / name / "run.h5"
+        cfg = an.flatten(_cfg(train={"lr": lr}, algorithm={"name": algo}, run={"seed": seed}).to_dict())
+        return name, base, an.Summary(log, name, cfg, seed, 1, 1, 0, *[0.5] * 6, np.zeros(N), np.zeros(1))
+
+    made = [point(f"{i:03d}", base, algo, seed, lr) for i, (base, lr, algo, seed) in enumerate(
+        (b, lr, a, s) for b, lr in (("../a.yaml", 0.1), ("../b.yaml", 0.2)) for a in ("oracle", "local")
+        for s in (0, 1))]
+    (tmp_path / "sw" / "runs").mkdir(parents=True)
+    (tmp_path / "sw" / "sweep.yaml").write_text(yaml.safe_dump(
+        {"points": [{"name": n, "values": {"base": b}} for n, b, _ in made]}))
+    runs = []
+    for _, _, r in made:
+        job = an.sweep_job(r.path)
+        runs.append(an.Summary(**{**r.__dict__, "config": {**r.config, an.JOB: job}}))
+    assert [r.config[an.JOB] for r in runs] == ["a"] * 4 + ["b"] * 4
+    keys = an.varying_keys(runs)
+    assert keys == ["algorithm.name", an.JOB]  # train.lr follows from the file
+    assert [g.key for g in an.group_runs(runs, keys)] == [("oracle", "a"), ("local", "a"), ("oracle", "b"),
+                                                          ("local", "b")]
+    assert an.sweep_job(tmp_path / "elsewhere" / "run.h5") is None

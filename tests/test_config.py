@@ -87,3 +87,68 @@ def test_resuming_a_checkpoint_from_before_a_key_existed_accepts_its_default(tmp
     changed = config.load(None, ["run.seed=2", "data.cluster_labels=ordered"]).to_dict()
     with pytest.raises(config.ConfigError, match="data.cluster_labels"):
         checkpoint.check_config({"config": older}, changed, tmp_path)
+
+
+def test_empty_config_file_is_one_line_saying_how_to_run_on_defaults(tmp_path, capsys):
+    import pytest
+
+    from mpifl.main import main
+
+    for text in ("", "\n# only a comment\n"):
+        f = tmp_path / "empty.yaml"
+        f.write_text(text)
+        with pytest.raises(config.ConfigError, match="is empty; to run on the defaults give no config file") as e:
+            config.load(f)
+        assert "\n" not in str(e.value)
+        assert main([str(f), f"run.out_dir={tmp_path}"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("mpifl: error: config file") and "python -m mpifl.main" in err[0]
+    assert not (tmp_path / "run").exists()
+    f.write_text("{}\n")  # an explicit empty mapping is a deliberate all-defaults file
+    assert config.load(f) == config.load(None)
+
+
+def test_string_keys_take_the_override_text_as_it_is():
+    for text in ("off", "on", "yes", "no", "true", "null", "~", "007", "1e3", "[a]"):
+        assert config.load(None, [f"run.name={text}"]).run.name == text
+    assert config.load(None, ["federico.estep_batches=01"]).federico.estep_batches == "01"
+    assert config.load(None, ["train.batched=off"]).train.batched == "off"  # a choice among strings
+    cfg = config.load(None, ["run.rounds=7", "train.lr=1e-2", "dpfl.malicious_run_ggc=no", "model.hidden=[4]"])
+    assert (cfg.run.rounds, cfg.train.lr, cfg.dpfl.malicious_run_ggc, cfg.model.hidden) == (7, 0.01, False, [4])
+    import pytest
+
+    with pytest.raises(config.ConfigError, match="unknown key 'run.nam'"):
+        config.load(None, ["run.nam=off"])
+
+
+def test_config_cli_prints_the_resolved_config_with_types_and_allowed_values(tmp_path, capsys):
+    import yaml
+
+    job = Path(__file__).resolve().parents[1] / "jobs" / "quickstart.yaml"
+    assert config.main([str(job), "train.lr=0.1", "run.name=off"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"# resolved: {job} train.lr=0.1 run.name=off\n")
+    assert "  lr: 0.1  # float; must be a finite number > 0; default 0.05" in out
+    assert "  device: auto  # str; one of auto, cpu, cuda; auto: node-local GPU if any" in out
+    assert "  name: 'off'  # str; must be a plain non-empty directory name; default 'run'" in out
+    f = tmp_path / "resolved.yaml"
+    f.write_text(out)
+    assert yaml.safe_load(out)["run"]["name"] == "off"
+    assert config.load(f) == config.load(job, ["train.lr=0.1", "run.name=off"])  # loads back to the same
+    keys = {f"{s}.{k}" for s, v in yaml.safe_load(out).items() for k in v}
+    assert keys == {k.key for k in config.key_docs()}  # every key
+    assert config.main([]) == 0
+    assert capsys.readouterr().out.strip() == config.reference()
+    assert config.main([str(job), "train.lr=-1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "mpifl.config: error: train.lr=-1.0 is not allowed; must be a finite number > 0"
+
+
+def test_reference_has_types_and_allowed_values_for_every_key():
+    docs = {k.key: k for k in config.key_docs()}
+    assert docs["train.lr"].type == "float" and docs["train.lr"].allowed == "must be a finite number > 0"
+    assert docs["run.device"].allowed == "one of auto, cpu, cuda"
+    assert docs["dpfl.random_graph"].type == "bool" and docs["model.hidden"].type == "list[int]"
+    assert docs["federico.eps"].allowed == "must be in [0, 1]"  # from an algorithm's own validate
+    assert len(docs) == len(config.reference().splitlines()) - 2
+    assert all(k.type in ("int", "float", "str", "bool", "list[int]") for k in docs.values())

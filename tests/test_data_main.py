@@ -65,6 +65,7 @@ BAD = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(BAD_CLI))
 def test_bad_data_inputs_exit_2_with_one_line(tmp_path, case):
     args, expect = BAD_CLI[case]
@@ -84,17 +85,19 @@ def test_more_bad_data_inputs(tmp_path, capsys, case):
     assert not (tmp_path / "run").exists()
 
 
-def test_data_summary_cli(tmp_path):
+def test_data_summary_cli(tmp_path, capsys):
+    from mpifl.data.__main__ import main as data_main  # python -m mpifl.data, in this process
+
     png = tmp_path / "part.png"
-    p = run_cli("data.name=digits", "data.partition=clusters", "data.n_clients=4", "data.n_clusters=2",
-                "--png", str(png), module="mpifl.data")
-    assert p.returncode == 0, p.stderr
-    rows = [t for t in (line.split() for line in p.stdout.splitlines()) if len(t) > 1 and t[0].isdigit()
+    assert data_main(["data.name=digits", "data.partition=clusters", "data.n_clients=4", "data.n_clusters=2",
+                      "--png", str(png)]) == 0
+    out = capsys.readouterr().out
+    rows = [t for t in (line.split() for line in out.splitlines()) if len(t) > 1 and t[0].isdigit()
             and t[1].isdigit()]
     assert [int(r[0]) for r in rows] == [0, 1, 2, 3]
     assert [int(r[4]) for r in rows] == [0, 1, 0, 1]  # true clusters
     hist = np.array([[int(v) for v in r[5:]] for r in rows])
     assert hist.shape == (4, 10) and (hist.sum(1) == [int(r[1]) for r in rows]).all()
     assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
-    bad = run_cli("data.name=digits", "data.n_clusters=11", "data.n_clients=12", module="mpifl.data")
-    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+    assert data_main(["data.name=digits", "data.n_clusters=11", "data.n_clients=12"]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1

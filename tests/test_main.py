@@ -6,9 +6,12 @@ import time
 
 import h5py
 import numpy as np
+import pytest
 from helpers import MPIEXEC, REPO, launch
 
 from mpifl.logging.h5 import open_run
+
+pytestmark = pytest.mark.slow  # every test launches mpiexec
 
 SMALL = ["data.name=mnist1d", "data.n_samples=2000", "data.n_clients=8", "data.n_clusters=2",
          "model.hidden=[32]", "run.threads=1"]

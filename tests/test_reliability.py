@@ -14,6 +14,8 @@ from helpers import MPIEXEC, REPO, launch
 
 from mpifl.logging.h5 import open_run
 
+pytestmark = pytest.mark.slow  # every test launches mpiexec
+
 BASE = ["data.name=synthetic", "data.n_samples=480", "data.n_clients=8", "data.n_clusters=2",
         "model.hidden=[16]", "run.rounds=6", "run.checkpoint_every=2", "run.threads=1", "algorithm.fraction=0.5"]
 TIMING = {"rounds/wall_s", "rounds/comm_s", "rounds/compute_s"}

@@ -244,3 +244,28 @@ def test_shipped_sweeps_validate_where_their_base_exists(path, tmp_path):
         pytest.skip(f"{path.name}: base {base} arrives with its algorithm's branch")
     s = sw.load(path, out_dir=str(tmp_path))
     assert len(s.points) == np.prod([len(v) for v in s.grid.values()])
+
+
+def test_grid_over_base_files_keeps_each_files_own_values(tmp_path):
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump({**TINY, "algorithm": {"name": "oracle"},
+                                                     "train": {"lr": 0.2}}))
+    (tmp_path / "b.yaml").write_text(yaml.safe_dump({**TINY, "algorithm": {"name": "fedavg_ft"}}))
+    spec = {"name": "jobs", "set": {"run.rounds": 3},
+            "grid": {"base": ["a.yaml", "b.yaml"], "algorithm.name": [None, "local"], "run.seed": [0]}}
+    path = tmp_path / "jobs.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    s = sw.load(path, out_dir=str(tmp_path / "out"))
+    got = [(p.name, p.config.algorithm.name, p.config.train.lr, p.config.run.rounds) for p in s.points]
+    assert got == [("000_base-a_algorithm-base_seed-0", "oracle", 0.2, 3),
+                   ("001_base-a_algorithm-local_seed-0", "local", 0.2, 3),
+                   ("002_base-b_algorithm-base_seed-0", "fedavg_ft", 0.05, 3),
+                   ("003_base-b_algorithm-local_seed-0", "local", 0.05, 3)]
+    spec["base"] = "a.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    with pytest.raises(ConfigError, match="grid.base and base="):
+        sw.load(path, out_dir=str(tmp_path / "out"))
+    spec.pop("base")
+    spec["grid"]["base"] = ["a.yaml", "missing.yaml"]
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    with pytest.raises(ConfigError, match="grid.base='missing.yaml' is not allowed; no such file"):
+        sw.load(path, out_dir=str(tmp_path / "out"))

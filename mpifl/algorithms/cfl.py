@@ -3,7 +3,7 @@ Distributed Multitask Optimization Under Privacy Constraints" (IEEE TNNLS, 2020)
 FedAvg inside each cluster; a cluster whose clients' updates have converged as a
 whole but not one by one is split in two by the cosine similarity of the updates.
 
-    mpiexec -n 2 python -m mpifl.main jobs/quickstart.yaml algorithm.name=cfl cfl.warmup_rounds=5
+    mpiexec -n 2 python -m mpi4py -m mpifl.main jobs/quickstart.yaml algorithm.name=cfl cfl.warmup_rounds=5
 
 Each round t, with S the sampled clients (``algorithm.fraction``) and c(i) the
 cluster of client i (every client starts in cluster 0):

@@ -2,7 +2,7 @@
 Learning" (its statement: docs/algorithms.md, DPFL). Every client greedily chooses
 whom to average with, never receiving more than a budget ``B_c`` of models.
 
-    mpiexec -n 2 python -m mpifl.main jobs/dpfl-mnist1d-dir.yaml dpfl.budget=0.1N run.threads=1
+    mpiexec -n 2 python -m mpi4py -m mpifl.main jobs/dpfl-mnist1d-dir.yaml dpfl.budget=0.1N run.threads=1
 
 Round 0 is Algorithm 1's preprocessing: every client trains ``tau_init`` epochs
 from the shared init, runs BGGC (Algorithm 3) over all other clients to get its

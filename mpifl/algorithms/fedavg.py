@@ -2,7 +2,7 @@
 local epochs from the global model; the global model becomes the average of
 their models weighted by p_i (training-set size). One Allreduce per round.
 
-    mpiexec -n 2 python -m mpifl.main jobs/quickstart.yaml algorithm.name=fedavg algorithm.fraction=0.5
+    mpiexec -n 2 python -m mpi4py -m mpifl.main jobs/quickstart.yaml algorithm.name=fedavg algorithm.fraction=0.5
 
 Every client is evaluated with the global model on its own val/test split; the
 mixing row of every client is p over that round's sampled clients.

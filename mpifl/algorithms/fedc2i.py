@@ -3,7 +3,7 @@ each client aggregates the others' models with its own weights, measured by
 leave-one-out influence at the client level (feature extractor) and at the
 class level (one classifier row per class).
 
-    mpiexec -n 2 python -m mpifl.main jobs/fedc2i-featshift.yaml run.threads=1 fedc2i.alpha=5
+    mpiexec -n 2 python -m mpi4py -m mpifl.main jobs/fedc2i-featshift.yaml run.threads=1 fedc2i.alpha=5
 
 Every round t, each client i, from the models theta_j uploaded at the end of t-1:
 

@@ -3,7 +3,7 @@ Federated Learning with the Right Collaborators" (NeurIPS 2022 FL workshop,
 arXiv:2210.06597). Decentralized EM: every client owns one model and learns
 which other clients' models explain its data.
 
-    mpiexec -n 2 python -m mpifl.main jobs/federico-digits.yaml federico.eps=0.1 federico.k=3
+    mpiexec -n 2 python -m mpi4py -m mpifl.main jobs/federico-digits.yaml federico.eps=0.1 federico.k=3
 
 Each round, for every client i (in parallel, on the rank hosting it), following
 docs/algorithms.md (FedeRiCo):

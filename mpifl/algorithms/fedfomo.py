@@ -3,7 +3,7 @@ Learning with First Order Model Optimization" (ICLR 2021). Each client downloads
 a few other clients' models and mixes in those that lower its validation loss,
 weighted by loss improvement per unit of parameter distance.
 
-    mpiexec -n 2 python -m mpifl.main jobs/quickstart.yaml algorithm.name=fedfomo fedfomo.m=5
+    mpiexec -n 2 python -m mpi4py -m mpifl.main jobs/quickstart.yaml algorithm.name=fedfomo fedfomo.m=5
 
 Each round t, for every sampled client i (``algorithm.fraction``), on the rank
 hosting it (decentralized: i decides from what it pulled and its own data):

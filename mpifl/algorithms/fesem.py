@@ -4,7 +4,7 @@ arXiv:2005.01026, 2020). K centres in parameter space, fitted by stochastic
 expectation maximisation: each client belongs to the nearest centre, each centre
 is the average of its clients' models.
 
-    mpiexec -n 2 python -m mpifl.main jobs/quickstart.yaml algorithm.name=fesem fesem.k=4
+    mpiexec -n 2 python -m mpi4py -m mpifl.main jobs/quickstart.yaml algorithm.name=fesem fesem.k=4
 
 Each round t, with S the sampled clients (``algorithm.fraction``), centres
 omega_1..omega_K and r_i the centre of client i:

@@ -1,6 +1,6 @@
 """Local training: every client trains alone on its own data (mixing = identity).
 
-    mpiexec -n 2 python -m mpifl.main jobs/quickstart.yaml algorithm.name=local
+    mpiexec -n 2 python -m mpi4py -m mpifl.main jobs/quickstart.yaml algorithm.name=local
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Oracle: FedAvg run separately inside each ground-truth cluster. The upper
 bound of any clustering method; needs a partition that records true clusters.
 
-    mpiexec -n 2 python -m mpifl.main jobs/quickstart.yaml algorithm.name=oracle
+    mpiexec -n 2 python -m mpi4py -m mpifl.main jobs/quickstart.yaml algorithm.name=oracle
 
 One Allreduce of ``[K, P]`` per round (``grouped_sum``). A cluster none of whose
 clients was sampled keeps its model for that round.

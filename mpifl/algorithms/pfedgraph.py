@@ -4,7 +4,7 @@ collaboration graph from the similarity of the clients' models and aggregates a
 personalised model per client with its row; clients train with a similarity
 regulariser toward their aggregate.
 
-    mpiexec -n 2 python -m mpifl.main jobs/quickstart.yaml algorithm.name=pfedgraph pfedgraph.alpha=0.8
+    mpiexec -n 2 python -m mpi4py -m mpifl.main jobs/quickstart.yaml algorithm.name=pfedgraph pfedgraph.alpha=0.8
 
 Each round t, with S the sampled clients (``algorithm.fraction``) and theta_0 the
 run's initial model:

@@ -2,7 +2,7 @@
 Personalized Federated Learning with Heterogeneous Data"): FedAvg warm-up, one
 Lazy Influence Approximation (LIA) step, clustering, then FedAvg per cluster.
 
-    mpiexec -n 2 python -m mpifl.main jobs/pfedlia-digits.yaml pfedlia.mode=p2p
+    mpiexec -n 2 python -m mpi4py -m mpifl.main jobs/pfedlia-digits.yaml pfedlia.mode=p2p
 
 1. Warm-up: ``pfedlia.warmup_rounds`` FedAvg rounds, fraction ``pfedlia.fraction``
    of the clients per round -> theta_0.

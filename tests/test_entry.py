@@ -1,0 +1,54 @@
+"""What a user sees from ``python -m mpifl.main``: the help, the progress lines and
+the closing line, in this process (single rank) where no MPI launch is needed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+from helpers import REPO
+
+from mpifl.logging.h5 import open_run
+from mpifl.main import main
+
+TINY = ["data.name=synthetic", "data.n_samples=400", "data.n_clients=4", "model.hidden=[8]", "run.threads=1",
+        "algorithm.name=local"]
+
+
+def test_help_is_fast_and_points_to_the_config_reference():
+    # torch must not be imported for --help: it costs seconds (15 s on a loaded machine)
+    code = ("import runpy, sys; sys.argv = ['mpifl.main', '--help']\n"
+            "try:\n    runpy.run_module('mpifl.main', run_name='__main__')\n"
+            "except SystemExit as e:\n    assert not e.code, e.code\n"
+            "print('torch imported:', 'torch' in sys.modules)")
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
+                         check=False)
+    assert res.returncode == 0, res.stderr
+    assert "torch imported: False" in res.stdout
+    assert "python -m mpifl.config CONFIG.yaml" in res.stdout
+    assert "python -m mpi4py -m mpifl.main" in res.stdout
+
+
+def test_rerun_of_a_finished_run_reports_its_final_accuracy(tmp_path, capsys):
+    args = [*TINY, "run.rounds=4", f"run.out_dir={tmp_path}", "run.name=fin"]
+    assert main(args) == 0
+    capsys.readouterr()
+    assert main(args) == 0  # run.resume=auto, nothing left to do
+    out = capsys.readouterr().out
+    final = float(np.nanmean(open_run(tmp_path / "fin").metric("test_acc")[-1]))
+    assert "nan" not in out
+    assert f"final mean test_acc {final:.4f}" in out
+    assert "already finished" in out
+    assert open_run(tmp_path / "fin").n_rounds == 4
+
+
+def test_progress_line_marks_accuracy_carried_over_from_an_earlier_round(tmp_path, capsys):
+    assert main([*TINY, "run.rounds=6", "run.eval_every=2", f"run.out_dir={tmp_path}", "run.name=ev"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("round")]
+    assert len(lines) == 6
+    acc = float(np.nanmean(open_run(tmp_path / "ev").metric("test_acc")[1]))
+    assert f"test_acc {acc:.4f}  " in lines[1]  # evaluated: the plain value
+    assert f"test_acc {acc:.4f} (round 2)" in lines[2]  # carried over: marked with its round
+    assert "(round" not in lines[3] and "(round" not in lines[5]
+    assert "--" in lines[0] and "nan" not in lines[0]  # nothing evaluated yet
