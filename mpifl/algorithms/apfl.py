@@ -53,6 +53,7 @@ import torch
 from ..checkpoint import per_client
 from ..clients import Clients, RowOptimizer
 from ..config import check
+from . import fedavg
 from .base import Context, Round, own_rows_metrics
 
 if TYPE_CHECKING:
@@ -95,11 +96,9 @@ def round(ctx: Context, state: State, t: int) -> Round:
     sampled = ctx.sample(t, ctx.cfg.algorithm.fraction)
     mine = ctx.local_of(sampled)
     loss = np.full(ctx.comm.n_local, np.nan)
+    fedavg.download(ctx, state.model, mine)
     if len(mine):
         idx = torch.as_tensor(mine, device=c.device)
-        c.params[idx] = state.model
-        c.opt.reset(idx)
-        ctx.comm.count(mine, recv=c.P * ctx.comm.itemsize, models=1)
         before = state.v[idx].clone(), {k: v[idx].clone() for k, v in state.v_opt.items()}, state.alpha[idx].clone()
         loss[mine] = c.train(mine, ctx.cfg.train.local_epochs, t, step=_step(ctx, state))
         dropped = idx[torch.as_tensor(np.isnan(loss[mine]), device=c.device)]

@@ -28,6 +28,17 @@ def init(ctx: Context) -> State:
     return State(model=ctx.clients.init.clone())
 
 
+def download(ctx: Context, start: torch.Tensor, mine: np.ndarray) -> None:
+    """Local clients ``mine`` (positions) receive ``start`` ([P], or [n_local, P] per
+    client) as their rows, with a fresh optimizer; the model counts as received."""
+    c = ctx.clients
+    if len(mine):
+        idx = torch.as_tensor(mine, device=c.device)
+        c.params[idx] = start if start.dim() == 1 else start[idx]
+        c.opt.reset(idx)
+        ctx.comm.count(mine, recv=c.P * ctx.comm.itemsize, models=1)
+
+
 def local_update(ctx: Context, start: torch.Tensor, sampled: np.ndarray, t: int,
                  objective: Objective | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Sampled local clients download ``start`` ([P], or [n_local, P] per client)
@@ -35,11 +46,7 @@ def local_update(ctx: Context, start: torch.Tensor, sampled: np.ndarray, t: int,
     returns (local positions, losses)."""
     c = ctx.clients
     mine = ctx.local_of(sampled)
-    if len(mine):
-        idx = torch.as_tensor(mine, device=c.device)
-        c.params[idx] = start if start.dim() == 1 else start[idx]
-        c.opt.reset(idx)
-        ctx.comm.count(mine, recv=c.P * ctx.comm.itemsize, models=1)
+    download(ctx, start, mine)
     loss = np.full(ctx.comm.n_local, np.nan)
     loss[mine] = c.train(mine, ctx.cfg.train.local_epochs, t, objective=objective)
     return mine, loss

@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from ..checkpoint import per_client
 from ..clients import Clients, RowOptimizer
 from ..head import Head, find_head
+from . import fedavg
 from .base import Context, Round, own_rows_metrics
 
 ABSENT_LOG_PRIOR = -1e4  # log pi of a class the client does not hold (see the docstring)
@@ -82,11 +83,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
     c = ctx.clients
     sampled = ctx.sample(t, ctx.cfg.algorithm.fraction)
     mine = ctx.local_of(sampled)
-    if len(mine):
-        idx = torch.as_tensor(mine, device=c.device)
-        c.params[idx] = state.model
-        c.opt.reset(idx)
-        ctx.comm.count(mine, recv=c.P * ctx.comm.itemsize, models=1)
+    fedavg.download(ctx, state.model, mine)
     n = ctx.comm.n_local
     loss, bsm = np.full(n, np.nan), np.zeros(n)
     step = _step(ctx, state, bsm)

@@ -52,6 +52,7 @@ import torch
 
 from ..clients import Clients
 from ..config import check
+from . import fedavg
 from .base import Context, Round, own_rows_metrics
 
 if TYPE_CHECKING:
@@ -94,11 +95,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
     c = ctx.clients
     sampled = ctx.sample(t, ctx.cfg.algorithm.fraction)
     mine = ctx.local_of(sampled)
-    if len(mine):
-        idx = torch.as_tensor(mine, device=c.device)
-        c.params[idx] = state.model
-        c.opt.reset(idx)
-        ctx.comm.count(mine, recv=c.P * ctx.comm.itemsize, models=1)
+    fedavg.download(ctx, state.model, mine)
     loss = np.full(ctx.comm.n_local, np.nan)
     k = batches_per_step(ctx)
     loss[mine] = c.train(mine, ctx.cfg.train.local_epochs, t, step=_step(ctx),
