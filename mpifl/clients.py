@@ -201,8 +201,10 @@ class Objective:
     @property
     def active(self) -> bool:
         """Whether it changes anything: an inactive one (mu = 0, nothing frozen, no
-        bias) trains exactly as no objective, on the same (possibly fused) path."""
-        return bool((self.prox_mu and self.prox_center is not None) or self.frozen or self.logit_bias is not None)
+        bias, no sample weights) trains exactly as no objective, on the same
+        (possibly fused) path."""
+        return bool((self.prox_mu and self.prox_center is not None) or self.frozen or self.logit_bias is not None
+                    or self.sample_weight is not None)
 
     def bias(self, rows: np.ndarray) -> torch.Tensor | None:
         return None if self.logit_bias is None else self.logit_bias[torch.as_tensor(rows)]

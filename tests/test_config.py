@@ -130,7 +130,7 @@ def test_config_cli_prints_the_resolved_config_with_types_and_allowed_values(tmp
     assert out.startswith(f"# resolved: {job} train.lr=0.1 run.name=off\n")
     assert "  lr: 0.1  # float; must be a finite number > 0; default 0.05" in out
     assert "  device: auto  # str; one of auto, cpu, cuda; auto: node-local GPU if any" in out
-    assert "  name: 'off'  # str; must be a plain non-empty directory name; default 'run'" in out
+    assert "  name: 'off'  # str; must be a plain non-empty directory name of at most 255 bytes; default 'run'" in out
     f = tmp_path / "resolved.yaml"
     f.write_text(out)
     assert yaml.safe_load(out)["run"]["name"] == "off"

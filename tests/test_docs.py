@@ -30,7 +30,8 @@ def algorithm_rows() -> dict[str, list[str]]:
     head = [c.strip() for c in table[0].strip("|").split("|")]
     rows = {}
     for line in table[2:]:
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        # a cell may hold escaped pipes (a norm, \|\|w\|\|): split on the others only
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
         rows[cells[0].strip("`")] = dict(zip(head, cells))
     return rows
 

@@ -3,7 +3,7 @@ under a Mixture of Distributions" (NeurIPS 2021). Each client's data is a
 mixture of M underlying distributions; M component models are shared by all
 clients, and client i keeps its own mixture weights pi_i.
 
-    mpiexec -n 2 python -m mpifl.main jobs/quickstart.yaml algorithm.name=fedem fedem.components=4
+    mpiexec -n 2 python -m mpi4py -m mpifl.main jobs/quickstart.yaml algorithm.name=fedem fedem.components=4
 
 Round t, for every sampled client i (its n_i training samples s):
 

@@ -3,7 +3,7 @@ Prototype Learning across Heterogeneous Clients" (AAAI 2022). Clients exchange
 per-class mean embeddings (prototypes) instead of models; every client keeps
 its own model.
 
-    mpiexec -n 2 python -m mpifl.main jobs/quickstart.yaml algorithm.name=fedproto fedproto.lam=1
+    mpiexec -n 2 python -m mpi4py -m mpifl.main jobs/quickstart.yaml algorithm.name=fedproto fedproto.lam=1
 
 The model splits into a body f (everything before the last ``nn.Linear``,
 ``mpifl.head``) and a classifier. Round t, for every sampled client i:

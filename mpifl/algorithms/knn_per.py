@@ -3,7 +3,7 @@ Learning through Local Memorization" (ICML 2022). FedAvg trains one global
 model; at evaluation every client interpolates the model's prediction with a
 k-nearest-neighbour classifier over a datastore of its own training embeddings.
 
-    mpiexec -n 2 python -m mpifl.main jobs/quickstart.yaml algorithm.name=knn_per knn_per.k=10 knn_per.lam=0.5
+    mpiexec -n 2 python -m mpi4py -m mpifl.main jobs/quickstart.yaml algorithm.name=knn_per knn_per.k=10 knn_per.lam=0.5
 
 Training is FedAvg's (``fedavg.step``). At evaluation client i, with the global
 model's body phi (everything before the last ``nn.Linear``, ``mpifl.head``):
