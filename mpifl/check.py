@@ -16,7 +16,6 @@ mpi4py are imported only when the MPI part starts, so those stay cheap.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import os
 import re
@@ -27,9 +26,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import config as config_mod
-from .config import Config, ConfigError
+from .config import ConfigError
+
+if TYPE_CHECKING:  # building Config imports every algorithm (and torch): only once a config is loaded
+    from .config import Config
 
 NODE_LOCAL = ("/tmp", "/var/tmp", "/dev/shm")  # plus $TMPDIR: see node_local
 PROBLEMS = 1  # exit status when anything would stop or break the run
@@ -412,19 +415,12 @@ def _library() -> str:
     return " ".join(versions()["mpi"].split())
 
 
-def _parse(argv: list[str]) -> tuple[str | None, list[str]]:
-    ap = argparse.ArgumentParser(prog="python -m mpifl.check", description=__doc__.splitlines()[0])
-    ap.add_argument("config", nargs="?", help="YAML config (defaults apply when omitted)")
-    ap.add_argument("overrides", nargs="*", help="section.key=value, as for mpifl.main")
-    a = ap.parse_args(argv)
-    if a.config and "=" in a.config:  # only overrides were given
-        return None, [a.config, *a.overrides]
-    return a.config, a.overrides
-
-
 def main(argv: list[str] | None = None) -> int:
     """Check on every rank; rank 0 prints. Returns 0, or 1 when there are problems."""
-    path, overrides = _parse(sys.argv[1:] if argv is None else argv)
+    from .main import parse
+
+    path, overrides = parse(sys.argv[1:] if argv is None else argv, prog="python -m mpifl.check",
+                            description=__doc__.splitlines()[0], epilog="")
     t0 = time.perf_counter()
     import torch  # noqa: F401 - timed: the cost every rank pays before round 1
 

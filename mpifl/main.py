@@ -23,12 +23,14 @@ the resolved config of a file with overrides:  python -m mpifl.config CONFIG.yam
 """
 
 
-def parse(argv: list[str]) -> tuple[str | None, list[str]]:
+def parse(argv: list[str], prog: str = "python -m mpifl.main", description: str = "Run one federated-learning job.",
+          epilog: str = EPILOG) -> tuple[str | None, list[str]]:
     """(config path or None, overrides). The first argument is the config when it
     is an existing file or does not look like ``section.key=value``: a sweep over
-    lr makes paths like ``results/lr=0.1/config.yaml``."""
-    ap = argparse.ArgumentParser(prog="python -m mpifl.main", description="Run one federated-learning job.",
-                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    lr makes paths like ``results/lr=0.1/config.yaml``. Every entry point that takes
+    ``CONFIG [section.key=value ...]`` parses it here."""
+    ap = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("config", nargs="?", help="YAML config (defaults apply when omitted)")
     ap.add_argument("overrides", nargs="*", help="section.key=value")
     a = ap.parse_args(argv)

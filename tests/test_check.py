@@ -145,3 +145,15 @@ def test_a_launcher_whose_pmi_the_library_does_not_use(tmp_path):
     assert res.returncode == 1, res.stdout + res.stderr
     assert len(_problems(res)) == 1  # said once, by the launcher's rank 0
     assert "mpiexec (PMI) started 2 tasks but MPI sees 1 rank(s) in each" in _problems(res)[0]
+
+
+def test_the_login_node_entry_points_import_neither_torch_nor_mpi():
+    # a preflight and a sweep run on login nodes: importing them must not cost a torch
+    # import or start MPI (a module-level `from .config import Config` would do both)
+    import subprocess
+    import sys
+
+    code = ("import sys, mpifl.check, mpifl.sweep, mpifl.main; "
+            "print(sorted(m for m in ('torch', 'mpi4py') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
