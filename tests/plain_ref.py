@@ -4,15 +4,15 @@ MPI ranks, the reference in one process with plain torch on the same batches."""
 
 import numpy as np
 import pytest
+import serial_ref
 import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from mpifl import config, models
+from mpifl import config
 from mpifl.algorithms.base import Context
 from mpifl.clients import Clients
-from mpifl.comm import Comm, solo
-from mpifl.data import build
+from mpifl.comm import solo
 
 N = 3
 ROUNDS = 2
@@ -28,11 +28,7 @@ def small_cfg(algo: str, **over) -> config.Config:
 def make_ctx(cfg, mpi_comm) -> Context:
     if mpi_comm.Get_size() > cfg.data.n_clients:
         pytest.skip(f"{N} clients: at most {N} ranks")
-    comm = Comm(cfg.data.n_clients, mpi_comm)
-    data = build(cfg.data, cfg.run.seed, comm.local_ids)
-    model = models.build(cfg.model, data.in_shape, data.n_classes, cfg.run.seed)
-    clients = Clients(model, data, cfg.train, torch.device("cpu"), cfg.run.seed)
-    return Context(cfg, comm, clients, data)
+    return serial_ref.make_ctx(cfg, mpi_comm)
 
 
 def reference(cfg) -> Context:

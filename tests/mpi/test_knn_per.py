@@ -6,21 +6,12 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from serial_ref import make_ctx
 from torch.func import functional_call
 
-from mpifl import config, models
+from mpifl import config
 from mpifl.algorithms import fedavg, knn_per
-from mpifl.algorithms.base import Context
-from mpifl.clients import Clients
-from mpifl.comm import Comm, solo
-from mpifl.data import build
-
-
-def make_ctx(cfg, mpi_comm) -> Context:
-    comm = Comm(cfg.data.n_clients, mpi_comm)
-    data = build(cfg.data, cfg.run.seed, comm.local_ids)
-    model = models.build(cfg.model, data.in_shape, data.n_classes, cfg.run.seed)
-    return Context(cfg, comm, Clients(model, data, cfg.train, torch.device("cpu"), cfg.run.seed), data)
+from mpifl.comm import solo
 
 
 def small_cfg(**over):
