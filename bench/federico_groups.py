@@ -1,6 +1,6 @@
 """FedeRiCo against FedAvg and Local on built-in data, 8 clients in 2/3/4 label
 groups, several seeds: runs ``python -m mpifl.main`` per cell (skipping complete
-runs) and prints the markdown table recorded in jobs/README.md.
+runs) and prints the markdown table recorded in docs/reproductions/federico.md.
 
     python -m bench.federico_groups jobs/federico-digits.yaml --seeds 0 1 2 --ranks 1
 

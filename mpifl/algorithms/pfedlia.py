@@ -46,7 +46,8 @@ while the gap between clusters is an order of magnitude in reachability. ``metri
 (neither source names one) is sklearn's euclidean by default; Eq. 1 sums over
 D_i^val, so a row's scale follows the client's validation size, and on
 noisy_clusters euclidean leaves most noisy clients alone, where ``cosine`` (set
-in jobs/pfedlia-mnist1d.yaml) groups half of them (jobs/README.md). Cosine is not
+in jobs/pfedlia-mnist1d.yaml and jobs/pfedlia-fashionmnist-noisy.yaml) groups half
+of them (docs/reproductions/pfedlia.md). Cosine is not
 the default: on very clean clusters its within-cluster distances are ~1e-3 and
 xi's relative-jump rule can split a cluster.
 """
