@@ -10,6 +10,7 @@ A sweep file names a base config, overrides for every point and a grid::
     grid:                        # the cartesian product of these lists
       dpfl.budget: [inf, 0.2N, 0.1N]
       run.seed: [0, 1, 2]
+      # grid: [{...}, {...}]           a list of grids: the union of their products
       # base: [../a.yaml, ../b.yaml]   a grid over config files instead of one base;
       # algorithm.name: [~, local]     ~ keeps the base's own value
     slurm:                       # optional; see SlurmOptions
@@ -59,6 +60,7 @@ if TYPE_CHECKING:  # building Config imports every algorithm: only when points a
 TEMPLATES = Path(__file__).resolve().parent.parent / "slurm"
 RESERVED = ("run.name", "run.out_dir")  # the sweep owns where each point runs
 BASE = "base"  # the grid key that varies the config file itself
+_ABSENT = object()  # a key of another grid in a list of grids
 
 
 @dataclass
@@ -167,7 +169,7 @@ class Sweep:
     base: Path | None
     root: Path  # the sweep directory
     set: dict[str, Any]
-    grid: dict[str, list]
+    grid: dict[str, list] | list[dict[str, list]]  # one grid, or a list whose union is swept
     slurm: SlurmOptions
     points: list[Point]
 
@@ -236,7 +238,7 @@ def _point_names(keys: list[str], combos: list[tuple]) -> list[str]:
         labels.append(label)
     width = max(3, len(str(len(combos) - 1)))
     slug = [(lambda v: _slug(Path(str(v)).stem)) if k == BASE else _slug for k in keys]
-    return [f"{i:0{width}d}" + "".join(f"_{lab}-{f(v)}" for lab, f, v in zip(labels, slug, combo))
+    return [f"{i:0{width}d}" + "".join(f"_{lab}-{f(v)}" for lab, f, v in zip(labels, slug, combo) if v is not _ABSENT)
             for i, combo in enumerate(combos)]
 
 
@@ -275,19 +277,29 @@ def load(path: str | Path, out_dir: str | None = None, slurm_overrides: dict | N
     if spec.get("base") is not None:
         base, raw = _read_base(path, spec["base"], "base")
     sets = _mapping(spec.get("set"), "set")
-    grid = _mapping(spec.get("grid"), "grid")
-    for key, values in grid.items():
-        if not isinstance(values, list) or not values:
-            raise ConfigError(f"grid.{key}={values!r} is not allowed; must be a non-empty list of values")
-    for key in [*sets, *grid]:
+    # A list of grids is their union: a table whose rows vary different keys (pFedLIA's
+    # p2p row beside the baselines) without the product of every key with every other.
+    grids = spec.get("grid")
+    grids = [_mapping(g, f"grid[{i}]") for i, g in enumerate(grids)] if isinstance(grids, list) \
+        else [_mapping(grids, "grid")]
+    if not grids:
+        raise ConfigError("grid=[] is not allowed; a mapping of lists, or a list of such mappings")
+    for grid in grids:
+        for key, values in grid.items():
+            if not isinstance(values, list) or not values:
+                raise ConfigError(f"grid.{key}={values!r} is not allowed; must be a non-empty list of values")
+    for key in [*sets, *(k for g in grids for k in g)]:
         if key in RESERVED:
             raise ConfigError(f"{key} is not allowed in a sweep; the sweep sets it for every point")
     bases = {}
-    if BASE in grid:
+    base_values = [v for g in grids for v in g.get(BASE, [])]
+    if base_values:
         if base is not None:
             raise ConfigError(f"grid.base and base={spec['base']!r} are not allowed together; keep one of them")
-        bases = {str(v): _read_base(path, v, "grid.base")[1] for v in grid[BASE]}
-        raw = bases[str(grid[BASE][0])]
+        if not all(BASE in g for g in grids):
+            raise ConfigError("grid.base must be in every grid of the list, or in none")
+        bases = {str(v): _read_base(path, v, "grid.base")[1] for v in base_values}
+        raw = bases[str(base_values[0])]
     slurm_raw = dict(_mapping(spec.get("slurm"), "slurm"))
     slurm_raw.update(slurm_overrides or {})
     slurm = SlurmOptions.from_dict(slurm_raw)
@@ -295,11 +307,12 @@ def load(path: str | Path, out_dir: str | None = None, slurm_overrides: dict | N
         out_dir = spec.get("out_dir") or (raw.get("run") or {}).get("out_dir") or "results"
     root = (Path(str(out_dir)) / name).resolve()
 
-    keys = list(grid)
-    combos = list(itertools.product(*(grid[k] for k in keys)))
+    keys = list(dict.fromkeys(k for g in grids for k in g))
+    combos = [tuple(dict(zip(g, c)).get(k, _ABSENT) for k in keys)
+              for g in grids for c in itertools.product(*g.values())]
     points = []
     for i, (pname, combo) in enumerate(zip(_point_names(keys, combos), combos)):
-        values = dict(zip(keys, combo))
+        values = {k: v for k, v in zip(keys, combo) if v is not _ABSENT}
         point_raw = copy.deepcopy(bases[str(values[BASE])] if BASE in values else raw)
         for key, value in sets.items():
             _assign(point_raw, key, value, "set")
@@ -312,8 +325,8 @@ def load(path: str | Path, out_dir: str | None = None, slurm_overrides: dict | N
             cfg = config_mod.from_dict(point_raw, n_ranks=n_ranks or slurm.ntasks)
         except ConfigError as e:
             raise ConfigError(f"point {pname}: {e}") from None
-        points.append(Point(i, pname, dict(zip(keys, combo)), cfg))
-    return Sweep(name, path.resolve(), base, root, sets, grid, slurm, points)
+        points.append(Point(i, pname, values, cfg))
+    return Sweep(name, path.resolve(), base, root, sets, grids[0] if len(grids) == 1 else grids, slurm, points)
 
 
 # --------------------------------------------------------------------------- scripts

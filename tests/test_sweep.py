@@ -25,7 +25,7 @@ TINY = {  # seconds per run, also under mpiexec -n 2
 }
 
 
-def _sweep_file(tmp: Path, grid: dict, slurm: dict | None = None, name: str = "s", **extra) -> Path:
+def _sweep_file(tmp: Path, grid: dict | list, slurm: dict | None = None, name: str = "s", **extra) -> Path:
     base = tmp / "base.yaml"
     base.write_text(yaml.safe_dump(TINY))
     spec = {"name": name, "base": "base.yaml", "grid": grid, **extra}
@@ -237,13 +237,35 @@ def test_submit_runs_the_local_preflight_first(tmp_path, monkeypatch, capsys):
     assert "submitted array job 4243" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "jobs" / "sweeps").glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted([*(ROOT / "jobs" / "sweeps").glob("*.yaml"),
+                                         *(ROOT / "jobs" / "tables").glob("*.sweep.yaml")]), ids=lambda p: p.name)
 def test_shipped_sweeps_validate_where_their_base_exists(path, tmp_path):
     base = yaml.safe_load(path.read_text()).get("base")
     if base and not (path.parent / base).is_file():
         pytest.skip(f"{path.name}: base {base} arrives with its algorithm's branch")
     s = sw.load(path, out_dir=str(tmp_path))
-    assert len(s.points) == np.prod([len(v) for v in s.grid.values()])
+    grids = s.grid if isinstance(s.grid, list) else [s.grid]
+    assert len(s.points) == sum(np.prod([len(v) for v in g.values()]) for g in grids)
+    assert len({p.name for p in s.points}) == len(s.points)
+
+
+def test_a_list_of_grids_is_the_union_of_their_products(tmp_path):
+    path = _sweep_file(tmp_path, [{"algorithm.name": ["fedavg", "local"], "run.seed": [0, 1]},
+                                  {"algorithm.name": ["pfedlia"], "pfedlia.mode": ["p2p"], "run.seed": [0]}],
+                       set={"pfedlia.warmup_rounds": 1})
+    s = sw.load(path, out_dir=str(tmp_path / "out"))
+    got = [(p.name, p.config.algorithm.name, p.config.pfedlia.mode, p.config.run.seed) for p in s.points]
+    assert got == [("000_algorithm-fedavg_seed-0", "fedavg", "central", 0),
+                   ("001_algorithm-fedavg_seed-1", "fedavg", "central", 1),
+                   ("002_algorithm-local_seed-0", "local", "central", 0),
+                   ("003_algorithm-local_seed-1", "local", "central", 1),
+                   ("004_algorithm-pfedlia_seed-0_mode-p2p", "pfedlia", "p2p", 0)]
+    assert s.points[0].values == {"algorithm.name": "fedavg", "run.seed": 0}
+    assert s.points[4].values == {"algorithm.name": "pfedlia", "pfedlia.mode": "p2p", "run.seed": 0}
+    with pytest.raises(ConfigError, match=r"grid=\[\] is not allowed"):
+        sw.load(_sweep_file(tmp_path, []), out_dir=str(tmp_path / "out"))
+    with pytest.raises(ConfigError, match=r"grid.run.seed=\[\] is not allowed"):
+        sw.load(_sweep_file(tmp_path, [{"run.seed": [0]}, {"run.seed": []}]), out_dir=str(tmp_path / "out"))
 
 
 def test_grid_over_base_files_keeps_each_files_own_values(tmp_path):
