@@ -3,15 +3,18 @@ training and evaluation through ``torch.func.functional_call`` on its rows.
 
 A model is only a template here: weights live in the rows, so exchanging a
 client's model is sending a contiguous row, and many clients train at once with
-``torch.func.vmap`` (models without BatchNorm). The per-client loop is the
-fallback and the reference; both draw the same batches and apply the same
-optimizer arithmetic, so they agree to float tolerance. Plain MLPs train through
-stacked ``bmm`` instead of vmap (same arithmetic, better memory layout); conv
-models on CPU use the loop under ``train.batched=auto`` (see bench/README.md).
+``torch.func.vmap`` (a BatchNorm model with each client's running statistics).
+The per-client path is a plain torch loop on the template bound to one client's
+rows at a time; both paths draw the same batches and apply the same optimizer
+arithmetic, so they agree to float tolerance. Plain MLPs train through stacked
+``bmm`` instead of vmap (same arithmetic, better memory layout); under
+``train.batched=auto`` other models take whichever path a timing at the start of
+the run finds faster (:meth:`Clients.measure_paths`, bench/README.md).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -262,20 +265,25 @@ class Clients:
         self.skipped = np.zeros(self.n, np.int64)  # updates dropped as non-finite (reset per round)
         bn = has_batchnorm(model)
         self.bn = bn
-        # vmap turns per-client convolutions into grouped ones, whose CPU backward
-        # (oneDNN) is slower than the per-client loop (bench/README.md): auto keeps
-        # the loop for conv models on CPU
-        conv_cpu = device.type == "cpu" and any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())
-        self.batched = (cfg.batched == "on") or (cfg.batched == "auto" and not bn and not conv_cpu)
-        if bn and self.batched:
-            from .config import ConfigError
-            raise ConfigError("train.batched='on' is not allowed with a BatchNorm model; use auto or off")
+        self.stacked = stacked_mlp(model) if self.layout.B == 0 else None
+        # Which path trains: "on" / "off" as asked. Under "auto" a plain MLP is batched
+        # (stacked bmm: 6-10x the loop in bench/README.md, at every size measured);
+        # any other model is timed on both paths at the start of a run
+        # (measure_paths, which runtime.setup calls on every rank), because vmap
+        # makes a conv net's convolutions grouped ones, whose speed against the loop
+        # depends on the layer sizes and the machine (bench/README.md).
+        self.batched = cfg.batched == "on" or (cfg.batched == "auto" and self.stacked is not None)
+        self.needs_measuring = cfg.batched == "auto" and self.stacked is None
+        self.path_times: tuple[float, float] | None = None  # (batched, loop) s, when measured
         self._vloss = vmap(self._loss_parts, in_dims=(0, 0, 0, 0))
         self._vloss_bias = vmap(self._loss_parts, in_dims=(0, 0, 0, 0, None, 0))
+        # BatchNorm: each client's running statistics ride along as a vmapped buffer row
+        self._vloss_bufs = vmap(self._loss_parts, in_dims=(0, 0, 0, 0, 0))
+        self._vloss_bufs_bias = vmap(self._loss_parts, in_dims=(0, 0, 0, 0, 0, 0))
         self._names = [n for n, _, _ in self.layout.params]
-        self.stacked = stacked_mlp(model) if self.layout.B == 0 else None
         self._gcache: list[torch.Tensor] | None = None
         self._vlogits = vmap(self._logits_one, in_dims=(0, 0))
+        self._vlogits_bufs = vmap(self._logits_one, in_dims=(0, 0, 0))
 
     @contextmanager
     def using(self, params: torch.Tensor, opt_state: dict[str, torch.Tensor] | None = None) -> Iterator[None]:
@@ -302,8 +310,8 @@ class Clients:
         return self._loss_parts(self.layout.unflatten(flat), x, y, w, bufs)
 
     def _loss_parts(self, state: dict[str, torch.Tensor], x, y, w, bufs=None, bias=None):
-        if bufs is not None and self.layout.B:
-            state = {**state, **self.layout.unflatten_buffers(bufs)}
+        if bufs is not None and self.layout.B:  # a flat buffer row, or its per-buffer views
+            state = {**state, **(bufs if isinstance(bufs, dict) else self.layout.unflatten_buffers(bufs))}
         out = functional_call(self.model, state, (x,))
         if bias is not None:
             out = out + bias
@@ -347,6 +355,8 @@ class Clients:
         # of the per-client losses (client i's loss depends on row i alone), which
         # is cheaper than functorch's grad transform.
         with torch.enable_grad():
+            if self.batched and self.layout.B and local is not None:
+                return self._grads_bn(params, x, y, w, local, bias, valid)
             if self.batched:
                 leaves = {k: v.detach().requires_grad_(True) for k, v in self.parts(params).items()}
                 loss = self._vloss(leaves, x, y, w) if bias is None else self._vloss_bias(leaves, x, y, w, None, bias)
@@ -363,6 +373,61 @@ class Clients:
                 self._write_flat(g[i:i + 1], dict(zip(parts, (t[None] for t in gi))))
                 ls.append(loss.detach())
             return g, torch.stack(ls)
+
+    def _grads_bn(self, params, x, y, w, local, bias, valid) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """Batched gradients of a BatchNorm model: rows grouped by how many real
+        samples their batch holds (a prefix of it), so that each client's batch
+        statistics, as in the loop, cover its real samples only; each client's
+        running statistics (``self.buffers``) are updated in place, as the loop's."""
+        keep = valid if valid is not None else w > 0
+        n_real = keep.sum(1).cpu().numpy()
+        m = params.shape[0]
+        blocks = [torch.empty(m, *shape, dtype=params.dtype, device=params.device) for _, shape, _ in self.layout.params]
+        loss = torch.empty(m, dtype=params.dtype, device=params.device)
+        for n in np.unique(n_real):
+            at = np.flatnonzero(n_real == n)
+            ti = torch.as_tensor(at, device=params.device)
+            n = int(n)
+            sel = _rows_selector(np.asarray(local)[at], self.device)
+            # one contiguous tensor per buffer: BatchNorm's in-place running-statistics
+            # update under vmap reaches those, not strided column views of the flat rows
+            views, o = {}, 0
+            for name, shape, k in self.layout.buffers:
+                views[name] = self.buffers[sel, o:o + k].reshape(len(at), *shape).clone()
+                o += k
+            leaves = {k: v[ti].detach().requires_grad_(True) for k, v in self.parts(params).items()}
+            args = (leaves, x[ti, :n], y[ti, :n], w[ti, :n], views)
+            lo = self._vloss_bufs(*args) if bias is None else self._vloss_bufs_bias(*args, bias[ti])
+            for blk, gb in zip(blocks, torch.autograd.grad(lo.sum(), list(leaves.values()))):
+                blk[ti] = gb
+            loss[ti] = lo.detach()
+            self.buffers[sel] = torch.cat([v.reshape(len(at), -1) for v in views.values()], 1)
+        return blocks, loss
+
+    def measure_paths(self, steps: int = 3, reps: int = 3) -> tuple[float, float]:
+        """Seconds (best of ``reps``) that ``steps`` training steps of up to 8 of this
+        rank's clients take batched and client by client, on copies of their rows
+        and state: no side effect on training (own random streams, buffers put back)."""
+        m = min(self.n, 8)
+        if m == 0:
+            return 0.0, 0.0
+        local = np.arange(m)
+        saved = self.batched, self.buffers.clone(), self.skipped.copy()
+        best = {True: float("inf"), False: float("inf")}
+        try:
+            for r in range(reps + 1):  # the first round warms both paths up
+                for path in ((True, False) if r % 2 else (False, True)):
+                    self.batched = path
+                    with self.using(self.params[:m].clone()):
+                        t0 = time.perf_counter()
+                        self.train(local, 1, r, purpose="measure", max_batches=steps)
+                        if r:
+                            best[path] = min(best[path], time.perf_counter() - t0)
+        finally:
+            self.batched = saved[0]
+            self.buffers.copy_(saved[1])
+            self.skipped[:] = saved[2]
+        return best[True], best[False]
 
     def _grad_blocks(self, m: int) -> list[torch.Tensor]:
         """Per-parameter gradient blocks ``[m, *shape]``, reused across steps: a fresh
@@ -384,6 +449,8 @@ class Clients:
         self.model.eval()
         if self.batched and self.stacked is not None:
             return stacked_forward(self.stacked, self.parts(params), x)
+        if self.batched and self.layout.B and local is not None:
+            return self._vlogits_bufs(params, x, self.buffers[_rows_selector(np.asarray(local), self.device)])
         if self.batched:
             return self._vlogits(params, x)
         out = []
@@ -454,7 +521,8 @@ class Clients:
     # ------------------------------------------------------------------ training
     def train(self, local: np.ndarray, epochs: int, round: int, purpose: str = "train",
               subsets: list[np.ndarray] | None = None, objective: Objective | None = None,
-              step: StepFn | None = None, batch_size: int | None = None) -> np.ndarray:
+              step: StepFn | None = None, batch_size: int | None = None,
+              max_batches: int | None = None) -> np.ndarray:
         """Train the listed local clients (indices into this rank's block) in place
         for ``epochs`` local epochs (over ``subsets`` of their samples if given, see
         :meth:`plan`); returns each one's mean training loss.
@@ -464,7 +532,8 @@ class Clients:
         gradient step on one loss: APFL, Per-FedAvg, FedRoD...), with the same
         batches, chunks and non-finite handling. ``batch_size`` (default
         ``train.batch_size``) sizes the batches a step gets: a step that splits its
-        batch into several (Per-FedAvg's inner and outer batches) asks for a multiple."""
+        batch into several (Per-FedAvg's inner and outer batches) asks for a multiple.
+        ``max_batches``: at most this many steps per client."""
         local = np.asarray(local, dtype=np.int64)
         if objective is not None and not objective.active:
             objective = None  # FedProx at mu = 0 is FedAvg bit for bit, Ditto at lam = 0 Local
@@ -472,18 +541,21 @@ class Clients:
         seen = np.zeros(len(local))
         if len(local) == 0 or epochs == 0:
             return np.full(len(local), np.nan)
-        plan = self.plan(local, epochs, round, purpose, batch_size=batch_size, subsets=subsets)
+        plan = self.plan(local, epochs, round, purpose, batch_size=batch_size, subsets=subsets,
+                         max_batches=max_batches)
         skip = self.cfg.on_nonfinite == "skip"
         if skip:
             sel0 = _rows_selector(local, self.device)
             start = (self.params[sel0].clone(), {k: v[sel0].clone() for k, v in self.opt.state.items()})
         bad = np.zeros(len(local), bool)
         has = (plan.idx >= 0).any(2)  # [m, steps]: client i has a batch at step s
+        if not self.batched and step is None:
+            self._train_loop(local, plan, objective, bad, losses, seen)
         # Chunk-major: a chunk of clients takes all its steps before the next chunk
         # starts, so its rows stay in cache from one step to the next instead of
         # being streamed from memory once per step (clients do not interact inside
         # a call, so the order changes no result).
-        for a, b in self._chunks(len(local)):
+        for a, b in ([] if not self.batched and step is None else self._chunks(len(local))):
             for s in range(plan.steps):
                 act = a + np.flatnonzero(has[a:b, s])
                 if len(act) == 0:
@@ -523,6 +595,84 @@ class Clients:
             self.skipped[local[bad]] += 1
             losses[bad] = np.nan
         return losses / np.maximum(seen, 1)
+
+    @contextmanager
+    def _bound(self) -> Iterator[Callable[[int, torch.Tensor], None]]:
+        """The template module made to compute with client rows in place: ``bind(k,
+        g)`` points its parameters at row ``k`` of ``self.params`` (and its float
+        buffers at row ``k`` of ``self.buffers``) and their ``.grad`` at ``g [P]``, so
+        a plain ``model(x)`` / ``backward()`` reads and writes the rows themselves.
+        The template's own tensors are back after the block."""
+        params = [p for _, p in self.model.named_parameters()]
+        bufs = [(mod, name) for mod in self.model.modules() for name, b in mod.named_buffers(recurse=False)
+                if b is not None and b.is_floating_point()]
+        saved = [(p.data, p.grad) for p in params], [getattr(mod, name) for mod, name in bufs]
+
+        def bind(k: int, g: torch.Tensor) -> None:
+            o = 0
+            for p, (_, shape, n) in zip(params, self.layout.params):
+                p.data = self.params[k, o:o + n].view(shape)
+                p.grad = g[o:o + n].view(shape)
+                o += n
+            o = 0
+            for (mod, name), (_, shape, n) in zip(bufs, self.layout.buffers):
+                setattr(mod, name, self.buffers[k, o:o + n].view(shape))
+                o += n
+
+        try:
+            yield bind
+        finally:
+            for p, (data, grad) in zip(params, saved[0]):
+                p.data, p.grad = data, grad
+            for (mod, name), b in zip(bufs, saved[1]):
+                setattr(mod, name, b)
+
+    def _train_loop(self, local: np.ndarray, plan: BatchPlan, objective: Objective | None,
+                    bad: np.ndarray, losses: np.ndarray, seen: np.ndarray) -> None:
+        """The per-client path: client by client, all of a client's steps, as a plain
+        torch loop on the template module bound to the client's rows (no
+        functional_call, no per-step host sync, one gather of the client's inputs
+        per call, one flat optimizer step); same batches and arithmetic as the
+        batched path. Fills ``bad``, ``losses`` (sum of loss x samples) and ``seen``."""
+        self.model.train()
+        g = torch.empty(self.P, device=self.device)
+        counts = (plan.idx >= 0).sum(2)  # [m, steps] real samples (a prefix of each batch)
+        sw = objective.sample_weight if objective is not None else None
+        with self._bound() as bind, torch.enable_grad():
+            for i, k in enumerate(local.tolist()):
+                bind(k, g)
+                steps = np.flatnonzero(counts[i])
+                if len(steps) == 0:
+                    continue
+                t = torch.as_tensor(np.maximum(plan.idx[i, steps], 0), device=self.device)
+                xs = self.x.index_select(0, t.view(-1)).view(*t.shape, *self.x.shape[1:])
+                ys = self.y.take(t)
+                vs = sw.take(t) if sw is not None else None
+                row, sel = self.params[k:k + 1], slice(k, k + 1)
+                bias = objective.bias(local[i:i + 1]) if objective is not None else None
+                total = torch.zeros((), device=self.device)
+                rows = np.array([k])
+                for j, c in enumerate(counts[i, steps].tolist()):
+                    out = self.model(xs[j, :c])
+                    if bias is not None:
+                        out = out + bias[0]
+                    if vs is None:
+                        loss = F.cross_entropy(out, ys[j, :c])
+                    else:  # per-sample weights: the batched path's sum(v l) / n
+                        loss = (F.cross_entropy(out, ys[j, :c], reduction="none") * vs[j, :c]).sum() / c
+                    g.zero_()
+                    loss.backward()
+                    gr = g[None]
+                    if objective is not None:
+                        gr = objective.apply(self, row, gr, rows)
+                    self.opt.step_(sel, row, gr)
+                    total += loss.detach() * c
+                n = float(counts[i].sum())
+                lv = float(total) / n
+                bad[i] |= not np.isfinite(lv)
+                losses[i] += lv * n
+                seen[i] += n
+                bad[i] |= not bool(torch.isfinite(row.sum()))
 
     def _step(self, sel, rows: np.ndarray, x, y, w, objective: Objective | None = None,
               v: torch.Tensor | None = None) -> torch.Tensor:

@@ -69,7 +69,7 @@ class Head:
         with torch.no_grad():
             if self.body is not None:
                 return stacked_forward(self.body, c.parts(rows), x)
-            if c.batched:
+            if c.batched and not c.layout.B:  # BatchNorm: each client its own statistics
                 return vmap(self.features)(rows, x)
             local = np.arange(len(rows)) if local is None else local
             bufs = [c.buffers[k] if c.layout.B else None for k in local]

@@ -48,6 +48,10 @@ def setup(cfg: Config, mpi_comm) -> Setup:
         data = build_data(cfg.data, cfg.run.seed, comm.local_ids)
         model = models.build(cfg.model, data.in_shape, data.n_classes, cfg.run.seed)
         clients = Clients(model, data, cfg.train, device, cfg.run.seed)
+        if clients.needs_measuring:  # train.batched=auto: the faster path, timed on every rank
+            tb, tl = clients.measure_paths()
+            clients.path_times = comm.allreduce_sum(tb), comm.allreduce_sum(tl)
+            clients.batched = clients.path_times[0] < clients.path_times[1]
         ctx = Context(cfg, comm, clients, data)
         return Setup(ctx, algorithms.get(cfg.algorithm.name), threads)
 
@@ -86,7 +90,10 @@ def _writer(cfg: Config, s: Setup, keep_rounds: int | None) -> Writer | None:
         "versions": versions(), "hostname": socket.gethostname(),
         "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "threads_per_rank": s.threads, "device": str(ctx.clients.device), "n_params": ctx.clients.P,
+        "train_path": "batched" if ctx.clients.batched else "per_client",
     }
+    if ctx.clients.path_times is not None:  # train.batched=auto's timing (s, summed over ranks)
+        attrs["train_path_times"] = list(ctx.clients.path_times)
     clients = {
         "cluster": d.cluster, "rank": ctx.comm.placement.owner(np.arange(d.n_clients)),
         "n_train": d.sizes[:, 0], "n_val": d.sizes[:, 1], "n_test": d.sizes[:, 2], "label_hist": d.label_hist,
@@ -190,6 +197,13 @@ def _acc_text(acc: float, at: int, t: int) -> str:
     return f"{acc:.4f}" if at == t else f"{acc:.4f} (round {at + 1})"
 
 
+def _path_text(c: Clients) -> str:
+    text = f"batched={c.batched}"
+    if c.path_times is not None:
+        text += f" (auto, timed: batched {1e3 * c.path_times[0]:.1f} ms, per client {1e3 * c.path_times[1]:.1f} ms)"
+    return text
+
+
 def run(cfg: Config, mpi_comm) -> Path:
     s = setup(cfg, mpi_comm)
     ctx, algo = s.ctx, s.algo
@@ -203,7 +217,7 @@ def run(cfg: Config, mpi_comm) -> Path:
     writer = agree(mpi_comm, lambda: _writer(cfg, s, first if ck is not None else None))
     say = print if comm.is_writer else (lambda *a, **k: None)
     say(f"mpifl {cfg.algorithm.name}: {ctx.N} clients on {comm.size} rank(s), {ctx.clients.P} parameters, "
-        f"{ctx.clients.device}, {s.threads} thread(s)/rank, batched={ctx.clients.batched} -> {cfg.run_dir}"
+        f"{ctx.clients.device}, {s.threads} thread(s)/rank, {_path_text(ctx.clients)} -> {cfg.run_dir}"
         + (f" (resumed after round {first})" if ck is not None else ""), flush=True)
     stop = _StopFlag()
     fault = _injected_fault(comm.rank)

@@ -162,27 +162,52 @@ def test_batches_depend_on_client_not_position():
     assert not np.array_equal(a.plan(np.array([4]), 1, 4).idx, p2)
 
 
-def make_conv(batched: str, **over) -> Clients:
-    """A small conv net on digits: trained through vmap, not the stacked-MLP path."""
+def make_conv(batched: str, bn: bool = False, **over) -> Clients:
+    """A small conv net (conv, pool, optionally BatchNorm) on digits: trained through
+    vmap, not the stacked-MLP path."""
     args = {"data.name": "digits", "data.n_clients": 5, "data.partition": "iid", "train.batched": batched,
             "train.batch_size": 16, "train.momentum": 0.9, "train.weight_decay": 1e-3, **over}
     cfg = config.load(None, [f"{k}={v}" for k, v in args.items()])
     data = build(cfg.data, 0, np.arange(cfg.data.n_clients))
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(),
-                                torch.nn.Linear(4 * 6 * 6, 10))
+    nn = torch.nn
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), *([nn.BatchNorm2d(4)] if bn else []), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Flatten(), nn.Linear(4 * 3 * 3, 10))
     return Clients(model, data, cfg.train, torch.device("cpu"), 0)
 
 
-def test_conv_model_batched_and_sequential_agree():
-    a, b = make_conv("on"), make_conv("off")
-    assert a.stacked is None  # vmap path
-    assert not make_conv("auto").batched  # conv on CPU: the loop is faster
-    local = np.array([0, 1, 3])
+@pytest.mark.parametrize("bn", [False, True], ids=["conv", "conv+batchnorm"])
+@pytest.mark.parametrize("opt", [{"train.optimizer": "sgd"},
+                                 {"train.optimizer": "adam", "train.lr": 1e-3, "train.momentum": 0.0}])
+def test_conv_model_batched_and_sequential_agree(bn, opt, threads):
+    a, b = make_conv("on", bn, **opt), make_conv("off", bn, **opt)
+    assert a.stacked is None and a.batched and not b.batched  # vmap path against the loop
+    local = np.array([0, 1, 3])  # not contiguous: BatchNorm buffers gathered and written back
     for t in range(2):
         np.testing.assert_allclose(a.train(local, 2, t), b.train(local, 2, t), rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(a.params, b.params, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(a.buffers, b.buffers, rtol=1e-4, atol=1e-5)  # running statistics, per client
     assert not torch.equal(a.params[0], a.init)
+    if bn:
+        assert not torch.equal(a.buffers[0], a.buffers[2])  # client 2 did not train: its statistics stayed
+    for split in ("val", "test"):
+        for x, y in zip(a.evaluate(split), b.evaluate(split)):
+            np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5)
+
+
+def test_auto_times_both_paths_without_touching_training_state():
+    c = make_conv("auto", True)
+    assert c.needs_measuring and not make("auto").needs_measuring  # an MLP is batched without timing
+    c.train(np.arange(c.n), 1, 0)
+    before = (c.params.clone(), c.buffers.clone(), {k: v.clone() for k, v in c.opt.state.items()}, c.batched)
+    tb, tl = c.measure_paths(steps=2, reps=1)
+    assert tb > 0 and tl > 0
+    assert torch.equal(c.params, before[0]) and torch.equal(c.buffers, before[1]) and c.batched == before[3]
+    assert all(torch.equal(v, before[2][k]) for k, v in c.opt.state.items())
+    d = make_conv("off", True)  # the same training afterwards as a client that never timed anything
+    d.train(np.arange(d.n), 1, 0)
+    np.testing.assert_array_equal(c.train(np.arange(c.n), 1, 1), d.train(np.arange(d.n), 1, 1))
+    assert torch.equal(c.params, d.params)
 
 
 @pytest.mark.parametrize("opt", [{"train.optimizer": "sgd", "train.weight_decay": 1e-2},

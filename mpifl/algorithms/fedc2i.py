@@ -112,7 +112,7 @@ def loo_losses(c: Clients, loo: torch.Tensor, x: torch.Tensor, y: torch.Tensor, 
     batch ``x [m, bs, ...]`` (client i's BatchNorm stats where the model has any)."""
     m, bs = y.shape
     b = loo.shape[0]
-    if c.batched:
+    if c.batched and not c.layout.B:  # BatchNorm: each client its own statistics
         flat = x.reshape(1, m * bs, *x.shape[2:]).expand(b, m * bs, *x.shape[2:])
         out = c.logits(loo, flat).reshape(b, m, bs, -1)
     else:

@@ -116,7 +116,7 @@ def make_step(head: Head, protos: torch.Tensor, counts: torch.Tensor, lam: float
         p = c.params[sel]
         head.module.train()
         with torch.enable_grad():
-            if c.batched:
+            if c.batched and not c.layout.B:  # BatchNorm: each client its own statistics
                 leaves = {k: v.detach().requires_grad_(True) for k, v in c.parts(p).items()}
                 loss = batched(leaves, x, y, w)
                 g = list(torch.autograd.grad(loss.sum(), list(leaves.values())))
