@@ -157,7 +157,7 @@ def write_clients(cfg, root: Path, name: str) -> int:
     return data.n_classes
 
 
-def run_pfllib(pfllib: Path, method: str, cfg, work: Path, keep_last: bool = False) -> dict:
+def run_pfllib(pfllib: Path, method: str, cfg, work: Path, keep_last: bool = False, threads: int = 1) -> dict:
     name = f"mpifl-{cfg.data.name}"
     shutil.copytree(pfllib / "system", work / "system")
     if keep_last:  # a diagnosis: PFLlib's training loader drops each epoch's short last batch
@@ -174,12 +174,15 @@ def run_pfllib(pfllib: Path, method: str, cfg, work: Path, keep_last: bool = Fal
     t0 = time.perf_counter()
     path = os.pathsep.join([str(REPO), str(REPO / "bench"), str(work / "system")])
     p = subprocess.run(cmd, cwd=work / "system", capture_output=True, text=True, check=False,
-                       env={**os.environ, "PYTHONPATH": path})
+                       env={**os.environ, "PYTHONPATH": path, "PEER_THREADS": str(threads)})
     wall = time.perf_counter() - t0
     if p.returncode != 0:
         raise RuntimeError(f"PFLlib failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
     stats = json.loads(out.read_text())
-    return {**stats, "wall_s": wall}
+    # its servers print each round's time (training, aggregation and the evaluation
+    # that opens the round); PFLlib's own summary averages rounds 1.., as here
+    budget = [float(line.rsplit(None, 1)[-1]) for line in p.stdout.splitlines() if line.startswith("-") and "time cost" in line]
+    return {**stats, "wall_s": wall, "round_s": float(np.mean(budget[1:])) if len(budget) > 1 else float("nan")}
 
 
 def child(system: str, out: str, cfg_json: str, argv: list[str]) -> None:
@@ -244,11 +247,11 @@ def child(system: str, out: str, cfg_json: str, argv: list[str]) -> None:
                                      "acc_weighted": float(correct.sum() / n.sum())}))
 
 
-def run_mpifl(method: str, cfg, overrides: list[str], work: Path, ranks: int) -> dict:
+def run_mpifl(method: str, cfg, overrides: list[str], work: Path, ranks: int, threads: int = 1) -> dict:
     from mpifl.logging.h5 import open_run
 
     args = [f"{k}={v}" for k, v in {**DEFAULTS, "algorithm.name": method, "run.seed": cfg.run.seed}.items()]
-    args += [*overrides, f"run.out_dir={work}", "run.name=mpifl", "run.threads=1", "run.checkpoint_every=0"]
+    args += [*overrides, f"run.out_dir={work}", "run.name=mpifl", f"run.threads={threads}", "run.checkpoint_every=0"]
     cmd = [sys.executable, "-m", "mpifl.main", *args]
     if ranks > 1:
         cmd = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(ranks), sys.executable, "-m", "mpi4py",
@@ -261,8 +264,14 @@ def run_mpifl(method: str, cfg, overrides: list[str], work: Path, ranks: int) ->
         raise RuntimeError(f"mpifl failed ({p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
     run = open_run(work / "mpifl")
     acc, n_test = run.metric("test_acc")[-1], run.get("clients/n_test")
+    import h5py
+
+    with h5py.File(work / "mpifl" / "run.h5", "r") as f:  # per round: training, exchange and evaluation
+        round_s = np.asarray(f["rounds/wall_s"])
+        path = str(f.attrs.get("train_path", "?"))
     return {"acc_mean": float(np.nanmean(acc)), "acc_weighted": float(np.nansum(acc * n_test) / n_test.sum()),
-            "wall_s": wall}
+            "wall_s": wall, "round_s": float(np.mean(round_s[1:])) if len(round_s) > 1 else float(round_s[0]),
+            "train_path": path}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -276,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--method", required=True, choices=sorted(METHODS))
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--ranks", type=int, default=1, help="mpifl's MPI ranks")
+    ap.add_argument("--threads", type=int, default=1, help="mpifl's torch threads per rank")
+    ap.add_argument("--pfllib-threads", type=int, default=1, help="PFLlib's torch threads (one process)")
     ap.add_argument("--only", choices=["mpifl", "pfllib"], help="run one side only")
     ap.add_argument("--pfllib-keep-last", action="store_true",
                     help="diagnosis: PFLlib trains on each epoch's short last batch too, as mpifl "
@@ -290,24 +301,31 @@ def main(argv: list[str] | None = None) -> int:
         row = {"seed": seed}
         with tempfile.TemporaryDirectory(prefix="mpifl-peer-") as tmp:
             if a.only != "pfllib":
-                row["mpifl"] = run_mpifl(a.method, cfg, a.overrides, Path(tmp) / "m", a.ranks)
+                row["mpifl"] = run_mpifl(a.method, cfg, a.overrides, Path(tmp) / "m", a.ranks, a.threads)
             if a.only != "mpifl":
-                row["pfllib"] = run_pfllib(a.pfllib.resolve(), a.method, cfg, Path(tmp) / "p", a.pfllib_keep_last)
+                row["pfllib"] = run_pfllib(a.pfllib.resolve(), a.method, cfg, Path(tmp) / "p", a.pfllib_keep_last,
+                                           a.pfllib_threads)
         rows.append(row)
         print(json.dumps(row), flush=True)
     print(f"\n{a.method}: final test accuracy after {cfg.run.rounds} rounds (mean over clients / "
-          f"sum(correct)/sum(samples)), wall s")
+          f"sum(correct)/sum(samples)); mean s per round (rounds 1..) and whole-process wall s; mpifl "
+          f"{a.ranks} rank(s) x {a.threads} thread(s), PFLlib 1 process x {a.pfllib_threads} thread(s)")
     for side in ("mpifl", "pfllib"):
         got = [r[side] for r in rows if side in r]
         if got:
             m = np.array([g["acc_mean"] for g in got])
             w = np.array([g["acc_weighted"] for g in got])
             t = np.array([g["wall_s"] for g in got])
+            rs = np.array([g["round_s"] for g in got])
+            extra = f"  train_path {got[0]['train_path']}" if "train_path" in got[0] else ""
             print(f"  {side:7s} " + "  ".join(f"{x:.4f}/{y:.4f}" for x, y in zip(m, w))
-                  + f"   mean {m.mean():.4f}/{w.mean():.4f}   wall {t.mean():.1f}s")
+                  + f"   mean {m.mean():.4f}/{w.mean():.4f}   round {rs.mean():.3f}s   wall {t.mean():.1f}s{extra}")
     if all("mpifl" in r and "pfllib" in r for r in rows):
         gap = np.mean([r["mpifl"]["acc_weighted"] - r["pfllib"]["acc_weighted"] for r in rows])
-        print(f"  gap (mpifl - PFLlib, weighted): {100 * gap:+.2f} pp")
+        speed = np.mean([r["pfllib"]["round_s"] / r["mpifl"]["round_s"] for r in rows])
+        whole = np.mean([r["pfllib"]["wall_s"] / r["mpifl"]["wall_s"] for r in rows])
+        print(f"  gap (mpifl - PFLlib, weighted): {100 * gap:+.2f} pp; mpifl faster per round x{speed:.2f}, "
+              f"whole process x{whole:.2f}")
     return 0
 
 
