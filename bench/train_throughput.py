@@ -10,6 +10,7 @@ DataLoader), so its figure is an upper bound for such code; a fourth variant,
 ``DataLoader`` per client and round, ``.to(device)`` per batch).
 
     python bench/train_throughput.py                       # digits MLP and LeNet-5, 8/32/128 clients
+    python bench/train_throughput.py --models cnn_dpfl lenet --clients 20 100 --threads 1 2   # mpifl's conv nets
     python bench/train_throughput.py --models mlp --clients 32 128 --repeats 5 --threads 1 2
 
 With several ``--threads`` every variant runs at each count, and a last table sets
@@ -19,8 +20,11 @@ peer loop at its best (one thread for the peer's small ops, as it turns out).
 Data: scikit-learn's digits (1797 images), iid over the clients, 60% of each client's
 samples for training. MLP: the default ``model.hidden=[128, 128]`` on the 8x8
 images. LeNet-5 (conv 6@5x5, pool, conv 16@5x5, pool, fc 120, fc 84, fc 10; defined
-here because it is not in ``mpifl.models`` on this branch) on the digits resized to
-3x32x32. Times: the best of ``--repeats`` runs of ``--rounds`` rounds (after one
+here: ``mpifl.models.lenet`` is the FedC2I paper's larger one) on the digits resized to
+3x32x32; mpifl's ``cnn_dpfl`` and ``lenet`` (``mpifl.models``) on the digits resized to
+1x28x28. "auto picks": the path ``train.batched=auto`` takes there (its own timing,
+``Clients.measure_paths``), flagged when it is the slower of the two measured here.
+Times: the best of ``--repeats`` runs of ``--rounds`` rounds (after one
 warm-up round), the variants interleaved so load drift hits them alike.
 """
 
@@ -55,7 +59,13 @@ def make(model_name: str, n: int, batched: str, lr: float, batch_size: int) -> C
     cfg = config.load(None, ["data.name=digits", "data.partition=iid", f"data.n_clients={n}",
                              f"train.batched={batched}", f"train.lr={lr}", f"train.batch_size={batch_size}"])
     data = build(cfg.data, 0, np.arange(n))
-    if model_name == "lenet":
+    if model_name in models.IMAGE_MODELS:  # mpifl's own conv nets on 1x28x28, as Fashion-MNIST's
+        data.x = F.interpolate(torch.from_numpy(data.x), size=(28, 28), mode="bilinear", align_corners=False).numpy()
+        data.in_shape = (1, 28, 28)
+        cfg = config.load(None, [f"model.name={model_name}", *[f"train.{k}={v}" for k, v in
+                                 (("batched", batched), ("lr", lr), ("batch_size", batch_size))]])
+        model = models.build(cfg.model, data.in_shape, data.n_classes, 0)
+    elif model_name == "lenet5":
         x = torch.from_numpy(data.x)
         data.x = F.interpolate(x, size=(32, 32), mode="bilinear", align_corners=False).repeat(1, 3, 1, 1).numpy()
         data.in_shape = (3, 32, 32)
@@ -142,16 +152,19 @@ def bench(model_name: str, n: int, epochs: int, rounds: int, repeats: int, lr: f
             best_cpu[k] = min(best_cpu[k], time.process_time() - c0)
         r0 += rounds  # every variant sees the same rounds, so the same batches
     ce = n * epochs * rounds
+    auto = make(model_name, n, "auto", lr, bs)  # what train.batched=auto would pick here
+    picked = "batched" if not auto.needs_measuring else ("batched" if np.less(*auto.measure_paths()) else "loop")
     diff = max(float((on.params - off.params).abs().max()), float((on.params - peer.params()).abs().max()),
                float((on.params - loader.params()).abs().max()))
     return {"model": model_name, "clients": n, "P": on.P, "train_per_client": float(on.sizes[:, 0].mean()),
             **{f"{k}_ce_s": ce / best[k] for k in runs}, **{f"{k}_ce_cpu_s": ce / best_cpu[k] for k in runs},
-            "max_param_diff": diff}
+            "max_param_diff": diff, "auto": picked,
+            "auto_ok": picked == ("batched" if best["batched"] <= best["loop"] else "loop")}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", nargs="+", default=["mlp", "lenet"], choices=["mlp", "lenet"])
+    ap.add_argument("--models", nargs="+", default=["mlp", "lenet5"], choices=["mlp", "lenet5", "cnn_dpfl", "lenet"])
     ap.add_argument("--clients", nargs="+", type=int, default=[8, 32, 128])
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
@@ -164,8 +177,8 @@ def main() -> None:
           f"epochs {a.epochs} x rounds {a.rounds}, best of {a.repeats}")
     print("| model | clients/rank | threads | train samples/client | batched ce/s | loop (batched=off) ce/s "
           "| peer ce/s | peer + DataLoader ce/s | batched / peer | batched / loop | batched / peer (CPU time) "
-          "| batched / peer + DataLoader | max param diff |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| batched / peer + DataLoader | max param diff | auto picks |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     best: dict[tuple[str, int], dict[str, tuple[float, int]]] = {}
     for m in a.models:
         for n in a.clients:
@@ -176,7 +189,8 @@ def main() -> None:
                       f"| {r['loop_ce_s']:.0f} | {r['peer_ce_s']:.0f} | {r['pfllib_ce_s']:.0f} "
                       f"| {r['batched_ce_s'] / r['peer_ce_s']:.2f}x | {r['batched_ce_s'] / r['loop_ce_s']:.2f}x "
                       f"| {r['batched_ce_cpu_s'] / r['peer_ce_cpu_s']:.2f}x "
-                      f"| {r['batched_ce_s'] / r['pfllib_ce_s']:.2f}x | {r['max_param_diff']:.1e} |", flush=True)
+                      f"| {r['batched_ce_s'] / r['pfllib_ce_s']:.2f}x | {r['max_param_diff']:.1e} "
+                      f"| {r['auto']}{'' if r['auto_ok'] else ' (the slower)'} |", flush=True)
                 b = best.setdefault((m, n), {})
                 for k in ("batched", "loop", "peer", "pfllib"):
                     if r[f"{k}_ce_s"] > b.get(k, (0.0, 0))[0]:
