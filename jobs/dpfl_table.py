@@ -1,4 +1,4 @@
-"""Tables for the DPFL section of jobs/README.md, from the runs of jobs/dpfl-grid.sh.
+"""Tables for docs/reproductions/dpfl.md, from the runs of jobs/dpfl-grid.sh.
 
     python jobs/dpfl_table.py mnist1d            # accuracy table
     python jobs/dpfl_table.py --flip RUN [RUN..]  # malicious share of benign clients' collaborators
