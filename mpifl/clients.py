@@ -1,5 +1,5 @@
 """The clients a rank hosts: one ``[n_local, P]`` parameter matrix, local
-training and evaluation through ``torch.func.functional_call`` on its rows.
+training and evaluation on its rows.
 
 A model is only a template here: weights live in the rows, so exchanging a
 client's model is sending a contiguous row, and many clients train at once with
