@@ -181,7 +181,8 @@ def run_pfllib(pfllib: Path, method: str, cfg, work: Path, keep_last: bool = Fal
     stats = json.loads(out.read_text())
     # its servers print each round's time (training, aggregation and the evaluation
     # that opens the round); PFLlib's own summary averages rounds 1.., as here
-    budget = [float(line.rsplit(None, 1)[-1]) for line in p.stdout.splitlines() if line.startswith("-") and "time cost" in line]
+    budget = [float(line.rsplit(None, 1)[-1]) for line in p.stdout.splitlines()
+              if line.startswith("-") and "time cost" in line]
     return {**stats, "wall_s": wall, "round_s": float(np.mean(budget[1:])) if len(budget) > 1 else float("nan")}
 
 

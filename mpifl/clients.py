@@ -382,7 +382,8 @@ class Clients:
         keep = valid if valid is not None else w > 0
         n_real = keep.sum(1).cpu().numpy()
         m = params.shape[0]
-        blocks = [torch.empty(m, *shape, dtype=params.dtype, device=params.device) for _, shape, _ in self.layout.params]
+        blocks = [torch.empty(m, *shape, dtype=params.dtype, device=params.device)
+                  for _, shape, _ in self.layout.params]
         loss = torch.empty(m, dtype=params.dtype, device=params.device)
         for n in np.unique(n_real):
             at = np.flatnonzero(n_real == n)
