@@ -80,6 +80,16 @@ def test_sigkill_then_resume_is_identical(tmp_path, algo, fault):
     assert_same_logs(open_run(tmp_path / "ref"), open_run(tmp_path / "cut"))
 
 
+def _on_1_and_4_ranks(tmp_path, args: list[str]):
+    """The same run on 1 and on 4 ranks: their logs."""
+    runs = {}
+    for n in (1, 4):
+        res = launch([*args, f"run.name=n{n}"], n=n)
+        assert res.returncode == 0, res.stderr
+        runs[n] = open_run(tmp_path / f"n{n}")
+    return runs[1], runs[4]
+
+
 @pytest.mark.parametrize("algo", ["fedem", "fedproto", "knn_per", "fedprox", "fedprox_ft", "ditto", "fedrep",
                                   "fedavg_ft-best"])
 def test_same_seed_same_results_on_1_and_4_ranks(tmp_path, algo):
@@ -87,12 +97,7 @@ def test_same_seed_same_results_on_1_and_4_ranks(tmp_path, algo):
     order of floating-point sums across ranks may differ."""
     args = [*BASE, f"algorithm.name={algo.split('-')[0]}", *PERSONAL.get(algo, []), "run.checkpoint_every=0",
             f"run.out_dir={tmp_path}"]
-    runs = {}
-    for n in (1, 4):
-        res = launch([*args, f"run.name=n{n}"], n=n)
-        assert res.returncode == 0, res.stderr
-        runs[n] = open_run(tmp_path / f"n{n}")
-    a, b = runs[1], runs[4]
+    a, b = _on_1_and_4_ranks(tmp_path, args)
     keys = set(a.keys()) - TIMING - {"clients/rank"}
     assert keys == set(b.keys()) - TIMING - {"clients/rank"} and a.n_rounds == b.n_rounds == 6
     assert any(k.startswith(f"{algo.split('-')[0]}/") for k in keys) or algo == "knn_per"
@@ -107,12 +112,7 @@ def test_same_seed_on_1_and_4_ranks_personalised(tmp_path, algo):
     """The partition, the sampled clients and the per-client results do not depend
     on the number of ranks (sums over ranks may round differently: tolerances)."""
     args = [*BASE, f"algorithm.name={algo}", f"run.out_dir={tmp_path}"]
-    runs = {}
-    for n in (1, 4):
-        res = launch([*args, f"run.name=n{n}"], n=n)
-        assert res.returncode == 0, res.stderr
-        runs[n] = open_run(tmp_path / f"n{n}")
-    a, b = runs[1], runs[4]
+    a, b = _on_1_and_4_ranks(tmp_path, args)
     assert b.attrs["n_ranks"] == 4 and a.n_rounds == b.n_rounds == 6
     for t in range(6):
         assert np.array_equal(a.mixing(t), b.mixing(t))
