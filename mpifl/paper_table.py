@@ -16,8 +16,10 @@ A layout file (YAML) says which runs make which cell and what the paper reported
     paper:                     # optional: row -> column -> [mean, std] in %, where the
       Oracle: {Pathological: [99.07, 0.21]}   # paper's setting is ours
 
-A cell holds every run matching both its row and its column (seeds); a run
-matching several rows or none is reported, not silently dropped. Beside each
+A cell holds every finished run matching both its row and its column (seeds); a run
+matching several rows or none is reported, not silently dropped. A run still going
+(or stopped) is not averaged in: its cell says how many such runs it is waiting for
+(``+1 unfinished``), so a part-way sweep never passes for a finished one. Beside each
 paper figure the cell says whether ours lies within the paper's std of it
 (``=``), or by how many points it is above (``+``) or below (``-``); under each
 column, the order of the methods by our means and by the paper's.
@@ -26,7 +28,7 @@ column, the order of the methods by our means and by the paper's.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -100,8 +102,9 @@ def _match(config: dict[str, Any], want: dict[str, Any]) -> bool:
 
 @dataclass
 class Cell:
-    values: list[float]  # the metric of each run, in %
+    values: list[float]  # the metric of each finished run, in %
     seeds: list[int]
+    unfinished: list[str] = field(default_factory=list)  # "name (done/planned rounds)"
 
     def stats(self, ddof: int) -> tuple[float, float]:
         x = np.array(self.values, float)
@@ -123,6 +126,9 @@ def cells(layout: Layout, runs: list[Summary]) -> tuple[dict[tuple[str, str], Ce
             notes.append(f"{r.name} (seed {r.seed}) is in no single cell: {why}")
             continue
         c = out.setdefault((rows[0], cols[0]), Cell([], []))
+        if r.rounds_planned is not None and not r.complete:  # its metric is a mid-run figure
+            c.unfinished.append(f"{r.name} ({r.rounds_done}/{r.rounds_planned} rounds)")
+            continue
         c.values.append(100.0 * getattr(r, layout.metric))
         c.seeds.append(r.seed)
     return out, notes
@@ -154,9 +160,14 @@ def render(layout: Layout, runs: list[Summary], ddof: int = 1) -> str:
             if cell is None:
                 cells_md.append("not run" + paper)
                 continue
+            waiting = f" +{len(cell.unfinished)} unfinished" if cell.unfinished else ""
+            if not cell.values:
+                cells_md.append(waiting.lstrip(" +") + paper)
+                continue
             mean, std = cell.stats(ddof)
             ours[col][row] = mean
             text = f"{mean:.2f}" + (f" ± {std:.2f}" if not math.isnan(std) else "") + f" [{len(cell.values)}]"
+            text += waiting
             if fig and not math.isnan(mean):
                 text += f"{paper} {_verdict(mean, fig)}"
             cells_md.append(text)
@@ -171,4 +182,6 @@ def render(layout: Layout, runs: list[Summary], ddof: int = 1) -> str:
             lines.append(f"- {col}: ours {_order(mine)}; paper {_order(paper_means)}"
                          + (" (same order)" if same else ""))
     lines += [f"- {n}" for n in notes]
+    lines += [f"- unfinished, not averaged: {u} in {row} / {col}"
+              for (row, col), cell in got.items() for u in cell.unfinished]
     return "\n".join(lines) + "\n"

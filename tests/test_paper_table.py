@@ -76,3 +76,24 @@ def test_analyze_cli_renders_a_layout_and_refuses_a_bad_one(tmp_path, capsys):
     bad.write_text("rows: 1")
     assert an.main([str(tmp_path), "--layout", str(bad), "--out", str(tmp_path / "o")]) == 2
     assert "rows must map labels" in capsys.readouterr().err
+
+
+def test_an_unfinished_run_is_shown_waiting_not_averaged_in(tmp_path):
+    f = tmp_path / "t.layout.yaml"
+    f.write_text(LAYOUT)
+    layout = load_layout(f)
+    done = [summary(s, a, algorithm={"name": "fedavg"}, data={"partition": "clusters"})
+            for s, a in ((0, 0.60), (1, 0.70))]
+    mid = summary(2, 0.10, algorithm={"name": "fedavg"}, data={"partition": "clusters"})
+    mid.rounds_done, mid.rounds_planned = 12, 20
+    alone = summary(0, 0.20, algorithm={"name": "pfedlia"}, data={"partition": "clusters"})
+    alone.rounds_done, alone.rounds_planned = 3, 20
+    got, _ = cells(layout, [*done, mid, alone])
+    assert got[("FedAvg", "Patho")].values == [60.0, 70.0]
+    assert got[("FedAvg", "Patho")].unfinished == ["r2 (12/20 rounds)"]
+    md = render(layout, [*done, mid, alone])
+    assert "| FedAvg | 65.00 ± 7.07 [2] +1 unfinished (paper 60.00 ± 5.00) = |" in md
+    assert "| Ours | 1 unfinished (paper 99.00 ± 0.20) |" in md
+    assert "- unfinished, not averaged: r0 (3/20 rounds) in Ours / Patho" in md
+    # the mid-run 10% must not reach the order line either: Ours has no finished run
+    assert "ours FedAvg; paper" in md
