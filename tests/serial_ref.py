@@ -48,10 +48,13 @@ def loss_of(c: Clients, theta: torch.Tensor, idx: np.ndarray) -> torch.Tensor:
 
 
 def sgd(c: Clients, start: torch.Tensor, k: int, t: int, epochs: int, lr: float, subset: np.ndarray | None = None,
-        extra=None) -> torch.Tensor:
-    """Client k's row after plain SGD from ``start`` on its planned batches;
-    ``extra(theta)`` is added to each batch's loss (autograd takes its gradient)."""
-    plan = c.plan(np.array([k]), epochs, t, subsets=None if subset is None else [subset])
+        extra=None, purpose: str = "train", pull=None, mask: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Client k's row after plain SGD from ``start`` on its planned batches (of
+    ``purpose``'s stream). ``extra(theta)`` is added to each batch's loss (autograd
+    takes its gradient); ``pull(w)`` is added to the gradient; ``mask`` multiplies
+    it (0 = frozen); ``bias`` is added to the logits."""
+    plan = c.plan(np.array([k]), epochs, t, purpose, subsets=None if subset is None else [subset])
     w = start.clone()
     for s in range(plan.steps):
         idx = plan.idx[0, s]
@@ -59,10 +62,15 @@ def sgd(c: Clients, start: torch.Tensor, k: int, t: int, epochs: int, lr: float,
         if len(idx) == 0:
             continue
         leaf = w.clone().requires_grad_(True)
-        loss = loss_of(c, leaf, idx)
+        out = functional_call(c.model, c.layout.unflatten(leaf), (c.x[idx],))
+        loss = F.cross_entropy(out if bias is None else out + bias, c.y[idx])
         if extra is not None:
             loss = loss + extra(leaf)
         (g,) = torch.autograd.grad(loss, leaf)
+        if pull is not None:
+            g = g + pull(w)
+        if mask is not None:
+            g = g * mask
         w = (w - lr * g).detach()
     return w
 

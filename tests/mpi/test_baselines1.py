@@ -5,15 +5,15 @@ Ditto(lam=0) = Local, under any number of ranks."""
 
 import numpy as np
 import pytest
+import serial_ref
 import torch
 import torch.nn.functional as F
+from serial_ref import make_ctx
 from torch.func import functional_call
 
-from mpifl import algorithms, config, models
+from mpifl import algorithms, config
 from mpifl.algorithms.base import Context
-from mpifl.clients import Clients
-from mpifl.comm import Comm, solo
-from mpifl.data import build
+from mpifl.comm import solo
 from mpifl.head import body_slices, find_head
 
 ROUNDS = 2
@@ -30,14 +30,6 @@ def make_cfg(mpi, **over):
     return config.load(None, [f"{k}={v}" for k, v in args.items()], n_ranks=mpi.Get_size())
 
 
-def make_ctx(cfg, mpi_comm) -> Context:
-    comm = Comm(cfg.data.n_clients, mpi_comm)
-    data = build(cfg.data, cfg.run.seed, comm.local_ids)
-    model = models.build(cfg.model, data.in_shape, data.n_classes, cfg.run.seed)
-    clients = Clients(model, data, cfg.train, torch.device("cpu"), cfg.run.seed)
-    return Context(cfg, comm, clients, data)
-
-
 def run(cfg, mpi, rounds=ROUNDS):
     ctx = make_ctx(cfg, mpi)
     algo = algorithms.get(cfg.algorithm.name)
@@ -49,27 +41,8 @@ def run(cfg, mpi, rounds=ROUNDS):
 # --------------------------------------------------------------------------- plain torch
 
 
-def sgd(ref: Context, w: torch.Tensor, k: int, t: int, epochs: int, purpose: str = "train",
-        pull=None, mask=None) -> torch.Tensor:
-    """Client k's row after ``epochs`` epochs of plain SGD from ``w`` on its own
-    batches; ``pull(w)`` adds to the gradient, ``mask`` zeroes frozen entries."""
-    c, lr = ref.clients, ref.cfg.train.lr
-    plan = c.plan(np.array([k]), epochs, t, purpose)
-    w = w.clone()
-    for s in range(plan.steps):
-        idx = plan.idx[0, s]
-        idx = idx[idx >= 0]
-        if len(idx) == 0:
-            continue
-        leaf = w.clone().requires_grad_(True)
-        loss = F.cross_entropy(functional_call(c.model, c.layout.unflatten(leaf), (c.x[idx],)), c.y[idx])
-        (g,) = torch.autograd.grad(loss, leaf)
-        if pull is not None:
-            g = g + pull(w)
-        if mask is not None:
-            g = g * mask
-        w = w - lr * g
-    return w
+def sgd(ref: Context, w: torch.Tensor, k: int, t: int, epochs: int, **kw) -> torch.Tensor:
+    return serial_ref.sgd(ref.clients, w, k, t, epochs, ref.cfg.train.lr, **kw)
 
 
 def average(ref: Context, rows: dict[int, torch.Tensor]) -> torch.Tensor:

@@ -2,24 +2,14 @@
 
 import numpy as np
 import torch
+from serial_ref import make_ctx
 
-from mpifl import config, models
+from mpifl import config
 from mpifl.algorithms import fedavg, oracle
-from mpifl.algorithms.base import Context
-from mpifl.clients import Clients
-from mpifl.comm import Comm, solo
-from mpifl.data import build
+from mpifl.comm import solo
 from mpifl.logging.h5 import group_matrix
 
 N = 8
-
-
-def make_ctx(cfg, mpi_comm) -> Context:
-    comm = Comm(cfg.data.n_clients, mpi_comm)
-    data = build(cfg.data, cfg.run.seed, comm.local_ids)
-    model = models.build(cfg.model, data.in_shape, data.n_classes, cfg.run.seed)
-    clients = Clients(model, data, cfg.train, torch.device("cpu"), cfg.run.seed)
-    return Context(cfg, comm, clients, data)
 
 
 def small_cfg(**over):
