@@ -4,6 +4,8 @@ the batches ``Clients.plan`` draws (the same indices the runtime trains on)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -11,6 +13,7 @@ from torch.func import functional_call
 
 from mpifl import config, models
 from mpifl.algorithms.base import Context
+from mpifl.algorithms.dpfl import Choice, Reward, _pair, _shuffled, take
 from mpifl.clients import Clients
 from mpifl.comm import Comm, solo
 from mpifl.data import build
@@ -77,3 +80,37 @@ def sgd(c: Clients, start: torch.Tensor, k: int, t: int, epochs: int, lr: float,
 
 def gathered(ctx: Context, rows) -> np.ndarray:
     return ctx.comm.allgather_rows(rows.detach().cpu().numpy() if torch.is_tensor(rows) else np.asarray(rows))
+
+
+def ggc(k: int, candidates: Sequence[int], models: Mapping[int, torch.Tensor], p: np.ndarray, reward: Reward,
+        budget: float, g: np.random.Generator) -> Choice:
+    """The reference: Algorithm 2 as printed, over ``candidates`` (never containing
+    k); ``models`` holds k's and every candidate's model. Each tried set's mean is
+    recomputed from its members, the definition BGGC's running sums must match."""
+    order = _shuffled(candidates, g)
+    ids = [int(k), *order]
+    dtype = models[k].dtype
+    M = torch.stack([models[i] for i in ids]).double()
+    pw = torch.as_tensor(np.asarray(p, np.float64)[ids], device=M.device)
+
+    def mean(mask: torch.Tensor) -> torch.Tensor:
+        w = pw * mask
+        return (w @ M) / w.sum()
+
+    in_x = torch.zeros(len(ids), dtype=torch.float64, device=M.device)
+    in_x[0] = 1
+    in_y = torch.ones_like(in_x)
+    r_x, r_y = _pair(reward, mean(in_x), mean(in_y), dtype)
+    for pos, _j in enumerate(order, start=1):
+        if in_x.sum().item() - 1 >= budget:
+            break
+        add_x, rem_y = in_x.clone(), in_y.clone()
+        add_x[pos], rem_y[pos] = 1, 0
+        r_xj, r_yj = _pair(reward, mean(add_x), mean(rem_y), dtype)
+        a, b = max(r_xj - r_x, 0.0), max(r_yj - r_y, 0.0)
+        if take(a, b, g.random()):
+            in_x, r_x = add_x, r_xj
+        else:
+            in_y, r_y = rem_y, r_yj
+    members = sorted(ids[pos] for pos in range(1, len(ids)) if in_x[pos] > 0)
+    return Choice(members, r_x, mean(in_x).to(dtype))

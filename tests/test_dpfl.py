@@ -8,9 +8,10 @@ import math
 import numpy as np
 import pytest
 import torch
+from serial_ref import ggc
 
 from mpifl import config
-from mpifl.algorithms.dpfl import BGGC, _shuffled, bggc, ggc, take
+from mpifl.algorithms.dpfl import BGGC, _shuffled, bggc, take
 from mpifl.comm import world
 from mpifl.config import ConfigError
 from mpifl.logging.h5 import open_run
@@ -256,3 +257,44 @@ def test_trained_metrics_are_before_aggregation(tmp_path):
     # the others are evaluated before and after averaging with their collaborators
     tr, agg = r.get("dpfl/trained_val_loss")[[1, 3]], r.metric("val_loss")[[1, 3]]
     assert not np.allclose(tr[:, ~bad], agg[:, ~bad])
+
+
+@pytest.mark.parametrize("budget", ["5", "inf"])
+def test_a_round_chooses_what_algorithm_2_as_printed_chooses(budget):
+    """Round t >= 1 runs GGC as BGGC on the pulled models; a plain reference trains
+    the same clients and runs Algorithm 2 with recomputed set means."""
+    from serial_ref import make_ctx
+
+    from mpifl.algorithms import dpfl
+    from mpifl.comm import solo
+
+    cfg = config.load(None, ["algorithm.name=dpfl", "data.name=synthetic", "data.partition=iid",
+                             "data.n_clients=10", "data.n_samples=800", "run.threads=1", "dpfl.tau_init=2",
+                             "dpfl.tau_train=1", f"dpfl.budget={budget}", "model.hidden=[16]"])
+    ctx, ref = make_ctx(cfg, solo()), make_ctx(cfg, solo())
+    state, ref_state = dpfl.init(ctx), dpfl.init(ref)
+    dpfl.round(ctx, state, 0)
+    dpfl.round(ref, ref_state, 0)
+    ctx.comm.reset_counters()  # as the runtime does each round
+    out = dpfl.round(ctx, state, 1)
+
+    c = ref.clients
+    c.train(np.arange(c.n), cfg.dpfl.tau_train, 1)
+    trained = c.params.clone()
+    sizes, partial = [], 0
+    for k in range(c.n):
+        omega = ref_state.peers[k].omega
+        assert omega == state.peers[k].omega
+        models = {j: trained[j] for j in [k, *omega]}
+
+        def reward(m, k=k):
+            return -c.evaluate("val", m.to(c.params.dtype), np.full(len(m), k))[0]
+
+        want = ggc(k, omega, models, ref_state.p, reward, ref_state.budget, ref.rng(1, k, "dpfl_ggc"))
+        assert state.peers[k].chosen == want.members, f"client {k}"
+        assert out.extras["collaborators"][k].nonzero()[0].tolist() == want.members
+        torch.testing.assert_close(ctx.clients.params[k], want.mean, rtol=1e-6, atol=1e-7)
+        sizes.append(len(omega))
+        partial += 0 < len(want.members) < len(omega)
+    # the round made real choices: candidates to choose among, and some left out
+    assert max(sizes) >= 2 and partial >= 1

@@ -14,10 +14,11 @@ every ``period`` rounds run GGC (Algorithm 2) over them to choose
 loses an edge. The reward of a set S is ``R(S) = -F_k^V(mean_p(S + {k}))``, the
 validation loss of client k.
 
-GGC and BGGC are written against a reward callback (``[m, P]`` models ->
+BGGC is written against a reward callback (``[m, P]`` models ->
 ``[m]`` rewards) and, for BGGC, a batch-at-a-time ``request``/``feed`` protocol,
-so the same code runs in the unit tests (any reward) and here (one ``pull`` per
-batch for all of a rank's clients in lockstep). BGGC holds at most B_c other
+so the same code runs in the unit tests (any reward) and here (round 0: one
+``pull`` per batch for all of a rank's clients in lockstep; later rounds: the
+models pulled for GGC). BGGC holds at most B_c other
 models at once and keeps only the running sums ``w_X``, ``w_Y`` (float64).
 
 Following docs/algorithms.md where it and the paper differ or the paper is silent:
@@ -25,7 +26,11 @@ Following docs/algorithms.md where it and the paper differ or the paper is silen
   "stop once |X \\ {k}| = B_c", checked before each candidate.
 - The coin: one uniform u per considered candidate, add iff u < a/(a+b), add
   when a = b = 0; GGC and BGGC draw the shuffle then the u's from the same
-  ``ctx.rng`` stream, hence identical sets (Theorem 1; tests/test_dpfl.py).
+  ``ctx.rng`` stream, hence identical sets (Theorem 1). So every round's GGC
+  over the pulled Omega_k runs as BGGC on models already held: its running sums
+  cost O(P) per candidate, where re-averaging each tried set (Algorithm 2 as
+  printed) costs O(|Omega_k| P). tests/serial_ref.py keeps Algorithm 2 as
+  printed, set means recomputed, as the reference both are checked against.
 - Round 0 counts as one of ``run.rounds``, so a run has rounds-1 training rounds
   (the paper runs 98 after a preprocessing "worth 2 rounds").
 - Between GGC rounds (``period`` > 1) a client pulls only ``C_k``, not Omega.
@@ -142,40 +147,6 @@ def _shuffled(candidates: Sequence[int], g: np.random.Generator) -> list[int]:
 def _pair(reward: Reward, x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype) -> tuple[float, float]:
     r = reward(torch.stack([x, y]).to(dtype))
     return float(r[0]), float(r[1])
-
-
-def ggc(k: int, candidates: Sequence[int], models: Mapping[int, torch.Tensor], p: np.ndarray, reward: Reward,
-        budget: float, g: np.random.Generator) -> Choice:
-    """Algorithm 2 over ``candidates`` (never containing k); ``models`` holds k's and
-    every candidate's model. Set means are recomputed from the members each time,
-    the definition, so that the tests check BGGC's running sums against it."""
-    order = _shuffled(candidates, g)
-    ids = [int(k), *order]
-    dtype = models[k].dtype
-    M = torch.stack([models[i] for i in ids]).double()
-    pw = torch.as_tensor(np.asarray(p, np.float64)[ids], device=M.device)
-
-    def mean(mask: torch.Tensor) -> torch.Tensor:
-        w = pw * mask
-        return (w @ M) / w.sum()
-
-    in_x = torch.zeros(len(ids), dtype=torch.float64, device=M.device)
-    in_x[0] = 1
-    in_y = torch.ones_like(in_x)
-    r_x, r_y = _pair(reward, mean(in_x), mean(in_y), dtype)
-    for pos, _j in enumerate(order, start=1):
-        if in_x.sum().item() - 1 >= budget:
-            break
-        add_x, rem_y = in_x.clone(), in_y.clone()
-        add_x[pos], rem_y[pos] = 1, 0
-        r_xj, r_yj = _pair(reward, mean(add_x), mean(rem_y), dtype)
-        a, b = max(r_xj - r_x, 0.0), max(r_yj - r_y, 0.0)
-        if take(a, b, g.random()):
-            in_x, r_x = add_x, r_xj
-        else:
-            in_y, r_y = rem_y, r_yj
-    members = sorted(ids[pos] for pos in range(1, len(ids)) if in_x[pos] > 0)
-    return Choice(members, r_x, mean(in_x).to(dtype))
 
 
 class BGGC:
@@ -411,9 +382,10 @@ def round(ctx: Context, state: State, t: int) -> Round:
         for i, (k, pe) in enumerate(zip(comm.local_ids, state.peers)):
             if not (pe.greedy and pe.omega):
                 continue
-            models = {**{j: got[j] for j in pe.omega}, int(k): c.params[i]}
-            choice = ggc(int(k), pe.omega, models, state.p, _reward(ctx, i), state.budget,
-                         ctx.rng(t, int(k), "dpfl_ggc"))
+            # GGC as BGGC over the pulled Omega_k: the same decisions (Theorem 1) from
+            # running sums, O(P) per candidate instead of re-averaging the set
+            choice = bggc(int(k), pe.omega, c.params[i], state.p, _reward(ctx, i), state.budget,
+                          ctx.rng(t, int(k), "dpfl_ggc"), lambda ids: {j: got[j] for j in ids})
             pe.chosen, new[i] = choice.members, choice.mean
         del got
     assert most.max(initial=0) <= state.budget, "a client received more than B_c models in one pull"

@@ -9,9 +9,10 @@ import math
 import numpy as np
 import pytest
 import torch
+from serial_ref import ggc
 
 from mpifl import config, runtime
-from mpifl.algorithms.dpfl import BGGC, drive, ggc
+from mpifl.algorithms.dpfl import BGGC, drive
 from mpifl.comm import F32, Comm
 from mpifl.logging.h5 import open_run
 from mpifl.rng import rng
