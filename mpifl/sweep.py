@@ -24,7 +24,8 @@ are set by the sweep), and ``<sweep>/array.sbatch`` runs line i+1 of
 ``<sweep>/runs.txt`` as array task i. A run directory is the unit of work:
 re-running the sweep leaves existing identical configs alone, ``--submit`` and
 ``--local`` skip runs whose log is complete, and a resubmitted point continues in
-the same directory.
+the same directory. ``--local --parallel N`` runs N points at once (each with
+``--ranks`` ranks): on a workstation, N x ranks x ``run.threads`` up to the cores.
 
 ``python -m mpifl.sweep --run CONFIG.yaml [a.b=v ...]`` renders the one-run
 script ``<run_dir>/run.sbatch`` instead (and submits it with ``--submit``).
@@ -509,23 +510,32 @@ def local_command(cfg: Config, ranks: int, python: str | None = None) -> list[st
     return [launcher, "-n", str(ranks), *cmd]
 
 
-def run_local(sweep: Sweep, ranks: int, workdir: Path) -> int:
-    """Run the unfinished points one after another; returns the number that failed."""
-    failed = 0
+def run_local(sweep: Sweep, ranks: int, workdir: Path, parallel: int = 1) -> int:
+    """Run the unfinished points here, ``parallel`` at a time in index order;
+    returns the number that failed. Each run has its own directory and log, so
+    runs at once share nothing but the machine."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    todo = []
     for p in sweep.points:
         if is_complete(p.config):
             print(f"[{p.index}] {p.name}: done, skipped", flush=True)
-            continue
+        else:
+            todo.append(p)
+
+    def one(p: Point) -> int:
         log = sweep.log_dir / f"local_{p.index}.out"
         cmd = local_command(p.config, ranks, sweep.slurm.python or None)
         print(f"[{p.index}] {p.name}: {shlex.join(cmd)} > {log}", flush=True)
         with open(log, "a") as out:
             rc = subprocess.run(cmd, check=False, cwd=workdir, stdout=out, stderr=subprocess.STDOUT).returncode
         if rc != 0:
-            failed += 1
             tail = log.read_text().splitlines()[-15:]
             print(f"[{p.index}] {p.name}: FAILED (exit {rc}); last lines of {log}:", *tail, sep="\n  ", flush=True)
-    return failed
+        return int(rc != 0)
+
+    with ThreadPoolExecutor(parallel) as pool:  # threads only wait on the runs' processes
+        return sum(pool.map(one, todo))
 
 
 def _sbatch(args: list[str]) -> str:
@@ -570,6 +580,8 @@ def _parser() -> argparse.ArgumentParser:
     mode.add_argument("--local", action="store_true", help="write, then run the unfinished points here with mpiexec")
     ap.add_argument("--out-dir", help="parent of the sweep directory (default: the sweep file's out_dir)")
     ap.add_argument("--ranks", type=int, help="--local: MPI ranks per run (default slurm.ntasks)")
+    ap.add_argument("--parallel", type=int, default=1, metavar="N",
+                    help="--local: runs at once (default 1); N x ranks x run.threads should fit the cores")
     ap.add_argument("--force", action="store_true", help="overwrite point configs that differ from this sweep")
     g = ap.add_argument_group("SLURM options (override the sweep file's slurm section)")
     g.add_argument("--ntasks", type=int)
@@ -642,8 +654,10 @@ def main(argv: list[str] | None = None) -> int:
             job = submit(sweep)
             print("nothing to submit: every run is complete" if job is None else f"submitted array job {job}")
         elif a.local:
+            if a.parallel < 1:
+                raise ConfigError(f"--parallel={a.parallel} is not allowed; a positive number of runs at once")
             ranks = a.ranks or sweep.slurm.ntasks
-            failed = run_local(sweep, ranks, workdir)
+            failed = run_local(sweep, ranks, workdir, a.parallel)
             if failed:
                 print(f"{failed} run(s) failed", file=sys.stderr)
                 return 1

@@ -71,3 +71,31 @@ def test_local_gives_the_same_files_as_the_slurm_array(tmp_path):
         for key in ("metrics/test_acc", "metrics/val_acc", "graph/mixing", "comm/bytes_sent"):
             np.testing.assert_allclose(ra.get(key), rb.get(key), rtol=1e-5, atol=1e-6)
     assert (a / "sweep.yaml").read_text() == (b / "sweep.yaml").read_text()
+
+
+@pytest.mark.parametrize("parallel", [1, 2])
+def test_local_runs_at_most_parallel_points_at_once_and_counts_failures(tmp_path, monkeypatch, parallel):
+    path = _sweep_file(tmp_path, {"run.seed": [0, 1, 2, 3, 4]})
+    s = sw.load(path, out_dir=str(tmp_path / "out"))
+    sw.write(s, tmp_path)
+    stamps = tmp_path / "stamps"
+    stamps.mkdir()
+    # each "run" records when it starts and ends; seed 3 fails
+    job = ("import sys, time, pathlib; d = pathlib.Path(sys.argv[1]); seed = sys.argv[2]; "
+           "(d / f'{seed}.start').write_text(repr(time.time())); time.sleep(0.6); "
+           "(d / f'{seed}.end').write_text(repr(time.time())); sys.exit(seed == '3')")
+    monkeypatch.setattr(sw, "local_command", lambda cfg, ranks, python=None:
+                        [sys.executable, "-c", job, str(stamps), str(cfg.run.seed)])
+    assert sw.run_local(s, 1, tmp_path, parallel) == 1
+    spans = [(float((stamps / f"{i}.start").read_text()), float((stamps / f"{i}.end").read_text()))
+             for i in range(5)]
+    most = max(sum(a <= t < b for a, b in spans) for t, _ in spans)
+    assert most == parallel
+    assert all((s.log_dir / f"local_{p.index}.out").exists() for p in s.points)
+
+
+def test_parallel_below_one_is_refused_in_one_line(tmp_path, capsys):
+    path = _sweep_file(tmp_path, {"run.seed": [0]})
+    assert sw.main([str(path), "--out-dir", str(tmp_path / "o"), "--local", "--parallel", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--parallel=0" in err and err.count("\n") == 1
