@@ -475,6 +475,7 @@ def status(cfg: Config) -> str:
 
 def write(sweep: Sweep, workdir: Path, force: bool = False) -> None:
     """Configs, runs.txt and array.sbatch; an existing different config is an error."""
+    workdir = Path(workdir).resolve()  # the script cds there from wherever SLURM starts it
     for p in sweep.points:
         rd = RunDir(p.config.run_dir)
         text = p.config.to_yaml()

@@ -291,3 +291,11 @@ def test_grid_over_base_files_keeps_each_files_own_values(tmp_path):
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     with pytest.raises(ConfigError, match="grid.base='missing.yaml' is not allowed; no such file"):
         sw.load(path, out_dir=str(tmp_path / "out"))
+
+
+def test_write_puts_an_absolute_workdir_in_the_array_script(tmp_path, monkeypatch):
+    path = _sweep_file(tmp_path, {"run.seed": [0]})
+    s = sw.load(path, out_dir=str(tmp_path / "out"))
+    monkeypatch.chdir(tmp_path)
+    sw.write(s, Path("."))
+    assert f"cd {tmp_path.resolve()} " in s.script.read_text()
