@@ -33,10 +33,14 @@ paper:
 """
 
 
-def test_cells_hold_their_runs_and_the_table_shows_paper_and_verdict(tmp_path):
+@pytest.fixture
+def layout(tmp_path):
     f = tmp_path / "t.layout.yaml"
     f.write_text(LAYOUT)
-    layout = load_layout(f)
+    return load_layout(f)
+
+
+def test_cells_hold_their_runs_and_the_table_shows_paper_and_verdict(layout):
     runs = [summary(s, a, algorithm={"name": "fedavg"}, data={"partition": "clusters"})
             for s, a in ((0, 0.60), (1, 0.70))]
     runs += [summary(s, a, algorithm={"name": "pfedlia"}, data={"partition": "clusters"})
@@ -78,10 +82,7 @@ def test_analyze_cli_renders_a_layout_and_refuses_a_bad_one(tmp_path, capsys):
     assert "rows must map labels" in capsys.readouterr().err
 
 
-def test_an_unfinished_run_is_shown_waiting_not_averaged_in(tmp_path):
-    f = tmp_path / "t.layout.yaml"
-    f.write_text(LAYOUT)
-    layout = load_layout(f)
+def test_an_unfinished_run_is_shown_waiting_not_averaged_in(layout):
     done = [summary(s, a, algorithm={"name": "fedavg"}, data={"partition": "clusters"})
             for s, a in ((0, 0.60), (1, 0.70))]
     mid = summary(2, 0.10, algorithm={"name": "fedavg"}, data={"partition": "clusters"})
