@@ -637,6 +637,8 @@ def main(argv: list[str] | None = None) -> int:
             return _main_run(a, workdir)
         if a.overrides:
             raise ConfigError(f"overrides {a.overrides} are for --run; put a sweep's overrides under set:")
+        if a.parallel < 1:  # before anything is written
+            raise ConfigError(f"--parallel={a.parallel} is not allowed; a positive number of runs at once")
         sweep = load(a.file, a.out_dir, _slurm_flags(a), n_ranks=a.ranks)
         if a.dry_run:
             print(f"sweep {sweep.name}: {len(sweep.points)} runs in {sweep.root}")
@@ -655,8 +657,6 @@ def main(argv: list[str] | None = None) -> int:
             job = submit(sweep)
             print("nothing to submit: every run is complete" if job is None else f"submitted array job {job}")
         elif a.local:
-            if a.parallel < 1:
-                raise ConfigError(f"--parallel={a.parallel} is not allowed; a positive number of runs at once")
             ranks = a.ranks or sweep.slurm.ntasks
             failed = run_local(sweep, ranks, workdir, a.parallel)
             if failed:

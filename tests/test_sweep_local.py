@@ -99,3 +99,4 @@ def test_parallel_below_one_is_refused_in_one_line(tmp_path, capsys):
     assert sw.main([str(path), "--out-dir", str(tmp_path / "o"), "--local", "--parallel", "0"]) == 2
     err = capsys.readouterr().err
     assert "--parallel=0" in err and err.count("\n") == 1
+    assert not (tmp_path / "o").exists()  # refused before anything is written

@@ -15,7 +15,7 @@ loses an edge. The reward of a set S is ``R(S) = -F_k^V(mean_p(S + {k}))``, the
 validation loss of client k.
 
 BGGC is written against a reward callback (``[m, P]`` models ->
-``[m]`` rewards) and, for BGGC, a batch-at-a-time ``request``/``feed`` protocol,
+``[m]`` rewards) and a batch-at-a-time ``request``/``feed`` protocol,
 so the same code runs in the unit tests (any reward) and here (round 0: one
 ``pull`` per batch for all of a rank's clients in lockstep; later rounds: the
 models pulled for GGC). BGGC holds at most B_c other
