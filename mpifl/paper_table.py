@@ -160,10 +160,10 @@ def render(layout: Layout, runs: list[Summary], ddof: int = 1) -> str:
             if cell is None:
                 cells_md.append("not run" + paper)
                 continue
-            waiting = f" +{len(cell.unfinished)} unfinished" if cell.unfinished else ""
             if not cell.values:
-                cells_md.append(waiting.lstrip(" +") + paper)
+                cells_md.append(f"{len(cell.unfinished)} unfinished{paper}")
                 continue
+            waiting = f" +{len(cell.unfinished)} unfinished" if cell.unfinished else ""
             mean, std = cell.stats(ddof)
             ours[col][row] = mean
             text = f"{mean:.2f}" + (f" ± {std:.2f}" if not math.isnan(std) else "") + f" [{len(cell.values)}]"

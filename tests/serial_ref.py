@@ -45,9 +45,10 @@ def perturbed(cfg, ids: np.ndarray, init: torch.Tensor, scale: float = 0.3) -> t
                                                 .normal(0, scale, init.shape)).float() for i in ids])
 
 
-def loss_of(c: Clients, theta: torch.Tensor, idx: np.ndarray) -> torch.Tensor:
+def loss_of(c: Clients, theta: torch.Tensor, idx: np.ndarray, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean cross-entropy of row ``theta`` on samples ``idx``; ``bias`` is added to the logits."""
     out = functional_call(c.model, c.layout.unflatten(theta), (c.x[idx],))
-    return F.cross_entropy(out, c.y[idx])
+    return F.cross_entropy(out if bias is None else out + bias, c.y[idx])
 
 
 def sgd(c: Clients, start: torch.Tensor, k: int, t: int, epochs: int, lr: float, subset: np.ndarray | None = None,
@@ -65,8 +66,7 @@ def sgd(c: Clients, start: torch.Tensor, k: int, t: int, epochs: int, lr: float,
         if len(idx) == 0:
             continue
         leaf = w.clone().requires_grad_(True)
-        out = functional_call(c.model, c.layout.unflatten(leaf), (c.x[idx],))
-        loss = F.cross_entropy(out if bias is None else out + bias, c.y[idx])
+        loss = loss_of(c, leaf, idx, bias)
         if extra is not None:
             loss = loss + extra(leaf)
         (g,) = torch.autograd.grad(loss, leaf)

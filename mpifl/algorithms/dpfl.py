@@ -385,7 +385,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
             # GGC as BGGC over the pulled Omega_k: the same decisions (Theorem 1) from
             # running sums, O(P) per candidate instead of re-averaging the set
             choice = bggc(int(k), pe.omega, c.params[i], state.p, _reward(ctx, i), state.budget,
-                          ctx.rng(t, int(k), "dpfl_ggc"), lambda ids: {j: got[j] for j in ids})
+                          ctx.rng(t, int(k), "dpfl_ggc"), lambda ids: got)
             pe.chosen, new[i] = choice.members, choice.mean
         del got
     assert most.max(initial=0) <= state.budget, "a client received more than B_c models in one pull"
