@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import config as config_mod
-from .config import ConfigError
+from .cli import parse
+from .errors import ConfigError
 
 if TYPE_CHECKING:  # building Config imports every algorithm (and torch): only once a config is loaded
     from .config import Config
@@ -417,8 +418,6 @@ def _library() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Check on every rank; rank 0 prints. Returns 0, or 1 when there are problems."""
-    from .main import parse
-
     path, overrides = parse(sys.argv[1:] if argv is None else argv, prog="python -m mpifl.check",
                             description=__doc__.splitlines()[0], epilog="")
     t0 = time.perf_counter()

@@ -15,7 +15,7 @@ complete; ``latest`` is replaced atomically after that. A kill at any moment
 leaves the previous checkpoint intact.
 
 Algorithm state: fields of the ``State`` dataclass marked with
-:func:`per_client` hold one row (or list item) per local client — a tensor,
+:func:`mpifl.state.per_client` hold one row (or list item) per local client — a tensor,
 an array, a list, or a dict of those (an optimizer state of extra rows); every
 other field must be identical on all ranks and is saved once, by rank 0.
 
@@ -41,10 +41,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from .config import ConfigError, shorten
+from .errors import ConfigError, shorten
 from .paths import RunDir, atomic_write_text
+from .state import saved_fields
 
-PER_CLIENT = "per_client"
 LATEST = "latest"
 META = "meta.pt"
 ROUND_DIR = re.compile(r"round-[0-9]{6}")  # every checkpoint directory mpifl writes
@@ -53,29 +53,6 @@ _FIELDS = "__fields__"  # an encoded dataclass record: {_FIELDS: {name: value}}
 
 # keys that may differ between a run and its resumption
 MAY_CHANGE = {"run.rounds", "run.resume", "run.checkpoint_every", "run.threads", "run.device"}
-
-
-TRANSIENT = "transient"
-
-
-def per_client(**kwargs: Any) -> Any:
-    """A State field whose first axis (or list index) is this rank's clients."""
-    return dataclasses.field(metadata={PER_CLIENT: True}, **kwargs)
-
-
-def transient(**kwargs: Any) -> Any:
-    """A State field that lives within one round (not checkpointed)."""
-    return dataclasses.field(metadata={TRANSIENT: True}, **kwargs)
-
-
-def _fields(state: Any) -> tuple[list[str], list[str]]:
-    if state is None or not dataclasses.is_dataclass(state):
-        return [], []
-    rows, glob = [], []
-    for f in dataclasses.fields(state):
-        if not f.metadata.get(TRANSIENT):
-            (rows if f.metadata.get(PER_CLIENT) else glob).append(f.name)
-    return rows, glob
 
 
 def _save(obj: Any, path: Path) -> None:
@@ -122,7 +99,7 @@ def save(rd: RunDir, ctx, state: Any, t: int, die_before_publish: bool = False) 
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     comm.barrier()
-    rows, glob = _fields(state)
+    rows, glob = saved_fields(state)
     part = {
         "ids": torch.as_tensor(np.asarray(c.ids, np.int64)),
         "params": c.params.detach().cpu(),
@@ -215,7 +192,7 @@ def load(path: Path, ctx, state: Any) -> int:
     """Fill this rank's clients and ``state`` from a checkpoint; returns its round."""
     c = ctx.clients
     meta = read_meta(path)
-    rows, glob = _fields(state)
+    rows, glob = saved_fields(state)
     for k in glob:
         if k in meta["algo"]:  # a field added to State since the checkpoint keeps init's value
             setattr(state, k, _decode(meta["algo"][k], getattr(state, k), c.device))

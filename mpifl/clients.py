@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -25,10 +26,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vmap
 
-from .config import TrainConfig
 from .data import FederatedData
 from .models import has_batchnorm
 from .rng import streams
+
+if TYPE_CHECKING:  # a type hint only: the config package sits above this module
+    from .config import TrainConfig
 
 SPLIT_INDEX = {"train": 0, "val": 1, "test": 2}
 

@@ -464,7 +464,7 @@ def agree(comm: Comm | MPI.Comm, fn: Callable):
     """Run ``fn`` on every rank; if it raised a user error (ConfigError) on any
     rank, raise it on all, so that a setup mistake seen by one rank cannot leave
     the others waiting in a collective."""
-    from .config import ConfigError
+    from .errors import ConfigError
 
     mpi = comm.mpi if isinstance(comm, Comm) else comm
     try:
@@ -529,7 +529,7 @@ def node_local_rank(mpi_comm: MPI.Comm) -> tuple[int, int]:
 
 def pick_device(choice: str, mpi_comm: MPI.Comm) -> torch.device:
     """The one place a device is chosen: node-local rank -> GPU, else CPU."""
-    from .config import ConfigError
+    from .errors import ConfigError
 
     has_cuda = torch.cuda.is_available() and torch.cuda.device_count() > 0
     if choice == "cpu" or (choice == "auto" and not has_cuda):

@@ -20,7 +20,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from .clients import Clients, stacked_forward
-from .config import ConfigError
+from .errors import ConfigError
 
 
 @dataclass

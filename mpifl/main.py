@@ -7,14 +7,9 @@ anything else aborts all ranks.
 
 from __future__ import annotations
 
-import argparse
-import os
-import re
 import sys
 
-# section.key[.key...]=value; the value may hold anything, "=" included
-OVERRIDE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+=")
-
+from .cli import parse
 
 EPILOG = """\
 launch on R ranks:  mpiexec -n R python -m mpi4py -m mpifl.main CONFIG.yaml [section.key=value ...]
@@ -23,35 +18,21 @@ the resolved config of a file with overrides:  python -m mpifl.config CONFIG.yam
 """
 
 
-def parse(argv: list[str], prog: str = "python -m mpifl.main", description: str = "Run one federated-learning job.",
-          epilog: str = EPILOG) -> tuple[str | None, list[str]]:
-    """(config path or None, overrides). The first argument is the config when it
-    is an existing file or does not look like ``section.key=value``: a sweep over
-    lr makes paths like ``results/lr=0.1/config.yaml``. Every entry point that takes
-    ``CONFIG [section.key=value ...]`` parses it here."""
-    ap = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("config", nargs="?", help="YAML config (defaults apply when omitted)")
-    ap.add_argument("overrides", nargs="*", help="section.key=value")
-    a = ap.parse_args(argv)
-    if a.config is not None and not os.path.isfile(a.config) and OVERRIDE.match(a.config):
-        return None, [a.config, *a.overrides]  # only overrides were given
-    return a.config, a.overrides
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run one job; returns 0, 2 (user error, on every rank) or 75 (preempted after
     a checkpoint). Any other failure aborts every rank."""
     # arguments first: --help and usage errors must not wait for torch and MPI
-    path, overrides = parse(sys.argv[1:] if argv is None else argv)
+    path, overrides = parse(sys.argv[1:] if argv is None else argv, prog="python -m mpifl.main",
+                            description="Run one federated-learning job.", epilog=EPILOG)
     from . import config, runtime
     from .comm import report_crash, world
+    from .errors import ConfigError
 
     mpi = world()
     try:
         cfg = config.load(path, overrides, n_ranks=mpi.Get_size())
         runtime.run(cfg, mpi)
-    except config.ConfigError as e:
+    except ConfigError as e:
         if mpi.Get_rank() == 0:
             print(f"mpifl: error: {e}", file=sys.stderr, flush=True)
         return 2

@@ -28,11 +28,15 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from .config import ConfigError, ModelConfig
+from .errors import ConfigError
+
+if TYPE_CHECKING:  # a type hint only: the config package sits above this module
+    from .config import ModelConfig
 
 
 def mlp(in_shape: tuple[int, ...], n_classes: int, hidden: list[int]) -> nn.Module:

@@ -33,15 +33,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import yaml
+
+from .errors import ConfigError
+from .yamlio import read_yaml
 
 if TYPE_CHECKING:
-    from .analyze import Summary
+    from .summary import Summary
 
 METRICS = ("final_acc", "final_acc_w", "tail_acc", "tail_acc_w", "best_acc", "best_acc_w")
 
 
-class LayoutError(ValueError):
+class LayoutError(ConfigError):
     """A layout file that cannot be used: one line naming the file and the key."""
 
 
@@ -57,9 +59,9 @@ class Layout:
 def load_layout(path: str | Path) -> Layout:
     p = Path(path)
     try:
-        raw = yaml.safe_load(p.read_text())
-    except (OSError, yaml.YAMLError, UnicodeDecodeError) as e:
-        raise LayoutError(f"layout {str(p)!r} is not a readable YAML file ({type(e).__name__})") from None
+        raw = read_yaml(p, f"layout {str(p)!r}")
+    except ConfigError as e:
+        raise LayoutError(str(e)) from None
     if not isinstance(raw, dict):
         raise LayoutError(f"layout {str(p)!r} must hold a mapping")
     unknown = sorted(set(raw) - {"title", "metric", "rows", "columns", "paper"})

@@ -52,8 +52,9 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from . import config as config_mod
-from .config import ConfigError
+from .errors import ConfigError, check, shorten
 from .paths import RunDir, atomic_write_text
+from .yamlio import read_yaml
 
 if TYPE_CHECKING:  # building Config imports every algorithm: only when points are loaded
     from .config import Config
@@ -77,49 +78,24 @@ class SlurmOptions:
     mem: str = ""  # e.g. 16G; empty: the cluster's default
     max_parallel: int = 0  # array throttle (%N); 0 = no limit
     python: str = ""  # interpreter on the compute nodes; empty: this one
-    sbatch: list = field(default_factory=list)  # extra "#SBATCH" arguments, e.g. ["--qos=long"]
-    srun: list = field(default_factory=list)  # extra srun arguments
-    setup: list = field(default_factory=list)  # shell lines before the launch, e.g. module load
+    sbatch: list[str] = field(default_factory=list)  # extra "#SBATCH" arguments, e.g. ["--qos=long"]
+    srun: list[str] = field(default_factory=list)  # extra srun arguments
+    setup: list[str] = field(default_factory=list)  # shell lines before the launch, e.g. module load
     allow_local_paths: bool = False  # a one-node cluster: workdir, python, out_dir may be under /tmp
 
     @classmethod
     def from_dict(cls, raw: Any, where: str = "slurm") -> SlurmOptions:
-        if raw is None:
-            return cls()
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{where} must be a mapping, got {raw!r}")
-        names = [f.name for f in fields(cls)]
-        unknown = sorted(set(raw) - set(names))
-        if unknown:
-            raise ConfigError(f"unknown key {where}.{unknown[0]!r}; valid keys: {', '.join(names)}")
-        out = cls()
+        """Options from a mapping, each value coerced as config keys are
+        (``mpifl.config.build``), then the ranges and script-safety checks."""
+        out = config_mod.build(cls, {} if raw is None else raw, where)
         for f in fields(cls):
-            if f.name not in raw:
-                continue
-            v = raw[f.name]
-            default = getattr(out, f.name)
-            if isinstance(default, list):
-                ok = isinstance(v, list) and all(isinstance(x, str) for x in v)
-                allowed = "must be a list of strings"
-            elif isinstance(default, bool):
-                ok = isinstance(v, bool)
-                allowed = "must be true or false"
-            elif isinstance(default, int):
-                ok = isinstance(v, int) and not isinstance(v, bool) and v >= 0
-                allowed = "must be an integer >= 0"
-            else:
-                ok = isinstance(v, (str, int)) and not isinstance(v, bool)
-                v = str(v) if ok else v
-                allowed = "must be a string"
-            if not ok:
-                raise ConfigError(f"{where}.{f.name}={v!r} is not allowed; {allowed}")
-            setattr(out, f.name, v)
-        if out.ntasks < 1:
-            raise ConfigError(f"{where}.ntasks={out.ntasks!r} is not allowed; must be >= 1")
-        if out.cpus_per_task < 1:
-            raise ConfigError(f"{where}.cpus_per_task={out.cpus_per_task!r} is not allowed; must be >= 1")
-        if not re.fullmatch(r"[A-Za-z0-9_.-]+", out.mpi):
-            raise ConfigError(f"{where}.mpi={out.mpi!r} is not allowed; an srun --mpi plugin name, e.g. pmi2, pmix")
+            v = getattr(out, f.name)
+            if isinstance(v, int) and not isinstance(v, bool):
+                check(v >= 0, f"{where}.{f.name}", v, "must be an integer >= 0")
+        check(out.ntasks >= 1, f"{where}.ntasks", out.ntasks, "must be >= 1")
+        check(out.cpus_per_task >= 1, f"{where}.cpus_per_task", out.cpus_per_task, "must be >= 1")
+        check(re.fullmatch(r"[A-Za-z0-9_.-]+", out.mpi) is not None, f"{where}.mpi", out.mpi,
+              "an srun --mpi plugin name, e.g. pmi2, pmix")
         check_script_values(out, where)
         return out
 
@@ -137,7 +113,7 @@ SLURM_FORMATS = {
 
 def _no_control(key: str, value: str) -> None:
     if config_mod.CONTROL.search(value):
-        raise ConfigError(f"{key}={config_mod.shorten(repr(value))} is not allowed; "
+        raise ConfigError(f"{key}={shorten(repr(value))} is not allowed; "
                           f"no newlines or other control characters (it goes into an sbatch script)")
 
 
@@ -151,7 +127,7 @@ def check_script_values(opts: SlurmOptions, where: str = "slurm") -> None:
             if isinstance(x, str):
                 _no_control(f"{where}.{f.name}" + (f"[{i}]" if isinstance(v, list) else ""), x)
         if f.name in SLURM_FORMATS and not re.fullmatch(SLURM_FORMATS[f.name][0], str(v)):
-            raise ConfigError(f"{where}.{f.name}={config_mod.shorten(repr(v))} is not allowed; "
+            raise ConfigError(f"{where}.{f.name}={shorten(repr(v))} is not allowed; "
                               f"{SLURM_FORMATS[f.name][1]}")
 
 
@@ -188,19 +164,6 @@ class Sweep:
 
 
 # --------------------------------------------------------------------------- loading
-
-
-def _assign(raw: dict, key: str, value: Any, where: str) -> None:
-    """``raw[a][b] = value`` for ``key = "a.b"``, creating sections on the way."""
-    if not isinstance(key, str) or "." not in key:
-        raise ConfigError(f"{where} key {key!r} must look like section.key")
-    node = raw
-    *parents, leaf = key.split(".")
-    for part in parents:
-        node = node.setdefault(part, {})
-        if not isinstance(node, dict):
-            raise ConfigError(f"{where} key {key!r}: {part!r} is not a section")
-    node[leaf] = copy.deepcopy(value)
 
 
 def _mapping(raw: Any, key: str) -> dict:
@@ -248,7 +211,7 @@ def _read_base(sweep: Path, value: Any, where: str) -> tuple[Path, dict]:
     base = (sweep.parent / str(value)).resolve()
     if not base.is_file():
         raise ConfigError(f"{where}={value!r} is not allowed; no such file {str(base)!r}")
-    raw = yaml.safe_load(base.read_text()) or {}
+    raw = read_yaml(base, f"{where}={str(value)!r}") or {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}={value!r} must hold a mapping of sections")
     return base, raw
@@ -260,10 +223,7 @@ def load(path: str | Path, out_dir: str | None = None, slurm_overrides: dict | N
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"sweep file {str(path)!r} not found")
-    try:
-        spec = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError:
-        raise ConfigError(f"sweep file {str(path)!r} is not valid YAML") from None
+    spec = read_yaml(path, f"sweep file {str(path)!r}") or {}
     if not isinstance(spec, dict):
         raise ConfigError(f"sweep file {str(path)!r} must hold a mapping")
     allowed = ("name", "base", "out_dir", "set", "grid", "slurm")
@@ -316,12 +276,12 @@ def load(path: str | Path, out_dir: str | None = None, slurm_overrides: dict | N
         values = {k: v for k, v in zip(keys, combo) if v is not _ABSENT}
         point_raw = copy.deepcopy(bases[str(values[BASE])] if BASE in values else raw)
         for key, value in sets.items():
-            _assign(point_raw, key, value, "set")
+            config_mod.assign(point_raw, key, copy.deepcopy(value), "set")
         for key, value in values.items():
             if key != BASE and value is not None:
-                _assign(point_raw, key, value, "grid")
-        _assign(point_raw, "run.name", pname, "sweep")
-        _assign(point_raw, "run.out_dir", str(root / "runs"), "sweep")
+                config_mod.assign(point_raw, key, copy.deepcopy(value), "grid")
+        config_mod.assign(point_raw, "run.name", pname, "sweep")
+        config_mod.assign(point_raw, "run.out_dir", str(root / "runs"), "sweep")
         try:
             cfg = config_mod.from_dict(point_raw, n_ranks=n_ranks or slurm.ntasks)
         except ConfigError as e:

@@ -17,6 +17,7 @@ import yaml
 
 from mpifl import analyze as an
 from mpifl import config
+from mpifl import summary as sm
 from mpifl.logging.h5 import Writer, open_run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -187,7 +188,7 @@ def _write_log(path: Path, dense_max: int = 1024, extras: bool = True) -> Writer
 
 def test_best_val_and_final_follow_their_definitions(tmp_path):
     _write_log(tmp_path / "a" / "run.h5")
-    s = an.summarize(tmp_path / "a" / "run.h5")
+    s = sm.summarize(tmp_path / "a" / "run.h5")
     assert s.rounds_done == R and s.rounds_planned == R + 2 and not s.complete
     assert s.final_round == R - 1 and s.final_acc == pytest.approx(0.1 * R)
     # clients 0-2 best on val at round 2 (test 0.3); 3-5 tie at 0.5 from round 0 on: first one (0.1)
@@ -203,7 +204,7 @@ def test_every_matrix_log_gets_a_heatmap_and_clusterings_an_ari(tmp_path):
     run = open_run(tmp_path / "a")
     assert set(run.matrices()) == {"graph/mixing", "federico/client_weights", "dpfl/collaborators",
                                    "fedc2i/class_influence", "lia/influence"}
-    s = an.summarize(run.path)
+    s = sm.summarize(run.path)
     assert s.ari == pytest.approx({"graph.mixing": 1.0, "dpfl.collaborators": 1.0, "pfedlia.cluster": 1.0})
     written = an.plot_heatmaps(run, tmp_path / "h", rounds=[0, -1])
     assert {p.name for p in written} == {"graph_mixing.png", "federico_client_weights.png",
@@ -221,7 +222,7 @@ def test_compact_mixing_reads_and_plots_like_dense(tmp_path):
     assert "graph/mixing" in compact.matrices()
     for t in (0, -1):
         np.testing.assert_array_equal(dense.row("graph/mixing", t), compact.row("graph/mixing", t))
-    assert an.summarize(compact.path).ari == an.summarize(dense.path).ari
+    assert sm.summarize(compact.path).ari == sm.summarize(dense.path).ari
     (p,) = an.plot_heatmaps(compact, tmp_path / "h", rounds=None)
     _png_ok(p)
 
@@ -237,7 +238,7 @@ def test_reader_cuts_to_complete_rounds_and_indexes_from_the_end(tmp_path):
     assert run.row("metrics/test_acc", -1) == pytest.approx(np.full(N, 0.1 * R))
     with pytest.raises(IndexError):
         run.row("metrics/test_acc", R)
-    assert an.summarize(run.path).final_acc == pytest.approx(0.1 * R)
+    assert sm.summarize(run.path).final_acc == pytest.approx(0.1 * R)
 
 
 def test_unreadable_logs_are_reported_not_fatal(tmp_path):
@@ -250,13 +251,13 @@ def test_unreadable_logs_are_reported_not_fatal(tmp_path):
     assert any(line.startswith(f"skipped {tmp_path / 'bad' / 'run.h5'}") for line in lines)
 
 
-def _summary(seed: int, **sections) -> an.Summary:
-    cfg = an.flatten(_cfg(**sections, run={"seed": seed, "name": f"r{seed}"}).to_dict())
-    return an.Summary(Path("x"), "x", cfg, seed, 1, 1, 0, *[0.5] * 6, np.zeros(N), np.zeros(1))
+def _summary(seed: int, **sections) -> sm.Summary:
+    cfg = sm.flatten(_cfg(**sections, run={"seed": seed, "name": f"r{seed}"}).to_dict())
+    return sm.Summary(Path("x"), "x", cfg, seed, 1, 1, 0, *[0.5] * 6, np.zeros(N), np.zeros(1))
 
 
 def test_grouping_keys_are_the_config_keys_that_differ(tmp_path):
-    def summary(lr: float, seed: int) -> an.Summary:
+    def summary(lr: float, seed: int) -> sm.Summary:
         return _summary(seed, train={"lr": lr})
 
     runs = [summary(lr, s) for lr in (0.1, 0.2) for s in (0, 1, 2)]
@@ -301,8 +302,8 @@ def test_learned_weight_graphs_are_clustered_spectrally_for_the_ari(tmp_path):
     block = (truth[:, None] == truth[None, :]) + g.uniform(-0.3, 0.4, (n, n))  # noisy, some negative
     from sklearn.metrics import adjusted_rand_score
 
-    assert adjusted_rand_score(truth, an.spectral(block, 3)) == 1.0
-    assert abs(adjusted_rand_score(truth, an.spectral(g.uniform(0, 1, (n, n)), 3))) < 0.2
+    assert adjusted_rand_score(truth, sm.spectral(block, 3)) == 1.0
+    assert abs(adjusted_rand_score(truth, sm.spectral(g.uniform(0, 1, (n, n)), 3))) < 0.2
     path = tmp_path / "f" / "run.h5"
     path.parent.mkdir(parents=True)
     cfg = _cfg(run={"rounds": 2, "name": "f"}, algorithm={"name": "fedfomo"})
@@ -313,16 +314,16 @@ def test_learned_weight_graphs_are_clustered_spectrally_for_the_ari(tmp_path):
                                           "fedfomo/affinity": (block if t else -block).astype(np.float32),
                                           "pfedgraph/graph": np.full((n, n), 1 / n, np.float32)})
     w.close()
-    ari = an.summarize(path).ari
+    ari = sm.summarize(path).ari
     assert ari["spectral.fedfomo.affinity"] == 1.0  # the last round's graph
     assert abs(ari["spectral.pfedgraph.graph"]) < 0.2  # nothing to find in a uniform graph
 
 
 def test_a_sweep_over_job_files_is_grouped_by_file_and_algorithm(tmp_path):
-    def point(name: str, base: str, algo: str, seed: int, lr: float) -> tuple[str, str, an.Summary]:
+    def point(name: str, base: str, algo: str, seed: int, lr: float) -> tuple[str, str, sm.Summary]:
         log = tmp_path / "sw" / "runs" / name / "run.h5"
-        cfg = an.flatten(_cfg(train={"lr": lr}, algorithm={"name": algo}, run={"seed": seed}).to_dict())
-        return name, base, an.Summary(log, name, cfg, seed, 1, 1, 0, *[0.5] * 6, np.zeros(N), np.zeros(1))
+        cfg = sm.flatten(_cfg(train={"lr": lr}, algorithm={"name": algo}, run={"seed": seed}).to_dict())
+        return name, base, sm.Summary(log, name, cfg, seed, 1, 1, 0, *[0.5] * 6, np.zeros(N), np.zeros(1))
 
     made = [point(f"{i:03d}", base, algo, seed, lr) for i, (base, lr, algo, seed) in enumerate(
         (b, lr, a, s) for b, lr in (("../a.yaml", 0.1), ("../b.yaml", 0.2)) for a in ("oracle", "local")
@@ -332,11 +333,11 @@ def test_a_sweep_over_job_files_is_grouped_by_file_and_algorithm(tmp_path):
         {"points": [{"name": n, "values": {"base": b}} for n, b, _ in made]}))
     runs = []
     for _, _, r in made:
-        job = an.sweep_job(r.path)
-        runs.append(an.Summary(**{**r.__dict__, "config": {**r.config, an.JOB: job}}))
-    assert [r.config[an.JOB] for r in runs] == ["a"] * 4 + ["b"] * 4
+        job = sm.sweep_job(r.path)
+        runs.append(sm.Summary(**{**r.__dict__, "config": {**r.config, sm.JOB: job}}))
+    assert [r.config[sm.JOB] for r in runs] == ["a"] * 4 + ["b"] * 4
     keys = an.varying_keys(runs)
-    assert keys == ["algorithm.name", an.JOB]  # train.lr follows from the file
+    assert keys == ["algorithm.name", sm.JOB]  # train.lr follows from the file
     assert [g.key for g in an.group_runs(runs, keys)] == [("oracle", "a"), ("local", "a"), ("oracle", "b"),
                                                           ("local", "b")]
-    assert an.sweep_job(tmp_path / "elsewhere" / "run.h5") is None
+    assert sm.sweep_job(tmp_path / "elsewhere" / "run.h5") is None

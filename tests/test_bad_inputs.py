@@ -9,6 +9,7 @@ import torch
 from helpers import launch
 
 from mpifl import config
+from mpifl.errors import ConfigError
 from mpifl.main import main
 
 
@@ -160,7 +161,7 @@ BASELINE_B_CASES = {
 
 @pytest.mark.parametrize("override", sorted(BASELINE_B_CASES))
 def test_baseline_b_option_out_of_range_is_one_line(override):
-    with pytest.raises(config.ConfigError) as e:
+    with pytest.raises(ConfigError) as e:
         config.load(None, [f"algorithm.name={override.split('.')[0]}", override])
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith(override.split("=")[0] + "=")

@@ -5,14 +5,15 @@ tests/test_bad_inputs.py)."""
 import pytest
 
 from mpifl import config
+from mpifl.errors import ConfigError
 
 CASES = [
     (["fedprox.mu=-0.1"], "fedprox.mu", "must be a finite number >= 0"),
     (["fedprox.mu=inf"], "fedprox.mu", "must be a finite number >= 0"),
     (["fedprox.mu=.nan"], "fedprox.mu", "must be a finite number >= 0"),
     (["fedprox.mu=abc"], "fedprox.mu", "must be a number"),
-    (["fedprox_ft.ft_epochs=-1"], "fedprox_ft.ft_epochs", "must be >= 0 (0 = 2 * train.local_epochs)"),
-    (["fedprox_ft.ft_epochs=1.5"], "fedprox_ft.ft_epochs", "must be an integer"),
+    (["algorithm.ft_epochs=-1"], "algorithm.ft_epochs", "must be >= 0 (0 = 2 * train.local_epochs)"),
+    (["algorithm.ft_epochs=1.5"], "algorithm.ft_epochs", "must be an integer"),
     (["fedprox_ft.start=best"], "fedprox_ft.start", "choose one of: best_val, last"),
     (["algorithm.name=fedprox_ft", "data.val_frac=0"], "fedprox_ft.start", "set data.val_frac > 0 or use last"),
     (["fedavg_ft.start=first"], "fedavg_ft.start", "choose one of: last, best_val"),
@@ -28,7 +29,7 @@ CASES = [
 
 @pytest.mark.parametrize(("overrides", "key", "allowed"), CASES, ids=[" ".join(c[0]) for c in CASES])
 def test_bad_value_is_one_line_naming_key_and_range(overrides, key, allowed):
-    with pytest.raises(config.ConfigError, match=f"^{key}=") as e:
+    with pytest.raises(ConfigError, match=f"^{key}=") as e:
         config.load(None, overrides)
     assert allowed in str(e.value) and "\n" not in str(e.value)
 

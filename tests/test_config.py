@@ -3,7 +3,12 @@
 import math
 from pathlib import Path
 
+import pytest
+from helpers import REPO, launch
+
 from mpifl import config
+from mpifl.config import __main__ as config_cli
+from mpifl.errors import ConfigError
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -70,7 +75,7 @@ def test_a_section_validates_itself_with_one_line_naming_the_key():
                           ("knn_per.lam=1.5", "knn_per.lam"), ("knn_per.lam=-0.1", "knn_per.lam"),
                           ("knn_per.temperature=0", "knn_per.temperature"),
                           ("knn_per.temperature=.inf", "knn_per.temperature")]:
-        with pytest.raises(config.ConfigError, match=f"^{key}=") as e:
+        with pytest.raises(ConfigError, match=f"^{key}=") as e:
             config.load(None, [override])
         assert "\n" not in str(e.value)
 
@@ -85,7 +90,7 @@ def test_resuming_a_checkpoint_from_before_a_key_existed_accepts_its_default(tmp
     del older["data"]["cluster_labels"]  # written by an mpifl that had no such key
     checkpoint.check_config({"config": older}, cfg, tmp_path)
     changed = config.load(None, ["run.seed=2", "data.cluster_labels=ordered"]).to_dict()
-    with pytest.raises(config.ConfigError, match="data.cluster_labels"):
+    with pytest.raises(ConfigError, match="data.cluster_labels"):
         checkpoint.check_config({"config": older}, changed, tmp_path)
 
 
@@ -97,7 +102,7 @@ def test_empty_config_file_is_one_line_saying_how_to_run_on_defaults(tmp_path, c
     for text in ("", "\n# only a comment\n"):
         f = tmp_path / "empty.yaml"
         f.write_text(text)
-        with pytest.raises(config.ConfigError, match="is empty; to run on the defaults give no config file") as e:
+        with pytest.raises(ConfigError, match="is empty; to run on the defaults give no config file") as e:
             config.load(f)
         assert "\n" not in str(e.value)
         assert main([str(f), f"run.out_dir={tmp_path}"]) == 2
@@ -117,7 +122,7 @@ def test_string_keys_take_the_override_text_as_it_is():
     assert (cfg.run.rounds, cfg.train.lr, cfg.dpfl.malicious_run_ggc, cfg.model.hidden) == (7, 0.01, False, [4])
     import pytest
 
-    with pytest.raises(config.ConfigError, match="unknown key 'run.nam'"):
+    with pytest.raises(ConfigError, match="unknown key 'run.nam'"):
         config.load(None, ["run.nam=off"])
 
 
@@ -125,7 +130,7 @@ def test_config_cli_prints_the_resolved_config_with_types_and_allowed_values(tmp
     import yaml
 
     job = Path(__file__).resolve().parents[1] / "jobs" / "quickstart.yaml"
-    assert config.main([str(job), "train.lr=0.1", "run.name=off"]) == 0
+    assert config_cli.main([str(job), "train.lr=0.1", "run.name=off"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"# resolved: {job} train.lr=0.1 run.name=off\n")
     assert "  lr: 0.1  # float; must be a finite number > 0; default 0.05" in out
@@ -137,9 +142,9 @@ def test_config_cli_prints_the_resolved_config_with_types_and_allowed_values(tmp
     assert config.load(f) == config.load(job, ["train.lr=0.1", "run.name=off"])  # loads back to the same
     keys = {f"{s}.{k}" for s, v in yaml.safe_load(out).items() for k in v}
     assert keys == {k.key for k in config.key_docs()}  # every key
-    assert config.main([]) == 0
+    assert config_cli.main([]) == 0
     assert capsys.readouterr().out.strip() == config.reference()
-    assert config.main([str(job), "train.lr=-1"]) == 2
+    assert config_cli.main([str(job), "train.lr=-1"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "mpifl.config: error: train.lr=-1.0 is not allowed; must be a finite number > 0"
 
@@ -152,3 +157,12 @@ def test_reference_has_types_and_allowed_values_for_every_key():
     assert docs["federico.eps"].allowed == "must be in [0, 1]"  # from an algorithm's own validate
     assert len(docs) == len(config.reference().splitlines()) - 2
     assert all(k.type in ("int", "float", "str", "bool", "list[int]") for k in docs.values())
+
+
+@pytest.mark.slow
+def test_config_command_reports_an_algorithms_bad_value_in_one_line():
+    """``python -m mpifl.config`` runs the package's ``__main__``: the error an
+    algorithm's ``Params.validate`` raises is the same class it catches."""
+    res = launch([str(REPO / "jobs" / "quickstart.yaml"), "fedprox.mu=-1"], n=0, module="mpifl.config")
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr == "mpifl.config: error: fedprox.mu=-1.0 is not allowed; must be a finite number >= 0\n"

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from mpifl import config
-from mpifl.config import ConfigError
 from mpifl.data import build, datasets
+from mpifl.errors import ConfigError
 
 
 def cfg_for(name: str, root: Path | str, *more: str) -> config.DataConfig:

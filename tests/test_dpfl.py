@@ -13,7 +13,7 @@ from serial_ref import ggc
 from mpifl import config
 from mpifl.algorithms.dpfl import BGGC, _shuffled, bggc, take
 from mpifl.comm import world
-from mpifl.config import ConfigError
+from mpifl.errors import ConfigError
 from mpifl.logging.h5 import open_run
 from mpifl.rng import rng
 

@@ -14,6 +14,7 @@ from mpifl import config
 from mpifl.algorithms import fedc2i
 from mpifl.clients import Clients
 from mpifl.data import FederatedData
+from mpifl.errors import ConfigError
 from mpifl.head import find_head
 
 
@@ -75,7 +76,7 @@ def test_head_split_reproduces_the_model(batched):
 
 def test_head_rejects_output_that_is_not_the_last_linear():
     torch.manual_seed(0)
-    with pytest.raises(config.ConfigError, match="model.name='squashed'.*last"):
+    with pytest.raises(ConfigError, match="model.name='squashed'.*last"):
         find_head(clients_for(SquashedOutput()), "squashed", "fedc2i")
 
 
@@ -107,7 +108,7 @@ def test_class_losses_match_a_loop(bias, scale):
     ("data.n_clients=1", "data.n_clients"),
 ])
 def test_config_errors_name_the_key(override, match):
-    with pytest.raises(config.ConfigError, match=match):
+    with pytest.raises(ConfigError, match=match):
         config.load(None, ["algorithm.name=fedc2i", override])
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from mpifl import config
 from mpifl.algorithms import federico
+from mpifl.errors import ConfigError
 from mpifl.logging.h5 import open_run
 from mpifl.main import main
 from mpifl.rng import rng
@@ -86,7 +87,7 @@ def test_held_weights_renormalise_over_the_models_held():
     ("federico.init=per_client model.weights=w.pt", "federico.init"),  # same weights for all: not per client
 ])
 def test_config_rejects_bad_values(override, key):
-    with pytest.raises(config.ConfigError, match=key):
+    with pytest.raises(ConfigError, match=key):
         config.load(None, ["algorithm.name=federico", "data.n_clients=8", *override.split()])
 
 

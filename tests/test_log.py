@@ -5,6 +5,7 @@ import pytest
 from scipy import sparse
 
 from mpifl import config
+from mpifl.errors import ConfigError
 from mpifl.logging.h5 import Writer, group_matrix, open_run
 
 N = 6
@@ -94,6 +95,6 @@ def test_rows_read_back_across_chunks_growth_and_a_resume(tmp_path):
 
 @pytest.mark.parametrize("key", ["log.every", "log.dense_max"])
 def test_log_section_rejects_non_positive(key):
-    with pytest.raises(config.ConfigError, match=key):
+    with pytest.raises(ConfigError, match=key):
         config.load(None, [f"{key}=0"])
     assert getattr(config.load(None, [f"{key}=3"]).log, key.split(".")[1]) == 3

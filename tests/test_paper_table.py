@@ -8,13 +8,14 @@ import pytest
 
 from mpifl import analyze as an
 from mpifl import config
+from mpifl import summary as sm
 from mpifl.paper_table import LayoutError, cells, load_layout, render
 
 
-def summary(seed: int, acc: float, **sections) -> an.Summary:
-    cfg = an.flatten(config.load(None, [f"{s}.{k}={v}" for s, kv in sections.items() for k, v in kv.items()]
+def summary(seed: int, acc: float, **sections) -> sm.Summary:
+    cfg = sm.flatten(config.load(None, [f"{s}.{k}={v}" for s, kv in sections.items() for k, v in kv.items()]
                                  + [f"run.seed={seed}", "pfedlia.warmup_rounds=1"]).to_dict())
-    return an.Summary(Path("x"), f"r{seed}", cfg, seed, 1, 1, 0, acc, acc, acc, acc, acc, acc,
+    return sm.Summary(Path("x"), f"r{seed}", cfg, seed, 1, 1, 0, acc, acc, acc, acc, acc, acc,
                       np.zeros(2), np.zeros(1))
 
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from mpifl import config
-from mpifl.config import ConfigError
 from mpifl.data import build, datasets, federate, share_test_set
 from mpifl.data.partition import PARTITIONS, PoolInfo, label_permutations, partition
+from mpifl.errors import ConfigError
 
 ALL = sorted(PARTITIONS)
 

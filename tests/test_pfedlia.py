@@ -8,9 +8,10 @@ from sklearn.metrics import adjusted_rand_score
 
 from mpifl.algorithms.pfedlia import _set_labels, optics_clusters, two_means
 from mpifl.comm import world
-from mpifl.config import ConfigError, from_dict
+from mpifl.config import from_dict
 from mpifl.data import build as build_data
 from mpifl.data.partition import label_groups
+from mpifl.errors import ConfigError
 from mpifl.runtime import run
 
 

@@ -14,7 +14,7 @@ import yaml
 
 from mpifl import sweep as sw
 from mpifl.check import node_local
-from mpifl.config import ConfigError
+from mpifl.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -70,7 +70,7 @@ def test_point_names_use_distinct_key_suffixes(tmp_path):
     ({"train.nope": [1]}, {}, "unknown key 'train.nope'"),
     ({"run.seed": [0]}, {"slurm": {"ntasks": 8}},
      "data.n_clients=4 is not allowed; must be >= the number of MPI ranks (8)"),
-    ({"run.seed": [0]}, {"slurm": {"gpus": 1}}, "unknown key slurm.'gpus'"),
+    ({"run.seed": [0]}, {"slurm": {"gpus": 1}}, "unknown key 'slurm.gpus'"),
     ({"run.seed": [0]}, {"bogus": 1}, "unknown key 'bogus' in sweep file"),
 ])
 def test_bad_sweeps_fail_with_one_line_naming_the_key(tmp_path, grid, extra, message):

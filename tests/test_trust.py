@@ -17,6 +17,7 @@ import pytest
 import torch
 from helpers import REPO, launch
 
+from mpifl.errors import ConfigError
 from mpifl.logging.h5 import open_run
 
 TINY = ["data.name=synthetic", "data.n_samples=240", "data.n_clients=4", "data.n_clusters=2", "model.hidden=[8]",
@@ -144,7 +145,7 @@ def test_quoted_numbers_read_as_yaml_numbers_never_shifted(tmp_path, text, value
 def test_strings_that_are_no_yaml_number_are_refused(text):
     from mpifl import config
 
-    with pytest.raises(config.ConfigError, match=r"^train\.weight_decay=.* must be a number"):
+    with pytest.raises(ConfigError, match=r"^train\.weight_decay=.* must be a number"):
         config.load(None, [f"train.weight_decay={text}"])
 
 
@@ -159,7 +160,7 @@ def test_a_3000_deep_yaml_exits_2_in_one_line(tmp_path, nest):
 def test_huge_values_are_cut_in_error_messages():
     from mpifl import config
 
-    with pytest.raises(config.ConfigError) as e:
+    with pytest.raises(ConfigError) as e:
         config.load(None, ["train.optimizer=" + "x" * 100_000])
     msg = str(e.value)
     assert len(msg) < 500 and msg.startswith("train.optimizer='xxx") and msg.endswith("sgd, adam")
@@ -172,7 +173,7 @@ def test_control_characters_in_run_paths_are_config_errors(tmp_path, key):
 
     f = tmp_path / "c.yaml"
     f.write_text(f'run:\n  {key}: "x\\ntouch PWNED"\n')
-    with pytest.raises(config.ConfigError, match=rf"^run\.{key}='x\\ntouch PWNED' is not allowed; no newlines"):
+    with pytest.raises(ConfigError, match=rf"^run\.{key}='x\\ntouch PWNED' is not allowed; no newlines"):
         config.load(f)
 
 
@@ -225,7 +226,7 @@ def test_a_fresh_start_of_the_same_config_replaces_only_its_own_files(tmp_path):
 ])
 def test_hostile_slurm_options_are_errors_naming_the_key(tmp_path, key, value):
     from mpifl import sweep as sw
-    from mpifl.config import ConfigError
+    from mpifl.errors import ConfigError
 
     with pytest.raises(ConfigError) as e:
         sw.SlurmOptions.from_dict({key: value})
@@ -239,7 +240,7 @@ def test_hostile_slurm_options_are_errors_naming_the_key(tmp_path, key, value):
 @pytest.mark.parametrize(("key", "value"), [("name", "r\ntouch PWNED"), ("out_dir", "/scratch/o\ntouch PWNED")])
 def test_newlines_in_run_paths_never_reach_a_script(tmp_path, key, value):
     from mpifl import sweep as sw
-    from mpifl.config import ConfigError
+    from mpifl.errors import ConfigError
 
     f = tmp_path / "c.yaml"
     f.write_text(f"run: {{{key}: {value!r}}}\n".replace("'", '"').replace("\n", "\\n", 1))
@@ -258,7 +259,7 @@ def _cfg(out_dir, name: str):
     raw = {"run": {"out_dir": str(out_dir), "name": name, "rounds": 2}, "data": {"name": "synthetic"}}
     try:
         return config.from_dict(raw)
-    except config.ConfigError:
+    except ConfigError:
         return config.Config(config.RunConfig(out_dir=str(out_dir), name=name))  # as a caller might build it
 
 
@@ -308,8 +309,8 @@ def test_a_hostile_cifar_pickle_is_refused(tmp_path, name, file):
     import numpy as np
     from test_datasets import cfg_for, write_cifar
 
-    from mpifl.config import ConfigError
     from mpifl.data import datasets
+    from mpifl.errors import ConfigError
 
     write_cifar(tmp_path, name == "cifar100", np.random.default_rng(0))
     folder = tmp_path / ("cifar-10-batches-py" if name == "cifar10" else "cifar-100-python")

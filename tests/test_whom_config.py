@@ -4,6 +4,7 @@ naming the key, its value and what is allowed (``main`` exits 2 with it)."""
 import pytest
 
 from mpifl import config
+from mpifl.errors import ConfigError
 
 CASES = [
     (["cfl.eps1=0"], "cfl.eps1", "finite number > 0"),
@@ -30,7 +31,7 @@ CASES = [
 
 @pytest.mark.parametrize(("over", "key", "allowed"), CASES, ids=[" ".join(c[0]) for c in CASES])
 def test_bad_value_one_line_naming_the_key(over, key, allowed):
-    with pytest.raises(config.ConfigError, match=f"^{key}=") as e:
+    with pytest.raises(ConfigError, match=f"^{key}=") as e:
         config.load(None, over)
     assert "\n" not in str(e.value) and allowed in str(e.value)
 

@@ -50,9 +50,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from ..checkpoint import per_client
 from ..clients import Clients, RowOptimizer
-from ..config import check
+from ..errors import check
+from ..state import per_client
 from . import fedavg
 from .base import Context, Round, own_rows_metrics
 

@@ -60,7 +60,7 @@ import numpy as np
 import torch
 from sklearn.cluster import AgglomerativeClustering
 
-from ..config import check
+from ..errors import check
 from .base import Context, Round
 from .fedavg import local_update
 

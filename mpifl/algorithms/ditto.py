@@ -48,9 +48,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..checkpoint import per_client
 from ..clients import Objective
-from ..config import check
+from ..errors import check
+from ..state import per_client
 from . import fedavg
 from .base import Context, Round, own_rows_metrics
 

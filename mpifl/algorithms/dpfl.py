@@ -72,9 +72,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from ..checkpoint import per_client
-from ..config import ConfigError, check
+from ..errors import ConfigError, check
 from ..rng import GLOBAL
+from ..state import per_client
 from .base import Context, Round, own_rows_metrics
 
 if TYPE_CHECKING:

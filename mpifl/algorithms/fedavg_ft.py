@@ -1,5 +1,6 @@
 """FedAvg+FT ("FedAvg+"): FedAvg, then before evaluation every client fine-tunes
-a global model for ``algorithm.ft_epochs`` local epochs on its own data and is
+a global model for ``algorithm.ft_epochs`` local epochs (default 0: 2 * ``train.local_epochs``,
+DPFL's 2*tau) on its own data and is
 evaluated on the result. Evaluation-time only: neither the global model nor the
 clients' training state is changed by fine-tuning.
 
@@ -15,7 +16,7 @@ Which global model is fine-tuned (``fedavg_ft.start``):
   that accuracy so far (the earliest on ties) is kept in the state (and in
   checkpoints), and fine-tuning starts from it. This costs one validation pass
   per round, whatever ``run.eval_every`` is, so the choice does not depend on
-  the evaluation schedule. DPFL's 2*tau epochs: ``algorithm.ft_epochs=2*E``.
+  the evaluation schedule.
 
 Fine-tuning runs from a fresh optimizer on batches of its own purpose
 ("finetune"), through ``Clients.using`` on a copy of the model per client.
@@ -34,7 +35,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import torch
 
-from ..config import check
+from ..errors import check
 from . import fedavg
 from .base import Context, Round, own_rows_metrics
 
@@ -78,9 +79,14 @@ def round(ctx: Context, state: State, t: int) -> Round:
     return out
 
 
+def ft_epochs(cfg: Config) -> int:
+    """The fine-tuning epochs: ``algorithm.ft_epochs``, 0 meaning DPFL's 2 * tau."""
+    return cfg.algorithm.ft_epochs or 2 * cfg.train.local_epochs
+
+
 def evaluate(ctx: Context, state: State, t: int) -> dict[str, np.ndarray]:
     start = state.best if ctx.cfg.fedavg_ft.start == "best_val" else state.model
-    return finetuned_metrics(ctx, start, ctx.cfg.algorithm.ft_epochs, t)
+    return finetuned_metrics(ctx, start, ft_epochs(ctx.cfg), t)
 
 
 def track_best(ctx: Context, state: State, out: Round, t: int) -> None:

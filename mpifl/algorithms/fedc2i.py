@@ -56,10 +56,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..checkpoint import transient
 from ..clients import Clients
-from ..config import check
+from ..errors import check
 from ..head import Head, find_head
+from ..state import transient
 from .base import Context, Round, identity_rows, own_rows_metrics
 
 if TYPE_CHECKING:

@@ -51,10 +51,10 @@ import torch
 import torch.nn.functional as F
 
 from .. import models
-from ..checkpoint import per_client
 from ..clients import Objective, loss_acc_from_probs
-from ..config import check
+from ..errors import check
 from ..rng import GLOBAL, rng
+from ..state import per_client
 from .base import Context, Round
 
 if TYPE_CHECKING:

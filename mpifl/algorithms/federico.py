@@ -75,9 +75,9 @@ import numpy as np
 import torch
 
 from .. import models
-from ..checkpoint import per_client, transient
 from ..clients import loss_acc_from_probs
-from ..config import check
+from ..errors import check
+from ..state import per_client, transient
 from .base import Context, Round
 
 if TYPE_CHECKING:

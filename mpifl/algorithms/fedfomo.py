@@ -51,8 +51,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..checkpoint import per_client
-from ..config import check
+from ..errors import check
+from ..state import per_client
 from .base import Context, Round, own_rows_metrics
 from .federico import sample_neighbours
 

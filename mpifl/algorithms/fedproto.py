@@ -59,10 +59,10 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, vmap
 
-from ..checkpoint import transient
 from ..clients import Clients, loss_acc_from_probs
-from ..config import check
+from ..errors import check
 from ..head import Head, find_head
+from ..state import transient
 from .base import Context, Round, identity_rows
 
 if TYPE_CHECKING:

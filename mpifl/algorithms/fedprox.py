@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from ..clients import Objective
-from ..config import check
+from ..errors import check
 from . import fedavg
 from .base import Context, Round
 

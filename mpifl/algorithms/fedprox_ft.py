@@ -9,13 +9,13 @@ Training is FedProx's round (proximal weight ``fedprox.mu``). After every round
 the new global model w^{t+1} is evaluated on every client's validation split;
 the model with the highest mean over clients so far (earliest on ties) is kept.
 Before evaluation each client i fine-tunes that model on its own loss F_i alone
-(no proximal term) for ``fedprox_ft.ft_epochs`` local epochs from a fresh
+(no proximal term) for ``algorithm.ft_epochs`` local epochs from a fresh
 optimizer, and is evaluated on the result. Fine-tuning and tracking are
 ``fedavg_ft``'s (one code path); neither changes the training state.
 
     mpiexec -n 2 python -m mpi4py -m mpifl.main jobs/quickstart.yaml algorithm.name=fedprox_ft fedprox.mu=0.1
 
-Choices: ``ft_epochs`` 0 means 2 * ``train.local_epochs`` (DPFL's 2*tau);
+Choices: ``algorithm.ft_epochs`` 0 (the default) means 2 * ``train.local_epochs`` (DPFL's 2*tau);
 ``start=last`` fine-tunes the current global model instead of the best one.
 The fine-tuning runs at every evaluation (``run.eval_every``) from the best model
 so far, so the last round's figures are DPFL's.
@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from ..config import check
 from . import fedavg_ft, fedprox
 from .base import Context, Round
 
@@ -41,14 +40,11 @@ if TYPE_CHECKING:
 
 @dataclass
 class Params:
-    ft_epochs: int = 0  # local fine-tuning epochs before evaluation; 0 = 2 * train.local_epochs (DPFL)
     # global model fine-tuned: best_val = the one of best mean validation accuracy over
     # clients so far (DPFL), last = the current one
     start: Literal["best_val", "last"] = "best_val"
 
     def validate(self, cfg: Config) -> None:
-        check(self.ft_epochs >= 0, "fedprox_ft.ft_epochs", self.ft_epochs,
-              "must be >= 0 (0 = 2 * train.local_epochs)")
         fedavg_ft.check_start("fedprox_ft", self.start, cfg)
 
 
@@ -66,4 +62,4 @@ def round(ctx: Context, state: State, t: int) -> Round:
 def evaluate(ctx: Context, state: State, t: int) -> dict[str, np.ndarray]:
     p = ctx.cfg.fedprox_ft
     start = state.best if p.start == "best_val" else state.model
-    return fedavg_ft.finetuned_metrics(ctx, start, p.ft_epochs or 2 * ctx.cfg.train.local_epochs, t)
+    return fedavg_ft.finetuned_metrics(ctx, start, fedavg_ft.ft_epochs(ctx.cfg), t)

@@ -42,10 +42,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..checkpoint import transient
 from ..clients import Objective
-from ..config import check
+from ..errors import check
 from ..head import Head, body_slices, find_head
+from ..state import transient
 from .base import Context, Round, own_rows_metrics
 
 

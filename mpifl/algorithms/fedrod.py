@@ -43,9 +43,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..checkpoint import per_client
 from ..clients import Clients, RowOptimizer
 from ..head import Head, find_head
+from ..state import per_client
 from . import fedavg
 from .base import Context, Round, own_rows_metrics
 

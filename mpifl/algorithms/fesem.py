@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from ..config import ConfigError, check
+from ..errors import ConfigError, check
 from ..rng import GLOBAL
 from .base import Context, Round, round_half_up
 from .cfl import within

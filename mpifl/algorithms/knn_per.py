@@ -44,10 +44,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from ..checkpoint import transient
 from ..clients import loss_acc_from_probs
-from ..config import check
+from ..errors import check
 from ..head import Head, find_head
+from ..state import transient
 from . import fedavg
 from .base import Context, Round
 

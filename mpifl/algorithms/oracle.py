@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from ..config import check
+from ..errors import check
 from .base import Context, Round, own_rows_metrics
 from .fedavg import local_update
 

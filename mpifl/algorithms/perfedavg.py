@@ -51,7 +51,7 @@ import numpy as np
 import torch
 
 from ..clients import Clients
-from ..config import check
+from ..errors import check
 from . import fedavg
 from .base import Context, Round, own_rows_metrics
 

@@ -52,8 +52,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from ..checkpoint import per_client
-from ..config import check
+from ..errors import check
+from ..state import per_client
 from .base import Context, Round, own_rows_metrics
 
 if TYPE_CHECKING:

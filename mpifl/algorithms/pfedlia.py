@@ -63,8 +63,8 @@ import torch
 from sklearn.cluster import OPTICS, KMeans
 from sklearn.metrics import adjusted_rand_score
 
-from ..checkpoint import per_client
-from ..config import ConfigError, check
+from ..errors import ConfigError, check
+from ..state import per_client
 from . import fedavg
 from .base import Context, Round, own_rows_metrics
 from .oracle import cluster_fedavg

@@ -7,13 +7,17 @@ samples of its own clients only.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..config import ConfigError, DataConfig
+from ..errors import ConfigError
 from ..rng import GLOBAL, rng
 from . import datasets
 from .partition import Partition, PoolInfo, partition
+
+if TYPE_CHECKING:  # a type hint only: the config package sits above this module
+    from ..config import DataConfig
 
 SPLITS = ("train", "val", "test")
 

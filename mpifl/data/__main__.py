@@ -64,6 +64,7 @@ def heatmap(data: FederatedData, path: str, title: str = "") -> None:
 def main(argv: list[str] | None = None) -> int:
     from .. import config
     from ..comm import world
+    from ..errors import ConfigError
     from . import build
 
     ap = argparse.ArgumentParser(prog="python -m mpifl.data", description=__doc__.splitlines()[2])
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config.load(path, overrides)
         data = build(cfg.data, cfg.run.seed, np.arange(0))
-    except config.ConfigError as e:
+    except ConfigError as e:
         print(f"mpifl: error: {e}", file=sys.stderr, flush=True)
         return 2
     d = cfg.data

@@ -42,11 +42,15 @@ import gzip
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..config import ConfigError, DataConfig
+from ..errors import ConfigError
 from ..rng import GLOBAL, rng
+
+if TYPE_CHECKING:  # a type hint only: the config package sits above this module
+    from ..config import DataConfig
 
 BUILTIN = ("digits", "mnist1d", "synthetic")
 

@@ -33,11 +33,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..config import ConfigError, DataConfig
+from ..errors import ConfigError
 from ..rng import GLOBAL, rng
+
+if TYPE_CHECKING:  # a type hint only: the config package sits above this module
+    from ..config import DataConfig
 
 
 @dataclass

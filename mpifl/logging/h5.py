@@ -427,9 +427,11 @@ class Run:
 
     @property
     def config(self) -> dict:
-        import yaml
+        """The run's config as stored in the log, read as any config file is
+        (``mpifl.yamlio``: a hostile log cannot make the reader expand a bomb)."""
+        from ..yamlio import parse_yaml
 
-        return yaml.safe_load(self.attrs["config_yaml"])
+        return parse_yaml(self.attrs["config_yaml"], f"the config stored in {str(self.path)!r}")
 
     @property
     def n_rounds(self) -> int:

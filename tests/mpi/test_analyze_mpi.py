@@ -8,6 +8,7 @@ import pytest
 
 from mpifl import analyze as an
 from mpifl import config, runtime
+from mpifl import summary as sm
 from mpifl.comm import world
 
 TINY = {
@@ -28,7 +29,7 @@ def test_analysis_of_a_multi_rank_log_matches_one_rank(mpi, shared_tmp):
     runtime.run(cfg("many"), world())
     if mpi.Get_rank() == 0:
         runtime.run(cfg("one"), MPI.COMM_SELF)
-        many, one = an.summarize(shared_tmp / "many" / "run.h5"), an.summarize(shared_tmp / "one" / "run.h5")
+        many, one = sm.summarize(shared_tmp / "many" / "run.h5"), sm.summarize(shared_tmp / "one" / "run.h5")
         assert many.rounds_done == one.rounds_done == 3 and many.final_round == one.final_round == 2
         for m in an.ACC:
             assert getattr(many, m) == pytest.approx(getattr(one, m), abs=1e-6), m

@@ -12,7 +12,8 @@ import torch
 from serial_ref import cfg_of, gathered, make_ctx, serial, sgd
 
 from mpifl.algorithms import fesem
-from mpifl.config import ConfigError, load
+from mpifl.config import load
+from mpifl.errors import ConfigError
 from mpifl.rng import GLOBAL
 
 

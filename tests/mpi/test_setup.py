@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mpifl.comm import agree, cores_for_rank, node_local_rank, pick_device
-from mpifl.config import ConfigError
+from mpifl.errors import ConfigError
 
 
 def test_threads_split_the_node_among_its_ranks(mpi, monkeypatch):

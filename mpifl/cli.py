@@ -1,0 +1,25 @@
+"""``CONFIG [section.key=value ...]`` on the command line: the one reading that
+``mpifl.main``, ``mpifl.config``, ``mpifl.check`` and ``mpifl.data`` share."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+
+# section.key[.key...]=value; the value may hold anything, "=" included
+OVERRIDE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+=")
+
+
+def parse(argv: list[str], prog: str, description: str, epilog: str = "") -> tuple[str | None, list[str]]:
+    """(config path or None, overrides). The first argument is the config when it
+    is an existing file or does not look like ``section.key=value``: a sweep over
+    lr makes paths like ``results/lr=0.1/config.yaml``."""
+    ap = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("config", nargs="?", help="YAML config (defaults apply when omitted)")
+    ap.add_argument("overrides", nargs="*", help="section.key=value")
+    a = ap.parse_args(argv)
+    if a.config is not None and not os.path.isfile(a.config) and OVERRIDE.match(a.config):
+        return None, [a.config, *a.overrides]  # only overrides were given
+    return a.config, a.overrides

@@ -1,0 +1,41 @@
+"""Run configuration: one dataclass per concern (:mod:`.sections`), loaded from
+YAML and overridden by ``a.b=value`` arguments (:mod:`.load`), validated before
+any training (:mod:`.validate`), documented from the code (:mod:`.reference`;
+``python -m mpifl.config`` prints it).
+
+Every user mistake raises :class:`mpifl.errors.ConfigError` whose message is one
+line naming the key, the value and what is allowed; the entry points turn it into
+exit 2. Defaults are the ones a quick CPU run wants; ``jobs/*.yaml`` hold only
+what differs from them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .load import assign, build, coerce, from_dict, load
+from .reference import KeyDoc, annotated_yaml, key_docs, reference
+from .sections import (
+    CORE_SECTIONS,
+    TAIL_SECTIONS,
+    AlgorithmConfig,
+    DataConfig,
+    LogConfig,
+    ModelConfig,
+    RunConfig,
+    TrainConfig,
+    config_class,
+)
+from .validate import CONTROL, validate
+
+__all__ = ["CONTROL", "CORE_SECTIONS", "TAIL_SECTIONS", "AlgorithmConfig", "Config", "DataConfig", "KeyDoc",
+           "LogConfig", "ModelConfig", "RunConfig", "TrainConfig", "annotated_yaml", "assign", "build", "coerce",
+           "config_class", "from_dict", "key_docs", "load", "reference", "validate"]
+
+
+def __getattr__(name: str) -> Any:
+    # ``config.Config`` (and ``from mpifl.config import Config``) without importing
+    # every algorithm when only the sections are needed
+    if name == "Config":
+        return config_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,146 @@
+"""The config's sections: one dataclass per concern, each key with its default
+and a comment saying what it means (``python -m mpifl.config`` prints them, the
+README's reference is generated from them). Algorithm sections are each
+algorithm module's ``Params`` (``mpifl.algorithms.sections``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import yaml
+
+from ..algorithms import NAMES as ALGORITHM_NAMES
+
+
+@dataclass
+class RunConfig:
+    name: str = "run"  # run directory is <out_dir>/<name>
+    out_dir: str = "results"
+    seed: int = 0  # drives partition, init, sampling, neighbour draws
+    rounds: int = 30
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: node-local GPU if any
+    eval_every: int = 1  # evaluate val/test every k rounds (and always the last)
+    threads: int = 0  # torch threads per rank; 0 = cores this rank owns
+    checkpoint_every: int = 10  # rounds between checkpoints (0: only at the end and on a signal)
+    # auto: continue a run directory that has a checkpoint; never: start over; require: fail without one
+    resume: Literal["auto", "never", "require"] = "auto"
+
+
+@dataclass
+class DataConfig:
+    # built-in: digits, mnist1d, synthetic; from data.root: the rest (see mpifl/data/datasets.py)
+    name: Literal["digits", "mnist1d", "synthetic", "mnist", "fashionmnist", "emnist", "cifar10", "cifar100",
+                  "cinic10", "digit5", "office10", "features"] = "mnist1d"
+    root: str = ""  # folder of on-disk datasets (torchvision layout); features: the .npz (or its folder)
+    partition: Literal["iid", "clusters", "noisy_clusters", "permuted_clusters", "patho", "dirichlet",
+                       "domains", "feature_shift", "label_flip"] = "clusters"
+    n_clients: int = 20
+    n_clusters: int = 4  # clusters: label groups (disjoint label sets); feature_shift: domains
+    # clusters/noisy_clusters: which labels form a group. random = a seeded shuffle of the labels
+    # (or CIFAR-100 super-classes) cut into n_clusters groups; ordered = consecutive labels in
+    # order, {0,1}, {2,3}, ... (pFedLIA's even split): with random, look-alike classes can share a
+    # group (Fashion-MNIST's T-shirt and Shirt), which caps every method's accuracy
+    cluster_labels: Literal["random", "ordered"] = "random"
+    n_samples: int = 5000  # size of generated datasets (mnist1d, synthetic)
+    # split: every client's samples -> train/val/test by val_frac/test_frac; test_set: the
+    # dataset's own test set is shared out following each client's label mix (DPFL), val_frac of the rest
+    test_source: Literal["split", "test_set"] = "split"
+    val_frac: float = 0.2  # of each client's samples (test_set: of its training samples)
+    test_frac: float = 0.2  # of each client's samples (split only)
+    subsample: float = 1.0  # fraction kept of every class (per domain, per train/test part), seeded
+    per_class: int = 0  # at most this many samples per class (per domain and part); 0 = all
+    synthetic_dim: int = 20  # input dimension of `synthetic`
+    synthetic_classes: int = 10
+    emnist_split: Literal["byclass", "bymerge", "balanced", "letters", "digits", "mnist"] = "byclass"
+    cifar100_labels: Literal["fine", "coarse"] = "fine"  # coarse: the 20 super-classes
+    image_size: int = 0  # cinic10/digit5/office10 images are resized to this; 0 = 32 (office10: 64)
+    dirichlet_alpha: float = 0.1  # dirichlet: concentration (DPFL Dir(0.1))
+    min_client_size: int = 10  # dirichlet: redraw until every client has this many samples
+    classes_per_client: int = 3  # patho: classes per client (DPFL Patho(3))
+    noisy_prob: float = 0.5  # noisy_clusters: chance a client gets extra labels outside its cluster
+    noisy_labels: int = 0  # noisy_clusters: how many extra labels; 0 = 1 (5 for cifar100 fine, pFedLIA)
+    flip_frac: float = 0.2  # label_flip: fraction of clients whose labels are permuted
+    flip_base: Literal["iid", "clusters", "noisy_clusters", "patho", "dirichlet", "domains",
+                       "feature_shift"] = "iid"  # label_flip: the partition flipped clients come from
+
+
+@dataclass
+class ModelConfig:
+    name: Literal["mlp", "lenet", "cnn_dpfl", "cnn2", "resnet18"] = "mlp"
+    hidden: list[int] = field(default_factory=lambda: [128, 128])  # mlp hidden widths
+    weights: str = ""  # optional state_dict (.pt) on disk; tensors whose name and shape match are loaded
+
+
+@dataclass
+class TrainConfig:
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    lr: float = 0.05
+    momentum: float = 0.0  # sgd only
+    weight_decay: float = 0.0
+    batch_size: int = 32
+    local_epochs: int = 1
+    # train all of a rank's clients at once (vmap; stacked bmm for MLPs) or client by
+    # client; auto = MLPs batched, other models whichever path a timing of both at
+    # the start of the run finds faster (logged as the run's train_path)
+    batched: Literal["auto", "on", "off"] = "auto"
+    # a NaN/inf loss or parameter: stop with an error naming client and round, or drop
+    # that client's update for the round (counted in /metrics/skipped)
+    on_nonfinite: Literal["error", "skip"] = "error"
+
+
+@dataclass
+class AlgorithmConfig:
+    name: Literal[ALGORITHM_NAMES] = "fedavg"  # every module of mpifl/algorithms
+    fraction: float = 1.0  # participation fraction C per round (fedavg-like)
+    # fedavg_ft, fedprox_ft: local fine-tuning epochs before evaluation; 0 = 2 * train.local_epochs,
+    # DPFL's 2*tau (appendix F.6)
+    ft_epochs: int = 0
+
+
+@dataclass
+class LogConfig:
+    every: int = 1  # log the per-client rows every k rounds (and always the last round)
+    dense_max: int = 1024  # above this many clients N x N logs are stored compactly
+    # buffer rounds and write them to run.h5 at least this often (seconds); 0 = every round,
+    # so a crash loses no finished round (>0 pays off when rounds take milliseconds)
+    flush_s: float = 0.0
+
+
+# the core sections, in the order they are printed; algorithm sections come from
+# mpifl.algorithms (each module's Params) and sit between ``algorithm`` and ``log``
+CORE_SECTIONS = {"run": RunConfig, "data": DataConfig, "model": ModelConfig, "train": TrainConfig,
+                 "algorithm": AlgorithmConfig}
+TAIL_SECTIONS = {"log": LogConfig}
+
+
+class _ConfigMethods:
+    """What every Config has besides its sections."""
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.out_dir) / self.run.name
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+@functools.cache
+def config_class() -> type:
+    """The ``Config`` dataclass: one field per section, the algorithm sections read
+    from the registry. Built on first use, since that imports every algorithm."""
+    from .. import algorithms
+
+    secs = {**CORE_SECTIONS, **algorithms.sections(), **TAIL_SECTIONS}
+    cls = dataclasses.make_dataclass(
+        "Config", [(name, sec, field(default_factory=sec)) for name, sec in secs.items()],
+        bases=(_ConfigMethods,))
+    cls.__module__ = "mpifl.config"  # pickles as mpifl.config.Config (the package's __getattr__)
+    cls.__doc__ = "The whole run configuration: one dataclass per section."
+    return cls

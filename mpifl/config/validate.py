@@ -1,0 +1,83 @@
+"""Ranges and combinations of a built Config (types and choices were checked
+while building). Each algorithm section validates itself (``Params.validate``)
+and the chosen algorithm may refuse a combination (``check_config``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Any
+
+from ..errors import ConfigError, check, shorten
+
+# C0 controls (newline, tab, escape...), DEL and C1 controls: a newline in a
+# value that reaches a shell script (run.name, run.out_dir) would be a new command
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _check_text(cfg: Any) -> None:
+    """No string of the config holds a control character."""
+    for section in dataclasses.fields(cfg):
+        part = getattr(cfg, section.name)
+        for f in dataclasses.fields(part):
+            v = getattr(part, f.name)
+            if isinstance(v, str) and CONTROL.search(v):
+                raise ConfigError(f"{section.name}.{f.name}={shorten(repr(v))} is not allowed; "
+                                  f"no newlines or other control characters")
+
+
+def validate(cfg: Any, n_ranks: int = 1) -> None:
+    """Ranges and combinations; types and choices were checked while building.
+    Each algorithm section validates itself (``Params.validate``), and the chosen
+    algorithm may refuse a combination (``check_config``)."""
+    from .. import algorithms
+
+    r, d, m, t, a = cfg.run, cfg.data, cfg.model, cfg.train, cfg.algorithm
+    _check_text(cfg)
+    check(bool(r.name) and "/" not in r.name and r.name not in (".", "..") and len(r.name.encode()) <= 255,
+           "run.name", r.name, "must be a plain non-empty directory name of at most 255 bytes")
+    check(r.rounds >= 1, "run.rounds", r.rounds, "must be >= 1")
+    check(r.seed >= 0, "run.seed", r.seed, "must be >= 0")
+    check(r.eval_every >= 1, "run.eval_every", r.eval_every, "must be >= 1")
+    check(r.threads >= 0, "run.threads", r.threads, "must be >= 0 (0 = automatic)")
+    check(r.checkpoint_every >= 0, "run.checkpoint_every", r.checkpoint_every, "must be >= 0")
+    check(d.n_clients >= 1, "data.n_clients", d.n_clients, "must be >= 1")
+    check(d.n_clients >= n_ranks, "data.n_clients", d.n_clients,
+           f"must be >= the number of MPI ranks ({n_ranks}); use fewer ranks or more clients")
+    check(d.n_clusters >= 1, "data.n_clusters", d.n_clusters, "must be >= 1")
+    check(d.n_samples >= 10, "data.n_samples", d.n_samples, "must be >= 10")
+    check(0 <= d.val_frac < 1, "data.val_frac", d.val_frac, "must be in [0, 1)")
+    check(0 < d.test_frac < 1, "data.test_frac", d.test_frac, "must be in (0, 1)")
+    check(d.val_frac + d.test_frac < 1, "data.test_frac", d.test_frac,
+           f"data.val_frac + data.test_frac must be < 1 (val_frac is {d.val_frac})")
+    check(0 < d.subsample <= 1, "data.subsample", d.subsample, "must be in (0, 1]")
+    check(d.per_class >= 0, "data.per_class", d.per_class, "must be >= 0 (0 = all)")
+    check(d.image_size >= 0, "data.image_size", d.image_size, "must be >= 0 (0 = the dataset's default)")
+    check(d.dirichlet_alpha > 0 and math.isfinite(d.dirichlet_alpha), "data.dirichlet_alpha",
+           d.dirichlet_alpha, "must be a finite number > 0")
+    check(d.min_client_size >= 0, "data.min_client_size", d.min_client_size, "must be >= 0")
+    check(d.classes_per_client >= 1, "data.classes_per_client", d.classes_per_client, "must be >= 1")
+    check(0 <= d.noisy_prob <= 1, "data.noisy_prob", d.noisy_prob, "must be in [0, 1]")
+    check(d.noisy_labels >= 0, "data.noisy_labels", d.noisy_labels, "must be >= 0 (0 = the paper's choice)")
+    check(0 <= d.flip_frac <= 1, "data.flip_frac", d.flip_frac, "must be in [0, 1]")
+    check(d.name != "features" or bool(d.root), "data.root", d.root,
+           "data.name=features needs data.root=PATH of a .npz with features and labels")
+    check(d.synthetic_dim >= 1, "data.synthetic_dim", d.synthetic_dim, "must be >= 1")
+    check(d.synthetic_classes >= 2, "data.synthetic_classes", d.synthetic_classes, "must be >= 2")
+    check(len(m.hidden) >= 1 and all(h >= 1 for h in m.hidden), "model.hidden", m.hidden,
+           "must be a non-empty list of positive widths")
+    check(t.lr > 0 and math.isfinite(t.lr), "train.lr", t.lr, "must be a finite number > 0")
+    check(0 <= t.momentum < 1, "train.momentum", t.momentum, "must be in [0, 1)")
+    check(t.weight_decay >= 0, "train.weight_decay", t.weight_decay, "must be >= 0")
+    check(t.batch_size >= 1, "train.batch_size", t.batch_size, "must be >= 1")
+    check(t.local_epochs >= 0, "train.local_epochs", t.local_epochs, "must be >= 0")
+    check(0 < a.fraction <= 1, "algorithm.fraction", a.fraction, "must be in (0, 1]")
+    check(a.ft_epochs >= 0, "algorithm.ft_epochs", a.ft_epochs, "must be >= 0 (0 = 2 * train.local_epochs)")
+    check(cfg.log.every >= 1, "log.every", cfg.log.every, "must be >= 1")
+    check(cfg.log.dense_max >= 1, "log.dense_max", cfg.log.dense_max, "must be >= 1")
+    check(0 <= cfg.log.flush_s < math.inf, "log.flush_s", cfg.log.flush_s, "must be a finite number >= 0")
+    for name in algorithms.sections():
+        getattr(cfg, name).validate(cfg)
+    if hasattr(algorithms.get(a.name), "check_config"):
+        algorithms.get(a.name).check_config(cfg)

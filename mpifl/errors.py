@@ -1,0 +1,25 @@
+"""The user error every entry point reports in one line, and the helpers that
+phrase it. A leaf module: everything may import it, it imports nothing of mpifl."""
+
+from __future__ import annotations
+
+from typing import Any
+
+MAX_SHOWN = 200  # characters of a value echoed in an error message
+
+
+class ConfigError(ValueError):
+    """A user error in the configuration or inputs: reported in one line, exit 2."""
+
+
+def shorten(text: str, limit: int = MAX_SHOWN) -> str:
+    """``text`` cut in the middle when longer than ``limit``, saying how long it was."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit // 2]}...({len(text)} characters)...{text[-limit // 4:]}"
+
+
+def check(ok: bool, key: str, value: Any, allowed: str) -> None:
+    """Raise the one-line error ``key=value is not allowed; allowed`` unless ``ok``."""
+    if not ok:
+        raise ConfigError(f"{key}={value!r} is not allowed; {allowed}")

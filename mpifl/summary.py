@@ -1,0 +1,253 @@
+"""One run's log, summarised: what ``mpifl.analyze`` tables and figures and
+``mpifl.paper_table`` cells are made of. Logs are read through
+``mpifl.logging.h5`` only, so runs still going (or killed) are read up to their
+last complete round; a log whose shapes contradict its own attributes is
+refused before anything large is read (:func:`check_shapes`)."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import ConfigError
+from .logging.h5 import Run, open_run
+from .yamlio import read_yaml
+
+WINDOW = 10  # rounds averaged by tail_acc and joined for graph ARI
+JOB = "job"  # not a config key: the config file a sweep point was made from
+
+
+@dataclass
+class Summary:
+    path: Path
+    name: str
+    config: dict[str, Any]  # flattened: "section.key" -> value
+    seed: int
+    rounds_done: int
+    rounds_planned: int | None
+    final_round: int  # 0-based index of the last evaluated round; -1 if none
+    final_acc: float
+    final_acc_w: float
+    tail_acc: float
+    tail_acc_w: float
+    best_acc: float
+    best_acc_w: float
+    client_final: np.ndarray  # [N] test acc at the final round
+    curve: np.ndarray  # [rounds_done] mean test acc per round, nan where not evaluated
+    ari: dict[str, float] = field(default_factory=dict)
+    group: tuple = ()
+
+    @property
+    def complete(self) -> bool:
+        return self.rounds_planned is not None and self.rounds_done >= self.rounds_planned
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, dict):
+            out.update(flatten(v, key))
+        else:
+            out[key] = v
+    return out
+
+
+def _wmean(x: np.ndarray, w: np.ndarray) -> float:
+    ok = ~np.isnan(x)
+    if not ok.any() or w[ok].sum() <= 0:
+        return math.nan
+    return float(np.sum(x[ok] * w[ok]) / np.sum(w[ok]))
+
+
+def nanmean(x: np.ndarray, axis: int | None = None) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmean(x, axis=axis)
+
+
+def best_val(val: np.ndarray, test: np.ndarray) -> np.ndarray:
+    """Per client, test accuracy at the (first) round of its best val accuracy; nan
+    for a client never evaluated on validation data."""
+    out = np.full(val.shape[1], np.nan)
+    for c in range(val.shape[1]):
+        v = val[:, c]
+        if np.isnan(v).all():
+            continue
+        out[c] = test[int(np.nanargmax(v)), c]
+    return out
+
+
+def components(adj: np.ndarray) -> np.ndarray:
+    """Connected-component label per node of an undirected graph (dense adjacency)."""
+    from scipy.sparse.csgraph import connected_components
+
+    _, labels = connected_components(adj, directed=False)
+    return labels
+
+
+# per-round [N, N] weight logs whose last round is clustered spectrally for the ARI
+SPECTRAL = ("affinity", "graph")
+
+
+def spectral(weights: np.ndarray, k: int, seed: int = 0) -> np.ndarray:
+    """k cluster labels of the nodes of a weighted graph: spectral clustering of
+    the symmetrised non-negative part of ``weights`` (a node with no edge is
+    linked to itself only)."""
+    from sklearn.cluster import SpectralClustering
+
+    w = np.maximum(np.asarray(weights, np.float64), 0.0)
+    w = (w + w.T) / 2
+    np.fill_diagonal(w, np.maximum(np.diag(w), (w.sum(1) == 0).astype(float)))
+    with warnings.catch_warnings():  # a graph in several pieces is what we look for
+        warnings.simplefilter("ignore", UserWarning)
+        return SpectralClustering(n_clusters=k, affinity="precomputed", random_state=seed).fit(w).labels_
+
+
+def cluster_recovery(run: Run, n_clients: int, window: int = WINDOW) -> dict[str, float]:
+    """ARI against the true clusters from whatever the log holds to recover them."""
+    from sklearn.metrics import adjusted_rand_score
+
+    info = run.datasets()
+    if "clients/cluster" not in info or run.n_rounds == 0:
+        return {}
+    truth = run.get("clients/cluster")
+    if len(np.unique(truth)) < 2:  # no structure to recover (iid)
+        return {}
+    out = {}
+    for k, d in info.items():
+        if k == "clients/cluster" or k.rsplit("/", 1)[-1] != "cluster":
+            continue
+        if d.per_round and d.shape[1:] == (n_clients,) and d.shape[0] > 0:
+            pred = run.row(k, -1)
+        elif not d.per_round and d.shape == (n_clients,):
+            pred = run.get(k)
+        else:
+            continue
+        out[k.replace("/", ".")] = float(adjusted_rand_score(truth, pred))
+    for k, d in run.matrices().items():
+        if not d.per_round or d.shape[0] == 0 or len(d.shape) != 3:
+            continue
+        if k == "graph/mixing" or d.dtype == np.bool_:
+            m = np.zeros((n_clients, n_clients), bool)
+            for t in range(max(0, d.shape[0] - window), d.shape[0]):
+                m |= np.asarray(run.row(k, t)) != 0
+            out[k.replace("/", ".")] = float(adjusted_rand_score(truth, components(m | m.T)))
+        elif k.endswith(SPECTRAL) and d.dtype.kind == "f" and n_clients > len(np.unique(truth)):
+            pred = spectral(run.row(k, -1), len(np.unique(truth)))
+            out["spectral." + k.replace("/", ".")] = float(adjusted_rand_score(truth, pred))
+    for k, v in run.attrs.items():
+        if "ari" in k.lower().split("_") and isinstance(v, (int, float, np.floating, np.integer)):
+            out[f"attr.{k}"] = float(v)
+    return out
+
+
+class Mismatch(ValueError):
+    """A log whose datasets do not have the shapes its own attributes imply."""
+
+
+# per-round datasets with one value per client: [rounds, n_clients]
+_PER_CLIENT = ("metrics/", "comm/")
+_MAX_CELLS = 1024  # per client pair and round: the largest extra axis a log may add (classes)
+
+
+def check_shapes(run: Run) -> None:
+    """Compare every dataset's declared shape with the run's ``n_clients`` and
+    rounds before anything is read: a file claiming more (a damaged or hostile
+    log) would make a reader allocate what it claims. Raises :class:`Mismatch`."""
+    n = run.attrs.get("n_clients")
+    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise Mismatch(f"attribute n_clients={str(n)[:40]!r} is not a positive integer")
+    n = int(n)
+    planned = run.planned_rounds
+    rounds = run.n_rounds
+    if planned is not None and rounds > planned:
+        raise Mismatch(f"/rounds/round holds {rounds} rows; the run has run.rounds={planned}")
+    limit = max(rounds, planned or 0, 1) * n * n * _MAX_CELLS
+    for k, d in run.datasets().items():
+        shape = d.shape
+        if k.startswith("clients/") and shape[:1] != (n,):
+            raise Mismatch(f"/{k} has shape {shape}, not [n_clients={n}, ...]")
+        if d.per_round and k.startswith(_PER_CLIENT) and shape[1:] != (n,):
+            raise Mismatch(f"/{k} has shape {shape}, not [rounds, n_clients={n}]")
+        if k == "graph/mixing" and shape[1:] != (n, n):
+            raise Mismatch(f"/{k} has shape {shape}, not [rounds, {n}, {n}]")
+        if math.prod(shape) > limit:
+            raise Mismatch(f"/{k} declares {math.prod(shape)} values; a run of {n} clients and "
+                           f"{max(rounds, planned or 0)} rounds logs at most {limit}")
+
+
+def sweep_job(log: Path) -> str | None:
+    """The name of the config file a run was made from, where its sweep varied the
+    file (``grid: {base: [...]}``): ``<sweep>/sweep.yaml`` lists each point of
+    ``<sweep>/runs/<point>/`` with its grid values."""
+    point = Path(log).parent
+    spec = point.parent.parent / "sweep.yaml"
+    if point.parent.name != "runs" or not spec.is_file():
+        return None
+    try:
+        points = (read_yaml(spec, f"sweep record {str(spec)!r}") or {}).get("points") or []
+    except (ConfigError, AttributeError):
+        return None
+    for p in points:
+        values = p.get("values") if isinstance(p, dict) else None
+        if p.get("name") == point.name and isinstance(values, dict) and values.get("base") is not None:
+            return Path(str(values["base"])).stem
+    return None
+
+
+def summarize(path: Path, window: int = WINDOW) -> Summary:
+    import h5py
+
+    if not h5py.is_hdf5(path):
+        raise ValueError("not an HDF5 file")
+    run = open_run(path)
+    check_shapes(run)
+    cfg = flatten(run.config)
+    job = sweep_job(run.path)
+    if job is not None:
+        cfg[JOB] = job
+    n_rounds = run.n_rounds
+    test = run.metric("test_acc") if n_rounds else np.zeros((0, 0))
+    val = run.metric("val_acc") if n_rounds else np.zeros((0, 0))
+    n_test = run.get("clients/n_test").astype(float)
+    evaluated = np.flatnonzero(~np.isnan(test).all(axis=1)) if n_rounds else np.array([], int)
+    if len(evaluated):
+        last = int(evaluated[-1])
+        client_final = test[last]
+        client_tail = nanmean(test[evaluated[-window:]], axis=0)
+        best = best_val(val, test)
+        curve = nanmean(test, axis=1)
+    else:
+        last, client_final = -1, np.full(len(n_test), np.nan)
+        client_tail = client_final
+        best, curve = client_final, np.full(n_rounds, np.nan)
+    name = str(cfg.get("run.name") or run.path.parent.name)
+    return Summary(
+        path=run.path, name=name, config=cfg, seed=int(run.attrs.get("seed", cfg.get("run.seed", 0))),
+        rounds_done=n_rounds, rounds_planned=run.planned_rounds, final_round=last,
+        final_acc=float(nanmean(client_final)), final_acc_w=_wmean(client_final, n_test),
+        tail_acc=float(nanmean(client_tail)), tail_acc_w=_wmean(client_tail, n_test),
+        best_acc=float(nanmean(best)), best_acc_w=_wmean(best, n_test),
+        client_final=client_final, curve=curve, ari=cluster_recovery(run, len(n_test), window),
+    )
+
+
+def find_logs(paths: list[str | Path]) -> list[Path]:
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_file():
+            out.append(p)
+        elif (p / "run.h5").is_file():
+            out.append(p / "run.h5")
+        elif p.is_dir():
+            out.extend(sorted(p.rglob("run.h5")))
+        else:
+            raise FileNotFoundError(f"{p}: no such file or directory")
+    seen: set[Path] = set()
+    return [p for p in out if not (p.resolve() in seen or seen.add(p.resolve()))]

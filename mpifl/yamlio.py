@@ -1,0 +1,103 @@
+"""The one YAML reader: every file mpifl reads (configs, sweeps, table layouts,
+the config stored in a run log) goes through :func:`parse_yaml` or :func:`read_yaml`.
+
+Within limits, checked while the document is composed, before any Python object
+is built: its size in bytes, its nesting depth, and the number of nodes it
+expands to. The last one is what stops an alias bomb: ``a: &a [x, x]``, ``b: &b
+[*a, *a]``, ... doubles at each line, so a file of a few hundred bytes would
+stand for 10^9 values; every alias counts the whole subtree it repeats.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from yaml.events import AliasEvent
+from yaml.nodes import MappingNode, SequenceNode
+
+from .errors import ConfigError
+
+MAX_BYTES = 1 << 20  # a config or sweep file; real ones are a few KiB
+MAX_DEPTH = 16  # nesting of YAML values; a config needs 3 (section, key, list)
+MAX_NODES = 100_000  # values a document may expand to, aliases counted in full; a config has ~200
+
+
+class _TooBig(Exception):
+    """Raised inside the loader; turned into a one-line ConfigError naming the file."""
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """SafeLoader that measures each node as it is composed: (values it expands
+    to, depth). An alias returns the node it names, already measured, so its
+    cost is added to its parent without walking it again."""
+
+    def __init__(self, stream: str):
+        super().__init__(stream)
+        self._measure: dict[int, tuple[int, int]] = {}
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        alias = self.check_event(AliasEvent)
+        node = super().compose_node(parent, index)
+        if alias:  # the node its anchor named: measured there, unless it is still being composed
+            if id(node) not in self._measure:
+                raise _TooBig("refers to itself through an alias; that is not allowed")
+            return node
+        if isinstance(node, SequenceNode):
+            children = node.value
+        elif isinstance(node, MappingNode):
+            children = [x for pair in node.value for x in pair]
+        else:
+            children = []
+        size, depth = 1, 0
+        for c in children:
+            got = self._measure[id(c)]
+            size += got[0]
+            depth = max(depth, got[1])
+        depth += 1
+        if size > MAX_NODES:
+            raise _TooBig(f"expands to more than {MAX_NODES} values (through aliases); that many are not allowed")
+        if depth > MAX_DEPTH:
+            raise _TooBig(f"nests values more than {MAX_DEPTH} levels deep; that many are not allowed")
+        self._measure[id(node)] = (size, depth)
+        return node
+
+
+def parse_yaml(text: str, what: str, invalid_ok: bool = False) -> Any:
+    """YAML text within the size, depth and expansion limits, or a one-line
+    ConfigError naming ``what`` (e.g. "config file 'x.yaml'"); with ``invalid_ok``
+    text that is not YAML comes back as it is (an override's value)."""
+    if len(text) > MAX_BYTES:
+        raise ConfigError(f"{what} is {len(text)} characters long; at most {MAX_BYTES} are allowed")
+    loader = _BoundedLoader(text)
+    try:
+        return loader.get_single_data()
+    except _TooBig as e:
+        raise ConfigError(f"{what} {e}") from None
+    except RecursionError:  # deeper than the composer's own recursion: far past MAX_DEPTH
+        raise ConfigError(f"{what} nests values more than {MAX_DEPTH} levels deep; that many are not allowed") \
+            from None
+    except yaml.YAMLError as e:
+        if invalid_ok:
+            return text
+        line = getattr(getattr(e, "problem_mark", None), "line", None)
+        where = f" (line {line + 1})" if line is not None else ""
+        raise ConfigError(f"{what} is not valid YAML{where}") from None
+    finally:
+        loader.dispose()
+
+
+def read_yaml(path: str | Path, what: str) -> Any:
+    """A YAML file within the limits of :func:`parse_yaml`."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        text = path.read_text() if size <= MAX_BYTES else ""
+    except (UnicodeDecodeError, ValueError):
+        raise ConfigError(f"{what} is not a YAML text file") from None
+    except OSError as e:
+        raise ConfigError(f"{what} cannot be read ({e.strerror})") from None
+    if size > MAX_BYTES:
+        raise ConfigError(f"{what} is {size} bytes; at most {MAX_BYTES} are allowed")
+    return parse_yaml(text, what)

@@ -1,0 +1,132 @@
+"""The package's import graph: no cycles (imports inside functions count; type-only
+imports under ``if TYPE_CHECKING`` do not), and the leaf modules stay leaves."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "mpifl"
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
+        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
+
+
+def _imports(path: Path, modules: set[str], root: Path) -> set[str]:
+    """mpifl modules ``path`` imports at run time (anywhere in the file)."""
+    name = _module_name(path, root)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "mpifl")
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] == "mpifl":
+                subs = {f"{target}.{a.name}" for a in node.names} & modules
+                found.update(subs)
+                if len(subs) < len(node.names):  # a name defined in the module itself (not only submodules)
+                    found.add(target)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text()))
+    return {m for m in found if m in modules and m != name}
+
+
+def graph(root: Path = PKG) -> dict[str, set[str]]:
+    files = {_module_name(p, root): p for p in root.rglob("*.py")}
+    return {m: _imports(p, set(files), root) for m, p in files.items()}
+
+
+def cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in g[v]:
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(g):
+        if v not in index:
+            strong(v)
+    return out
+
+
+def test_the_graph_sees_imports_in_functions_but_not_type_only_ones(tmp_path):
+    pkg = tmp_path / "mpifl"
+    (pkg / "sub").mkdir(parents=True)
+    for f in ("__init__.py", "a.py", "b.py", "c.py", "sub/__init__.py", "sub/d.py"):
+        (pkg / f).write_text("")
+    (pkg / "a.py").write_text("def f():\n    from . import b\n")
+    (pkg / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .c import X\n"
+                              "from .sub.d import y\n")
+    (pkg / "sub/d.py").write_text("from ..a import f\n")
+    g = graph(pkg)
+    assert g["mpifl.a"] == {"mpifl.b"} and g["mpifl.b"] == {"mpifl.sub.d"}
+    assert cycles(g) == [["mpifl.a", "mpifl.b", "mpifl.sub.d"]]
+
+
+def test_no_import_cycles():
+    assert cycles(graph()) == []
+
+
+@pytest.mark.parametrize("leaf", ["mpifl.errors", "mpifl.paths", "mpifl.rng", "mpifl.state"])
+def test_leaf_modules_import_nothing_of_mpifl(leaf):
+    assert graph()[leaf] == set()
+
+
+def test_lower_layers_never_import_the_config_runtime_or_tools():
+    """data, models, training, communication and logging take their config
+    sections as arguments; the config package (which knows every algorithm) sits
+    above them."""
+    upper = ("mpifl.config", "mpifl.runtime", "mpifl.main", "mpifl.sweep", "mpifl.analyze", "mpifl.check")
+    g = graph()
+    for m, deps in g.items():
+        if m.endswith(".__main__"):  # a command line of its own (python -m mpifl.data), above everything
+            continue
+        if m.startswith(("mpifl.data", "mpifl.models", "mpifl.clients", "mpifl.train", "mpifl.comm",
+                         "mpifl.logging", "mpifl.yamlio", "mpifl.cli", "mpifl.algorithms")):
+            bad = sorted(d for d in deps if d.startswith(upper))
+            assert not bad, f"{m} imports {bad}"
