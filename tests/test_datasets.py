@@ -3,12 +3,11 @@ mpifl (torchvision, download=False); missing or malformed roots give one line.""
 
 from __future__ import annotations
 
-import gzip
-import pickle
 from pathlib import Path
 
 import numpy as np
 import pytest
+from datafiles import fake_images, write_cifar, write_idx, write_png_tree
 
 from mpifl import config
 from mpifl.data import build, datasets
@@ -17,22 +16,6 @@ from mpifl.errors import ConfigError
 
 def cfg_for(name: str, root: Path | str, *more: str) -> config.DataConfig:
     return config.load(None, [f"data.name={name}", f"data.root={root}", "data.n_clients=2", *more]).data
-
-
-def write_idx(path: Path, arr: np.ndarray, gz: bool) -> None:
-    arr = np.ascontiguousarray(arr, np.uint8)
-    header = bytes([0, 0, 8, arr.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in arr.shape)
-    data = header + arr.tobytes()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if gz:
-        with gzip.open(str(path) + ".gz", "wb") as f:
-            f.write(data)
-    else:
-        path.write_bytes(data)
-
-
-def fake_images(g: np.random.Generator, n: int, *shape: int) -> np.ndarray:
-    return g.integers(0, 256, (n, *shape), dtype=np.uint8)
 
 
 @pytest.mark.parametrize("gz", [False, True], ids=["raw", "gzip"])
@@ -72,31 +55,6 @@ def test_emnist_splits(tmp_path, split, n_classes, offset):
     np.testing.assert_array_equal(pool.x[0, 0], xs["train"][0].T)
 
 
-def write_cifar(root: Path, n100: bool, g: np.random.Generator, n_train: int = 10, n_test: int = 20) -> dict:
-    out = {}
-    if not n100:
-        folder = root / "cifar-10-batches-py"
-        folder.mkdir(parents=True)
-        for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-            n = n_test if name == "test_batch" else n_train
-            entry = {"data": fake_images(g, n, 3072), "labels": list(g.integers(0, 10, n))}
-            out[name] = entry
-            (folder / name).write_bytes(pickle.dumps(entry))
-        (folder / "batches.meta").write_bytes(pickle.dumps({"label_names": [f"c{i}" for i in range(10)]}))
-        return out
-    folder = root / "cifar-100-python"
-    folder.mkdir(parents=True)
-    coarse_of = np.arange(100) % 20  # a known fine -> coarse map
-    for name, n in (("train", n_train * 5), ("test", 200)):
-        fine = np.arange(n) % 100 if name == "test" else g.integers(0, 100, n)  # test covers every class
-        entry = {"data": fake_images(g, n, 3072), "fine_labels": list(fine), "coarse_labels": list(coarse_of[fine])}
-        out[name] = entry
-        (folder / name).write_bytes(pickle.dumps(entry))
-    (folder / "meta").write_bytes(pickle.dumps({"fine_label_names": [f"f{i}" for i in range(100)]}))
-    out["coarse_of"] = coarse_of
-    return out
-
-
 def test_cifar10_batches(tmp_path):
     written = write_cifar(tmp_path, False, np.random.default_rng(2))
     pool = datasets.load(cfg_for("cifar10", tmp_path), 0)
@@ -118,17 +76,6 @@ def test_cifar100_fine_and_coarse(tmp_path):
     coarse = datasets.load(cfg_for("cifar100", tmp_path, "data.cifar100_labels=coarse"), 0)
     assert coarse.n_classes == 20 and coarse.class_groups is None
     np.testing.assert_array_equal(coarse.y, written["coarse_of"][fine.y])
-
-
-def write_png_tree(folder: Path, classes: list[str], n: int, size: int, g: np.random.Generator,
-                   mode: str = "RGB") -> None:
-    from PIL import Image
-
-    for c in classes:
-        (folder / c).mkdir(parents=True, exist_ok=True)
-        for i in range(n):
-            shape = (size, size, 3) if mode == "RGB" else (size, size)
-            Image.fromarray(g.integers(0, 256, shape, dtype=np.uint8), mode).save(folder / c / f"{i}.png")
 
 
 def test_cinic10_image_folder(tmp_path):

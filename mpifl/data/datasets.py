@@ -334,10 +334,34 @@ def _cifar(cfg: DataConfig) -> Pool:
 IMAGE_EXT = (".png", ".jpg", ".jpeg", ".bmp", ".ppm", ".pgm", ".tif", ".tiff", ".webp")
 
 
-def _image_folder(path: Path):
+def image_folder(path: Path):
+    """The ImageFolder tree at ``path``: its classes and (file, class) samples, nothing decoded."""
     from torchvision.datasets import ImageFolder
 
     return ImageFolder(str(path), allow_empty=False)
+
+
+def image_folders(name: str, root: Path) -> tuple[Path, str, list[str], list[tuple[int, Path, bool]]]:
+    """Where cinic10, digit5 or office10 lies under ``root``: (its folder, the layout
+    in words, domain names, [(domain, ImageFolder path, is test)])."""
+    if name == "cinic10":
+        where = root / "CINIC-10"
+        expected = f"{where}/{{train,valid,test}}/<class>/*.png (ImageFolder trees)"
+        return where, expected, ["cinic10"], [(0, where / s, s == "test") for s in ("train", "valid", "test")]
+    where = root / name
+    expected = (f"{where}/<domain>/<class>/*.png, or {where}/<domain>/{{train,test}}/<class>/*.png "
+                "(one ImageFolder tree per domain)")
+    if not where.is_dir():
+        return where, expected, [], []
+    names = sorted(p.name for p in where.iterdir() if p.is_dir() and not p.name.startswith("."))
+    folders = []
+    for d, domain in enumerate(names):
+        sub = [s for s in ("train", "val", "valid", "test") if (where / domain / s).is_dir()]
+        if sub:
+            folders += [(d, where / domain / s, s == "test") for s in sub]
+        else:
+            folders.append((d, where / domain, False))
+    return where, expected, names, folders
 
 
 def _folder_pool(cfg: DataConfig, seed: int) -> Pool:
@@ -346,25 +370,9 @@ def _folder_pool(cfg: DataConfig, seed: int) -> Pool:
 
     root = _root(cfg)
     size = cfg.image_size or (64 if cfg.name == "office10" else 32)
-    if cfg.name == "cinic10":
-        where = root / "CINIC-10"
-        expected = f"{where}/{{train,valid,test}}/<class>/*.png (ImageFolder trees)"
-        folders = [(0, where / s, s == "test") for s in ("train", "valid", "test")]
-        names = ["cinic10"]
-    else:
-        where = root / cfg.name
-        expected = (f"{where}/<domain>/<class>/*.png, or {where}/<domain>/{{train,test}}/<class>/*.png "
-                    "(one ImageFolder tree per domain)")
-        if not where.is_dir():
-            raise _missing(cfg.name, where, expected, "folder not found")
-        names = sorted(p.name for p in where.iterdir() if p.is_dir() and not p.name.startswith("."))
-        folders = []
-        for d, name in enumerate(names):
-            sub = [s for s in ("train", "val", "valid", "test") if (where / name / s).is_dir()]
-            if sub:
-                folders += [(d, where / name / s, s == "test") for s in sub]
-            else:
-                folders.append((d, where / name, False))
+    where, expected, names, folders = image_folders(cfg.name, root)
+    if cfg.name != "cinic10" and not where.is_dir():
+        raise _missing(cfg.name, where, expected, "folder not found")
     if not folders:
         raise _missing(cfg.name, where, expected, "no domain folders")
     samples, classes = [], None
@@ -372,7 +380,7 @@ def _folder_pool(cfg: DataConfig, seed: int) -> Pool:
         if not path.is_dir():
             raise _missing(cfg.name, path, expected, "folder not found")
         try:
-            ds = _image_folder(path)
+            ds = image_folder(path)
         except (FileNotFoundError, OSError) as e:
             raise _missing(cfg.name, path, expected, str(e).splitlines()[0]) from e
         if classes is None:
