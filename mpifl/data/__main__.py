@@ -5,6 +5,12 @@ one line per client with its train/val/test sizes, true cluster and training
 label histogram, and optionally saves the label histogram as a PNG heatmap.
 Loads the dataset but converts no sample to float (no client is local here).
 User errors print one line and exit 2, as ``mpifl.main`` does.
+
+``python -m mpifl.data fetch NAME --root DIR [--mirror URL|FOLDER]`` downloads
+one of the torchvision-hosted datasets into the layout ``data.root`` reads
+(:mod:`mpifl.data.fetch`); ``python -m mpifl.data verify --root DIR [NAME ...]``
+says, per dataset, whether DIR holds it complete and intact
+(:mod:`mpifl.data.verify`). See docs/data.md.
 """
 
 from __future__ import annotations
@@ -61,7 +67,51 @@ def heatmap(data: FederatedData, path: str, title: str = "") -> None:
     plt.close(fig)
 
 
+STORE_EPILOG = """\
+fetch:   python -m mpifl.data fetch cifar10 --root /project/me/data
+verify:  python -m mpifl.data verify --root /project/me/data
+then:    data.root=/project/me/data in the job's config (docs/data.md)
+"""
+
+
+def store(argv: list[str]) -> int:
+    """The ``fetch`` and ``verify`` subcommands."""
+    from ..errors import ConfigError
+    from . import sources, verify
+
+    ap = argparse.ArgumentParser(prog="python -m mpifl.data", epilog=STORE_EPILOG,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 description="Put datasets onto disk, or check what a data.root holds.")
+    sub = ap.add_subparsers(dest="command", required=True)
+    f = sub.add_parser("fetch", help="download a torchvision-hosted dataset into DIR (md5-checked)")
+    f.add_argument("name", help=f"one of {', '.join(sources.NAMES)}")
+    f.add_argument("--root", required=True, help="the folder data.root will name")
+    f.add_argument("--mirror", help="base URL (or local folder) serving the same file names")
+    v = sub.add_parser("verify", help="per dataset: present, missing files or bad checksum "
+                                      "(exit 1 if any found incomplete or damaged)")
+    v.add_argument("names", nargs="*", metavar="NAME",
+                   help=f"only these, each required ({', '.join(verify.ALL)}); default: all, absent ones fine")
+    v.add_argument("--root", required=True, help="the folder data.root names")
+    a = ap.parse_args(argv)
+    try:
+        if a.command == "fetch":
+            from .fetch import FetchError, fetch
+
+            try:
+                fetch(a.name, a.root, a.mirror)
+            except FetchError as e:
+                raise ConfigError(str(e)) from e
+            return 0
+        return verify.report(a.root, a.names)
+    except ConfigError as e:
+        print(f"mpifl.data: error: {e}", file=sys.stderr, flush=True)
+        return 2
+
+
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args and args[0] in ("fetch", "verify"):
+        return store(args)
     from .. import config
     from ..comm import world
     from ..errors import ConfigError
@@ -71,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("config", nargs="?", help="YAML config (defaults apply when omitted)")
     ap.add_argument("overrides", nargs="*", help="section.key=value")
     ap.add_argument("--png", help="save the clients x classes heatmap here")
-    a = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    a = ap.parse_args(args)
     path, overrides = a.config, a.overrides
     if path and "=" in path:
         path, overrides = None, [path, *overrides]
