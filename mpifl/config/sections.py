@@ -32,10 +32,10 @@ class RunConfig:
 
 @dataclass
 class DataConfig:
-    # built-in: digits, mnist1d, synthetic; from data.root: the rest (see mpifl/data/datasets.py)
+    # built-in: digits, mnist1d, synthetic; from data.root: the rest (docs/data.md)
     name: Literal["digits", "mnist1d", "synthetic", "mnist", "fashionmnist", "emnist", "cifar10", "cifar100",
                   "cinic10", "digit5", "office10", "features"] = "mnist1d"
-    root: str = ""  # folder of on-disk datasets (torchvision layout); features: the .npz (or its folder)
+    root: str = ""  # folder of on-disk datasets (layouts: docs/data.md); features: the .npz (or its folder)
     partition: Literal["iid", "clusters", "noisy_clusters", "permuted_clusters", "patho", "dirichlet",
                        "domains", "feature_shift", "label_flip"] = "clusters"
     n_clients: int = 20

@@ -77,33 +77,30 @@ then:    data.root=/project/me/data in the job's config (docs/data.md)
 def store(argv: list[str]) -> int:
     """The ``fetch`` and ``verify`` subcommands."""
     from ..errors import ConfigError
-    from . import sources, verify
+    from . import fetch, sources, verify
 
     ap = argparse.ArgumentParser(prog="python -m mpifl.data", epilog=STORE_EPILOG,
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  description="Put datasets onto disk, or check what a data.root holds.")
     sub = ap.add_subparsers(dest="command", required=True)
-    f = sub.add_parser("fetch", help="download a torchvision-hosted dataset into DIR (md5-checked)")
+    f = sub.add_parser("fetch", help="download a torchvision-hosted dataset into DIR (md5-checked)",
+                       description=fetch.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     f.add_argument("name", help=f"one of {', '.join(sources.NAMES)}")
     f.add_argument("--root", required=True, help="the folder data.root will name")
     f.add_argument("--mirror", help="base URL (or local folder) serving the same file names")
     v = sub.add_parser("verify", help="per dataset: present, missing files or bad checksum "
-                                      "(exit 1 if any found incomplete or damaged)")
+                                      "(exit 1 if any found incomplete or damaged)",
+                       description=verify.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     v.add_argument("names", nargs="*", metavar="NAME",
                    help=f"only these, each required ({', '.join(verify.ALL)}); default: all, absent ones fine")
     v.add_argument("--root", required=True, help="the folder data.root names")
     a = ap.parse_args(argv)
     try:
         if a.command == "fetch":
-            from .fetch import FetchError, fetch
-
-            try:
-                fetch(a.name, a.root, a.mirror)
-            except FetchError as e:
-                raise ConfigError(str(e)) from e
+            fetch.fetch(a.name, a.root, a.mirror)
             return 0
         return verify.report(a.root, a.names)
-    except ConfigError as e:
+    except (ConfigError, fetch.FetchError) as e:
         print(f"mpifl.data: error: {e}", file=sys.stderr, flush=True)
         return 2
 
@@ -117,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     from ..errors import ConfigError
     from . import build
 
-    ap = argparse.ArgumentParser(prog="python -m mpifl.data", description=__doc__.splitlines()[2])
+    ap = argparse.ArgumentParser(prog="python -m mpifl.data", description=__doc__.splitlines()[2],
+                                 epilog="datasets onto disk: python -m mpifl.data fetch --help; "
+                                        "checking a data.root: python -m mpifl.data verify --help")
     ap.add_argument("config", nargs="?", help="YAML config (defaults apply when omitted)")
     ap.add_argument("overrides", nargs="*", help="section.key=value")
     ap.add_argument("--png", help="save the clients x classes heatmap here")

@@ -3,7 +3,9 @@
 Built-in, no files: scikit-learn's bundled ``digits``, the ``mnist1d`` generator
 (``data.n_samples``) and Gaussian ``synthetic`` blobs.
 
-From ``data.root`` (read-only; nothing is ever downloaded):
+From ``data.root`` (read-only; nothing is downloaded here: ``python -m mpifl.data
+fetch`` puts the torchvision-hosted ones there, docs/data.md says how to prepare
+the others):
 
 ======================  ========================================================
 ``mnist``               ``<root>/MNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]``
