@@ -70,9 +70,9 @@ def _get(src: Source, filename: str, md5: str, mirrors: list[str], into: Path, s
                 if not check_integrity(str(path), md5):
                     raise RuntimeError("File not found or corrupted.")
             return path
-        except RuntimeError:  # torchvision's word for a wrong md5
-            got = calculate_md5(str(path)) if path.is_file() else "none"
-            errors.append(f"{url}: md5 {got}, expected {md5}")
+        except RuntimeError as e:  # torchvision's word for a wrong md5 (the file is left there), among others
+            why = f"md5 {calculate_md5(str(path))}, expected {md5}" if path.is_file() else str(e).splitlines()[0]
+            errors.append(f"{url}: {why}")
         except urllib.error.HTTPError as e:
             errors.append(f"{url}: HTTP {e.code} {e.reason}")
         except (urllib.error.URLError, OSError, ValueError) as e:

@@ -12,8 +12,9 @@ files directly in DIR (Debian's ``dataset-fashion-mnist`` layout; in the
 package's own folder they are checked against the package's md5sums, since
 Debian recompressed them and torchvision's md5s are of the upstream ``.gz``).
 The hand-prepared image folders (cinic10, digit5, office10) and the
-``features`` file are checked for their layout only: they have no published
-checksums.
+``features`` file have no published checksums: their layout is checked the way
+``data.root`` reads it (``bad layout: ...`` when it would refuse them), no
+image decoded.
 
 Exit status: 0 when every dataset found is complete and intact (a dataset
 absent altogether is fine, unless NAMEs were given: then each must be
@@ -23,6 +24,7 @@ present), 1 otherwise, 2 for a usage error.
 from __future__ import annotations
 
 import gzip
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,19 +44,25 @@ DEBIAN_MD5SUMS = Path("/var/lib/dpkg/info/dataset-fashion-mnist.md5sums")
 class Status:
     absent: bool = False  # nothing of the dataset is there
     missing: list[str] = field(default_factory=list)
-    bad: list[str] = field(default_factory=list)
+    bad: list[str] = field(default_factory=list)  # md5 differs
+    layout: list[str] = field(default_factory=list)  # hand-prepared folders that data.root would refuse
     unchecked: list[str] = field(default_factory=list)  # present, but no md5 to compare with
-    note: str = ""  # where, and how it was checked
+    note: str = ""  # where, and how it was checked; for an absent dataset, how to get it
 
     @property
     def ok(self) -> bool:
-        return not (self.absent or self.missing or self.bad)
+        return not (self.absent or self.missing or self.bad or self.layout)
 
     def text(self) -> str:
+        parts = []
         if self.bad:
-            return "bad checksum: " + ", ".join(self.bad)
-        if self.missing or self.absent:
-            return "missing: " + ", ".join(self.missing) + (f" ({self.note})" if self.note else "")
+            parts.append("bad checksum: " + ", ".join(self.bad))
+        if self.missing:
+            parts.append("missing: " + ", ".join(self.missing) + (f" ({self.note})" if self.absent else ""))
+        if self.layout:
+            parts.append("bad layout: " + "; ".join(self.layout))
+        if parts:
+            return "; ".join(parts)
         extra = f"; no md5 to check {len(self.unchecked)} of them: {', '.join(self.unchecked[:3])}" \
                 f"{', ...' if len(self.unchecked) > 3 else ''}" if self.unchecked else ""
         return f"present: {self.note}{extra}"
@@ -146,7 +154,7 @@ def folder_status(name: str, root: Path) -> Status:
     if not where.is_dir():
         return Status(absent=True, missing=[f"{where.name}/"], note="prepared by hand: see docs/data.md")
     if not folders:
-        return Status(missing=[f"{where.name}/<domain>/"])
+        return Status(layout=[f"{where.name}/ holds no domain folder"])
     classes, n = None, 0
     for _d, path, _test in folders:
         rel = str(path.relative_to(root))
@@ -155,9 +163,9 @@ def folder_status(name: str, root: Path) -> Status:
         try:
             ds = datasets.image_folder(path)
         except (FileNotFoundError, OSError) as e:
-            return Status(missing=[f"{rel}: {str(e).splitlines()[0]}"])
+            return Status(layout=[f"{rel}: {str(e).splitlines()[0]}"])
         if classes is not None and ds.classes != classes:
-            return Status(missing=[f"{rel}: class folders {ds.classes} differ from {classes}"])
+            return Status(layout=[f"{rel}: class folders {ds.classes} differ from {classes}"])
         classes = ds.classes
         n += len(ds.samples)
     return Status(note=f"{where} ({len(folders)} folders, {len(classes)} classes, {n} images; no checksums "
@@ -174,9 +182,9 @@ def features_status(root: Path) -> Status:
         with zipfile.ZipFile(path) as z:
             keys = {n.removesuffix(".npy") for n in z.namelist()}
     except (OSError, zipfile.BadZipFile) as e:
-        return Status(missing=[f"features.npz: unreadable ({e})"])
+        return Status(layout=[f"features.npz: unreadable ({e})"])
     if not ({"x", "features"} & keys and {"y", "labels"} & keys):
-        return Status(missing=[f"features.npz: arrays x (or features) and y (or labels); it holds {sorted(keys)}"])
+        return Status(layout=[f"features.npz needs arrays x (or features) and y (or labels); it holds {sorted(keys)}"])
     return Status(note=f"{path} (arrays {', '.join(sorted(keys))}; layout only)")
 
 
@@ -195,7 +203,7 @@ def status(name: str, root: Path, table: dict[str, Source]) -> Status:
 
 
 def report(root: Path | str, names: list[str] | None = None, table: dict[str, Source] | None = None,
-           out=print) -> int:
+           out: Callable[[str], None] = print) -> int:
     """One line per dataset to ``out``; the exit status (module docstring)."""
     root = Path(root).expanduser()
     if not root.is_dir():
@@ -208,7 +216,10 @@ def report(root: Path | str, names: list[str] | None = None, table: dict[str, So
     out(f"verify: {root}")
     broken = 0
     for name in wanted:
-        st = status(name, root, table)
+        try:
+            st = status(name, root, table)
+        except OSError as e:  # a file there that this user may not read: the job could not either
+            st = Status(missing=[f"{e.filename} (unreadable: {e.strerror})"])
         out(f"  {name:<13} {st.text()}")
         broken += not st.ok and (bool(names) or not st.absent)
     out(f"verify: {'ok' if not broken else f'{broken} dataset(s) incomplete or damaged'}")
