@@ -15,7 +15,7 @@ upgrade that moves a mirror moves it here too. What fetch writes:
 ======================  =====================================================
 
 The IDX files stay gzipped: those are the files whose md5 torchvision publishes,
-and mpifl reads them as they are. EMNIST is published as one 536 MB
+and mpifl reads them as they are. EMNIST is published as one large (over 500 MB)
 ``gzip.zip`` with one md5; fetch checks it, keeps the 24 ``.gz`` files inside it
 and records their md5s in ``MD5SUMS`` (``md5sum -c`` reads it), so that the copy
 can be checked again later without the archive.
