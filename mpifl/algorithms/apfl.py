@@ -52,6 +52,7 @@ import torch
 
 from ..clients import Clients, RowOptimizer
 from ..errors import check
+from ..mixing import Shared
 from ..state import per_client
 from . import fedavg
 from .base import Context, Round, own_rows_metrics
@@ -112,7 +113,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
     w = np.zeros(ctx.comm.n_local)
     w[mine] = row[ctx.comm.local_ids[mine]]
     state.model = ctx.comm.weighted_sum(c.params, w)
-    return Round(train_loss=loss, mixing_row=row, extras={"alpha": state.alpha.cpu().numpy().copy()})
+    return Round(train_loss=loss, mixing=Shared(row), extras={"alpha": state.alpha.cpu().numpy().copy()})
 
 
 def _step(ctx: Context, state: State):

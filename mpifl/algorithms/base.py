@@ -17,6 +17,7 @@ from scipy import sparse
 
 from ..clients import Clients
 from ..data import FederatedData
+from ..mixing import Dense, Mixing
 from ..rng import GLOBAL, rng
 
 if TYPE_CHECKING:  # algorithms are imported by the config (their Params) before MPI is wanted
@@ -64,13 +65,9 @@ class Round:
     """What one round produced on this rank (rows: this rank's clients)."""
 
     train_loss: np.ndarray  # [n_local], nan where a client did not train
-    # [n_local, N] row-stochastic: a dense array or a scipy.sparse matrix (graphs,
-    # identity); sparse ones travel and are stored as their non-zeros
-    mixing: np.ndarray | sparse.spmatrix | sparse.sparray | None = None
-    mixing_row: np.ndarray | None = None  # [N] when every client's row is the same
-    # (group [N], weight [N]), the same on every rank, for cluster algorithms: row i
-    # is weight restricted to i's group, or e_i where that is all zero
-    mixing_groups: tuple[np.ndarray, np.ndarray] | None = None
+    # what each client's model was averaged from: this rank's rows (Dense [n_local, N],
+    # dense or scipy.sparse), one row for all (Shared) or groups (Grouped)
+    mixing: Mixing | None = None
     # per-round logs: name -> [n_local, ...]; stored at /<algorithm>/<name> (a name
     # holding "/" is a path from the root, e.g. "lia/influence")
     extras: dict[str, np.ndarray] = field(default_factory=dict)
@@ -78,6 +75,11 @@ class Round:
     once: dict[str, np.ndarray] = field(default_factory=dict)
     # scalars or small JSON-able values for the log's root attributes (rank 0's count)
     attrs: dict[str, object] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.mixing is not None and not isinstance(self.mixing, Mixing):
+            raise TypeError(f"Round.mixing must be a mpifl.mixing.Mixing (Dense, Shared or Grouped), "
+                            f"not {type(self.mixing).__name__}")
 
 
 def own_rows_metrics(ctx: Context, params: torch.Tensor | None = None) -> dict[str, np.ndarray]:
@@ -89,8 +91,8 @@ def own_rows_metrics(ctx: Context, params: torch.Tensor | None = None) -> dict[s
     return out
 
 
-def identity_rows(ctx: Context) -> sparse.csr_matrix:
-    """This rank's rows of the identity as a sparse ``[n_local, N]`` matrix (no dense
-    ``n_local x N`` array at large N; ``.toarray()`` gives the dense one)."""
+def identity_rows(ctx: Context) -> Dense:
+    """This rank's rows of the identity, sparse ``[n_local, N]`` (no dense
+    ``n_local x N`` array at large N; ``.densify()`` gives the dense one)."""
     n = ctx.comm.n_local
-    return sparse.csr_matrix((np.ones(n, np.float32), (np.arange(n), ctx.comm.local_ids)), shape=(n, ctx.N))
+    return Dense(sparse.csr_matrix((np.ones(n, np.float32), (np.arange(n), ctx.comm.local_ids)), shape=(n, ctx.N)))

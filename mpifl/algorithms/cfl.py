@@ -61,6 +61,7 @@ import torch
 from sklearn.cluster import AgglomerativeClustering
 
 from ..errors import check
+from ..mixing import Grouped
 from .base import Context, Round
 from .fedavg import local_update
 
@@ -177,7 +178,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
     pos = np.searchsorted(sampled, ids[mine])
     un[mine] = np.sqrt(np.diag(G)[pos])
     return Round(
-        train_loss=loss, mixing_groups=(new, w),
+        train_loss=loss, mixing=Grouped(new, w),
         extras={"cluster": new[ids].astype(np.int64), "update_norm": un,
                 "mean_norm": mean_n[cl[ids]], "max_norm": max_n[cl[ids]]},
         attrs={"cfl_splits": state.splits.tolist()} if fire else {},

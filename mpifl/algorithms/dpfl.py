@@ -73,6 +73,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError, check
+from ..mixing import Dense
 from ..rng import GLOBAL
 from ..state import per_client
 from .base import Context, Round, own_rows_metrics
@@ -403,7 +404,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
         members = [int(k), *pe.chosen]
         mixing[i, members] = state.p[members] / state.p[members].sum()
     reward = -c.evaluate("val")[0]
-    out = Round(train_loss=loss, mixing=mixing,
+    out = Round(train_loss=loss, mixing=Dense(mixing),
                 extras={"candidates": cand, "collaborators": coll, "reward": reward.astype(np.float32),
                         "max_batch_models": most.astype(np.int64), **trained})
     if t == 0:

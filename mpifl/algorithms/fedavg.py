@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from ..clients import Objective
+from ..mixing import Shared
 from .base import Context, Round, own_rows_metrics
 
 
@@ -67,7 +68,7 @@ def step(ctx: Context, model: torch.Tensor, t: int, fraction: float,
     row[sampled] = ctx.p[sampled] / ctx.p[sampled].sum()
     w = np.zeros(ctx.comm.n_local)
     w[mine] = row[ctx.comm.local_ids[mine]]
-    return ctx.comm.weighted_sum(ctx.clients.params, w), Round(train_loss=loss, mixing_row=row)
+    return ctx.comm.weighted_sum(ctx.clients.params, w), Round(train_loss=loss, mixing=Shared(row))
 
 
 def evaluate(ctx: Context, state: State, t: int) -> dict[str, np.ndarray]:

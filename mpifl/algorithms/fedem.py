@@ -53,6 +53,7 @@ import torch.nn.functional as F
 from .. import models
 from ..clients import Objective, loss_acc_from_probs
 from ..errors import check
+from ..mixing import Shared
 from ..rng import GLOBAL, rng
 from ..state import per_client
 from .base import Context, Round
@@ -148,7 +149,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
                                   objective=Objective(sample_weight=q[:, m].contiguous()))
         new[m] = ctx.comm.weighted_sum(c.params, w)
     state.components = new
-    return Round(train_loss=loss, mixing_row=row, extras={"pi": state.pi.astype(np.float32)})
+    return Round(train_loss=loss, mixing=Shared(row), extras={"pi": state.pi.astype(np.float32)})
 
 
 def mixture_metrics(ctx: Context, components: torch.Tensor, pi: np.ndarray) -> dict[str, np.ndarray]:

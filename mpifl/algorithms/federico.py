@@ -77,6 +77,7 @@ import torch
 from .. import models
 from ..clients import loss_acc_from_probs
 from ..errors import check
+from ..mixing import Dense
 from ..state import per_client, transient
 from .base import Context, Round
 
@@ -257,7 +258,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
     mixing = np.stack([held_weights(state.weights[r], members[r]) for r in range(n)])
     return Round(
         train_loss=losses[:, f.k].copy(),
-        mixing=mixing.astype(np.float32),
+        mixing=Dense(mixing.astype(np.float32)),
         extras={"client_weights": state.weights.astype(np.float32),
                 "tracked_loss": state.tracked_loss.astype(np.float32),
                 "neighbours": S.astype(np.int64)},

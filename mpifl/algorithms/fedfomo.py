@@ -52,6 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import check
+from ..mixing import Dense
 from ..state import per_client
 from .base import Context, Round, own_rows_metrics
 from .federico import sample_neighbours
@@ -161,7 +162,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
     c.opt.reset(torch.as_tensor(mine, device=c.device))
     loss = np.full(n, np.nan)
     loss[mine] = c.train(mine, ctx.cfg.train.local_epochs, t, subsets=[tr for tr, _ in parts])
-    return Round(train_loss=loss, mixing=mixing,
+    return Round(train_loss=loss, mixing=Dense(mixing),
                  extras={"weights": W.astype(np.float32), "affinity": state.affinity.astype(np.float32),
                          "candidates": cands})
 

@@ -45,6 +45,7 @@ import torch
 from ..clients import Objective
 from ..errors import check
 from ..head import Head, body_slices, find_head
+from ..mixing import Shared
 from ..state import transient
 from .base import Context, Round, own_rows_metrics
 
@@ -95,7 +96,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
     model = state.model.clone()
     model[body] = comm.weighted_sum(c.params[:, body], w)
     state.model = model
-    return Round(train_loss=loss, mixing_row=row, extras={"head_train_loss": head_loss})
+    return Round(train_loss=loss, mixing=Shared(row), extras={"head_train_loss": head_loss})
 
 
 def evaluate(ctx: Context, state: State, t: int) -> dict[str, np.ndarray]:

@@ -45,6 +45,7 @@ import torch.nn.functional as F
 
 from ..clients import Clients, RowOptimizer
 from ..head import Head, find_head
+from ..mixing import Shared
 from ..state import per_client
 from . import fedavg
 from .base import Context, Round, own_rows_metrics
@@ -98,7 +99,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
     extras = {"bsm_loss": bsm}
     if (t + 1) % ctx.cfg.run.eval_every == 0 or t == ctx.cfg.run.rounds - 1:
         extras["generic_test_acc"] = c.evaluate("test", state.model)[1]
-    return Round(train_loss=loss, mixing_row=row, extras=extras)
+    return Round(train_loss=loss, mixing=Shared(row), extras=extras)
 
 
 def _step(ctx: Context, state: State, bsm: np.ndarray):

@@ -51,6 +51,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError, check
+from ..mixing import Grouped
 from ..rng import GLOBAL
 from .base import Context, Round, round_half_up
 from .cfl import within
@@ -134,7 +135,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
     hit = torch.as_tensor(np.isin(np.arange(K), assign[sampled]), device=sums.device)
     state.centres = torch.where(hit[:, None], sums.to(state.centres), state.centres)
     state.assign = assign
-    return Round(train_loss=loss, mixing_groups=(assign, w),
+    return Round(train_loss=loss, mixing=Grouped(assign, w),
                  extras={"cluster": assign[ids].astype(np.int64), "distance": dist})
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from ..errors import check
+from ..mixing import Grouped
 from .base import Context, Round, own_rows_metrics
 from .fedavg import local_update
 
@@ -65,7 +66,7 @@ def cluster_fedavg(ctx: Context, models: torch.Tensor, cl: np.ndarray, t: int,
 
     # row i: w within i's cluster; a cluster with no sampled client keeps its
     # model (row e_i), which is the groups format's own rule
-    return models, Round(train_loss=loss, mixing_groups=(cl, w))
+    return models, Round(train_loss=loss, mixing=Grouped(cl, w))
 
 
 def evaluate(ctx: Context, state: State, t: int) -> dict[str, np.ndarray]:

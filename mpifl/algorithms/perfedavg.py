@@ -52,6 +52,7 @@ import torch
 
 from ..clients import Clients
 from ..errors import check
+from ..mixing import Shared
 from . import fedavg
 from .base import Context, Round, own_rows_metrics
 
@@ -108,7 +109,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
     extras = {}
     if evaluated(ctx, t):
         extras["global_test_acc"] = c.evaluate("test", state.model)[1]
-    return Round(train_loss=loss, mixing_row=row, extras=extras)
+    return Round(train_loss=loss, mixing=Shared(row), extras=extras)
 
 
 def evaluated(ctx: Context, t: int) -> bool:

@@ -53,6 +53,7 @@ import numpy as np
 import torch
 
 from ..errors import check
+from ..mixing import Dense
 from ..state import per_client
 from .base import Context, Round, own_rows_metrics
 
@@ -164,7 +165,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
     if len(mine):
         mixing[mine] = 0.0
         mixing[np.ix_(mine, sampled)] = A[pos]
-    return Round(train_loss=loss, mixing=mixing, extras={"graph": state.graph[ids].astype(np.float32)})
+    return Round(train_loss=loss, mixing=Dense(mixing), extras={"graph": state.graph[ids].astype(np.float32)})
 
 
 def evaluate(ctx: Context, state: State, t: int) -> dict[str, np.ndarray]:

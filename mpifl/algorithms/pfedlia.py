@@ -64,6 +64,7 @@ from sklearn.cluster import OPTICS, KMeans
 from sklearn.metrics import adjusted_rand_score
 
 from ..errors import ConfigError, check
+from ..mixing import Dense
 from ..state import per_client
 from . import fedavg
 from .base import Context, Round, own_rows_metrics
@@ -304,4 +305,4 @@ def p2p_step(ctx: Context, state: State, t: int) -> Round:
         new[k] = torch.as_tensor(w, dtype=rows.dtype, device=rows.device) @ rows
     for k, row in new.items():  # after all reads: pulled local rows are views of params
         c.params[k] = row
-    return Round(train_loss=loss, mixing=mixing)
+    return Round(train_loss=loss, mixing=Dense(mixing))

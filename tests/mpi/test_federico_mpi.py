@@ -170,7 +170,7 @@ def test_rounds_match_serial_reference(mpi, fed):
         np.testing.assert_allclose(comm.allgather_rows(state.weights), ref.w, rtol=1e-4, atol=1e-7)
         np.testing.assert_allclose(comm.allgather_rows(ctx.clients.params), ref.params.numpy(), rtol=1e-4,
                                    atol=1e-6)
-        mixing = comm.allgather_rows(out.mixing)
+        mixing = comm.allgather_rows(out.mixing.rows)
         np.testing.assert_allclose(mixing.sum(1), 1.0, rtol=1e-6)
         for i in range(N):
             assert set(np.flatnonzero(mixing[i])) == {*S[i], i}
