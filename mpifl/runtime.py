@@ -14,7 +14,7 @@ import numpy as np
 from scipy import sparse
 
 from . import __version__, algorithms, checkpoint, models
-from .algorithms.base import Context, Round
+from .algorithms.base import Context, Round, evaluates
 from .clients import Clients
 from .comm import Comm, agree, pick_device, set_threads, versions
 from .config import Config
@@ -241,7 +241,7 @@ def run(cfg: Config, mpi_comm) -> Path:
             ctx.clients.skipped[:] = 0
             t0 = time.perf_counter()
             out = algo.round(ctx, state, t)
-            if (t + 1) % cfg.run.eval_every == 0 or t == R - 1:
+            if evaluates(cfg, t):
                 metrics = algo.evaluate(ctx, state, t)
             else:
                 metrics = {k: np.full(comm.n_local, np.nan) for k in METRICS}

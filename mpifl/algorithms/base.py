@@ -82,6 +82,31 @@ class Round:
                             f"not {type(self.mixing).__name__}")
 
 
+def evaluates(cfg: Config, t: int) -> bool:
+    """Whether round t evaluates (``run.eval_every``, and always the last round)."""
+    return (t + 1) % cfg.run.eval_every == 0 or t == cfg.run.rounds - 1
+
+
+def sampled_weights(ctx: Context, sampled: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """FedAvg's weights: (row [N]: p normalised over the ``sampled`` clients, 0
+    elsewhere, the same on every rank; this rank's share of it [n_local], the
+    weights of its rows in ``ctx.comm.weighted_sum``)."""
+    row = np.zeros(ctx.N)
+    row[sampled] = ctx.p[sampled] / ctx.p[sampled].sum()
+    return row, row[ctx.comm.local_ids]
+
+
+def group_weights(ctx: Context, groups: np.ndarray, sampled: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """FedAvg inside groups: (weights [N]: p normalised within each group's
+    ``sampled`` members, 0 elsewhere; this rank's share [n_local]) for
+    ``ctx.comm.grouped_sum`` with ``groups`` ([N] ids, the same on every rank)."""
+    w = np.zeros(ctx.N)
+    for k in np.unique(groups[sampled]):
+        s = sampled[groups[sampled] == k]
+        w[s] = ctx.p[s] / ctx.p[s].sum()
+    return w, w[ctx.comm.local_ids]
+
+
 def own_rows_metrics(ctx: Context, params: torch.Tensor | None = None) -> dict[str, np.ndarray]:
     """val/test loss and accuracy of each client's own row (or one shared model)."""
     out = {}

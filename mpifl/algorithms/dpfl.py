@@ -76,7 +76,7 @@ from ..errors import ConfigError, check
 from ..mixing import Dense
 from ..rng import GLOBAL
 from ..state import per_client
-from .base import Context, Round, own_rows_metrics
+from .base import Context, Round, evaluates, own_rows_metrics
 
 if TYPE_CHECKING:
     from ..comm import Comm
@@ -357,8 +357,8 @@ def _trained_metrics(ctx: Context, t: int) -> dict[str, np.ndarray]:
     """val/test loss and accuracy of every client's model after its local training
     and before aggregation (``trained_*``; nan in rounds without evaluation). The
     run's own metrics are those of the aggregated model the round ends with."""
-    n, R = ctx.comm.n_local, ctx.cfg.run.rounds
-    if (t + 1) % ctx.cfg.run.eval_every == 0 or t == R - 1:
+    n = ctx.comm.n_local
+    if evaluates(ctx.cfg, t):
         got = own_rows_metrics(ctx)
     else:
         got = {f"{s}_{m}": np.full(n, np.nan) for s in ("val", "test") for m in ("loss", "acc")}

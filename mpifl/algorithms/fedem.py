@@ -56,7 +56,7 @@ from ..errors import check
 from ..mixing import Shared
 from ..rng import GLOBAL, rng
 from ..state import per_client
-from .base import Context, Round
+from .base import Context, Round, sampled_weights
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -131,10 +131,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
     mine = ctx.local_of(sampled)
     loss = np.full(ctx.comm.n_local, np.nan)
     q = estep(ctx, state, mine) if len(mine) else None
-    row = np.zeros(ctx.N)
-    row[sampled] = ctx.p[sampled] / ctx.p[sampled].sum()
-    w = np.zeros(ctx.comm.n_local)
-    w[mine] = row[ctx.comm.local_ids[mine]]
+    row, w = sampled_weights(ctx, sampled)
     if len(mine):
         ctx.comm.count(mine, recv=M * c.P * ctx.comm.itemsize, models=M)
         loss[mine] = 0.0

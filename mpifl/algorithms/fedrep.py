@@ -47,7 +47,7 @@ from ..errors import check
 from ..head import Head, body_slices, find_head
 from ..mixing import Shared
 from ..state import transient
-from .base import Context, Round, own_rows_metrics
+from .base import Context, Round, own_rows_metrics, sampled_weights
 
 
 @dataclass
@@ -89,10 +89,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
     loss = np.full(comm.n_local, np.nan)
     loss[mine] = c.train(mine, ctx.cfg.train.local_epochs, t, objective=Objective(frozen=state.head.names))
 
-    row = np.zeros(ctx.N)
-    row[sampled] = ctx.p[sampled] / ctx.p[sampled].sum()
-    w = np.zeros(comm.n_local)
-    w[mine] = row[comm.local_ids[mine]]
+    row, w = sampled_weights(ctx, sampled)
     model = state.model.clone()
     model[body] = comm.weighted_sum(c.params[:, body], w)
     state.model = model
