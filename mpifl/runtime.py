@@ -14,7 +14,7 @@ import numpy as np
 from scipy import sparse
 
 from . import __version__, algorithms, checkpoint, models
-from .algorithms.base import Context, Round, evaluates
+from .algorithms.base import Algorithm, Context, Round, evaluates
 from .clients import Clients
 from .comm import Comm, agree, pick_device, set_threads, versions
 from .config import Config
@@ -37,7 +37,7 @@ class Preempted(Exception):
 @dataclass
 class Setup:
     ctx: Context
-    algo: object
+    algo: Algorithm
     threads: int
 
 

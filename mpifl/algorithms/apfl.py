@@ -60,6 +60,13 @@ from .base import Context, Round, own_rows_metrics, sampled_weights
 if TYPE_CHECKING:
     from ..config import Config
 
+# one line each for the README's algorithm table (python -m mpifl.docs)
+SUMMARY = (
+    "APFL: local model v_i and global w mixed as alpha_i v_i + (1 - alpha_i) w, alpha_i learned by its "
+    "gradient (`apfl.alpha` initial, `apfl.adaptive`), w synchronised every round"
+)
+MIXING_ROW = "p over sampled clients (FedAvg of w)"
+
 
 @dataclass
 class Params:

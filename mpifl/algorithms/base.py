@@ -1,15 +1,17 @@
 """What every algorithm module provides and receives.
 
-An algorithm is a module with ``State`` (a dataclass), ``init(ctx) -> State``,
-``round(ctx, state, t) -> Round`` and optionally ``evaluate(ctx, state, t)``.
-It talks to other ranks only through ``ctx.comm`` (never mpi4py) and writes
-nothing itself: what it returns is logged by the runtime.
+An algorithm is a module of this package satisfying :class:`Algorithm`; it gets
+a :class:`Context` and returns a :class:`Round` each round. It talks to other
+ranks only through ``ctx.comm`` (never mpi4py) and writes nothing itself: what it
+returns is logged by the runtime. The FedAvg building blocks many methods share
+(the sampled clients' weights, FedAvg within groups, whether a round evaluates,
+the clients' own-row metrics) are here too.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -80,6 +82,38 @@ class Round:
         if self.mixing is not None and not isinstance(self.mixing, Mixing):
             raise TypeError(f"Round.mixing must be a mpifl.mixing.Mixing (Dense, Shared or Grouped), "
                             f"not {type(self.mixing).__name__}")
+
+
+@runtime_checkable
+class Algorithm(Protocol):
+    """An algorithm module as the runtime uses it (``mpifl.algorithms.get(name)``).
+
+    - ``State``: a dataclass of what the algorithm keeps between rounds. Fields made
+      with ``mpifl.state.per_client()`` hold one row per local client,
+      ``transient()`` ones are not checkpointed, every other field is identical on
+      all ranks and saved once (``mpifl.checkpoint``).
+    - ``init(ctx) -> State``, before round 0 (and before a resume fills it).
+    - ``round(ctx, state, t) -> Round``: trains, and says what was averaged with what.
+    - ``evaluate(ctx, state, t)``: ``val_loss``, ``val_acc``, ``test_loss``,
+      ``test_acc`` per local client ([n_local]) in the rounds that evaluate
+      (:func:`evaluates`); it changes no training state.
+
+    Optional, looked up by name: ``Params``, a dataclass of hyper-parameters with
+    commented defaults and ``validate(cfg)`` (the config section named as the
+    module); ``check_config(cfg)``, refusing combinations when the algorithm is
+    chosen; ``SUMMARY`` and ``MIXING_ROW``, one line each for the README's table
+    (``mpifl.docs``; without them the docstring's first sentence and "–"). The
+    module docstring opens with the paper, the equations and a runnable
+    ``python -m mpifl.main`` command.
+    """
+
+    State: type
+
+    def init(self, ctx: Context) -> Any: ...
+
+    def round(self, ctx: Context, state: Any, t: int) -> Round: ...
+
+    def evaluate(self, ctx: Context, state: Any, t: int) -> dict[str, np.ndarray]: ...
 
 
 def evaluates(cfg: Config, t: int) -> bool:

@@ -68,6 +68,13 @@ from .fedavg import local_update
 if TYPE_CHECKING:
     from ..config import Config
 
+# one line each for the README's algorithm table (python -m mpifl.docs)
+SUMMARY = (
+    "Clustered FL: FedAvg per cluster; a cluster whose mean update norm < `cfl.eps1` and largest > "
+    "`cfl.eps2` splits by the optimal bipartition of its updates' cosine similarities"
+)
+MIXING_ROW = "p over sampled clients of i's cluster"
+
 
 @dataclass
 class Params:

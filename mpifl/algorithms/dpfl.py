@@ -82,6 +82,10 @@ if TYPE_CHECKING:
     from ..comm import Comm
     from ..config import Config
 
+# one line each for the README's algorithm table (python -m mpifl.docs)
+SUMMARY = "DPFL: BGGC candidate graph under budget B_c, GGC collaborators every `dpfl.period` rounds"
+MIXING_ROW = "p over i's collaborators and itself"
+
 Reward = Callable[[torch.Tensor], Sequence[float]]  # [m, P] models -> [m] rewards (higher is better)
 
 

@@ -47,6 +47,13 @@ from .base import Context, Round
 if TYPE_CHECKING:
     from ..config import Config
 
+# one line each for the README's algorithm table (python -m mpifl.docs)
+SUMMARY = (
+    "FedAdam: FedAvg whose server takes an Adam step on the average update (`fedadam.lr`, `beta1`, "
+    "`beta2`, `tau`)"
+)
+MIXING_ROW = "as fedavg"
+
 
 @dataclass
 class Params:

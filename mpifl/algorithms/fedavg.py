@@ -20,6 +20,10 @@ from ..clients import Objective
 from ..mixing import Shared
 from .base import Context, Round, own_rows_metrics, sampled_weights
 
+# one line each for the README's algorithm table (python -m mpifl.docs)
+SUMMARY = "FedAvg: fraction C sampled, E local epochs, average weighted by train size"
+MIXING_ROW = "p over sampled clients"
+
 
 @dataclass
 class State:

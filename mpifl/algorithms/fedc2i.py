@@ -66,6 +66,10 @@ from .base import Context, Round, identity_rows, own_rows_metrics
 if TYPE_CHECKING:
     from ..config import Config
 
+# one line each for the README's algorithm table (python -m mpifl.docs)
+SUMMARY = "FedC2I: client- and class-level influence by leave-one-out models passed around the ring"
+MIXING_ROW = "the influence vector a_i"
+
 
 
 @dataclass

@@ -61,6 +61,13 @@ from .base import Context, Round, sampled_weights
 if TYPE_CHECKING:
     from ..config import Config
 
+# one line each for the README's algorithm table (python -m mpifl.docs)
+SUMMARY = (
+    "FedEM: `fedem.components` shared models, per-client mixture weights pi_i by EM, each component "
+    "averaged like FedAvg; prediction = pi_i-weighted mixture"
+)
+MIXING_ROW = "p over sampled clients (each component)"
+
 INIT_PURPOSE = "fedem/init"
 
 

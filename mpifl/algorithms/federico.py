@@ -84,6 +84,10 @@ from .base import Context, Round
 if TYPE_CHECKING:
     from ..config import Config
 
+# one line each for the README's algorithm table (python -m mpifl.docs)
+SUMMARY = "FedeRiCo: decentralized EM, k neighbours pulled point to point, weighted gradients pushed back"
+MIXING_ROW = "i's prediction weights over itself and its neighbours"
+
 PURPOSE = "federico/neighbours"
 BATCH_PURPOSE = "federico/batch"
 INIT_PURPOSE = "federico/init"

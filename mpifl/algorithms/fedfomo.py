@@ -60,6 +60,13 @@ from .federico import sample_neighbours
 if TYPE_CHECKING:
     from ..config import Config
 
+# one line each for the README's algorithm table (python -m mpifl.docs)
+SUMMARY = (
+    "FedFomo: each sampled client pulls `fedfomo.m` models (affinity-guided epsilon-greedy) and mixes in "
+    "those that lower its held-out loss, weighted by loss drop per distance"
+)
+MIXING_ROW = "w_i over i's candidates (e_i if none helps)"
+
 PURPOSE = "fedfomo/candidates"
 VAL_PURPOSE = "fedfomo/val"
 

@@ -49,6 +49,13 @@ from ..mixing import Shared
 from ..state import transient
 from .base import Context, Round, own_rows_metrics, sampled_weights
 
+# one line each for the README's algorithm table (python -m mpifl.docs)
+SUMMARY = (
+    "FedRep: shared body averaged, personal head (last `nn.Linear`) kept; head epochs with the body "
+    "frozen, then body epochs with the head frozen"
+)
+MIXING_ROW = "p over sampled clients (the body only)"
+
 
 @dataclass
 class Params:

@@ -50,6 +50,13 @@ from ..state import per_client
 from . import fedavg
 from .base import Context, Round, evaluates, own_rows_metrics, sampled_weights
 
+# one line each for the README's algorithm table (python -m mpifl.docs)
+SUMMARY = (
+    "FedRoD: body + generic head averaged (balanced softmax), a personal linear head per client; predicts"
+    " generic + personal logits"
+)
+MIXING_ROW = "p over sampled clients (body and generic head)"
+
 ABSENT_LOG_PRIOR = -1e4  # log pi of a class the client does not hold (see the docstring)
 
 

@@ -37,6 +37,10 @@ from .base import Context
 if TYPE_CHECKING:
     from ..config import Config
 
+# one line each for the README's algorithm table (python -m mpifl.docs)
+SUMMARY = "FedYogi: FedAdam with Yogi's second moment (`fedyogi.lr`, `beta1`, `beta2`, `tau`)"
+MIXING_ROW = "as fedavg"
+
 
 @dataclass
 class Params:

@@ -59,6 +59,10 @@ from .fedavg import local_update
 if TYPE_CHECKING:
     from ..config import Config
 
+# one line each for the README's algorithm table (python -m mpifl.docs)
+SUMMARY = "FeSEM: K centres in parameter space, clients assigned to the nearest by L2, centres = p-average of members"
+MIXING_ROW = "p over sampled clients of i's centre"
+
 INIT_PURPOSE = "fesem/init"
 
 

@@ -23,6 +23,10 @@ from .fedavg import local_update
 if TYPE_CHECKING:
     from ..config import Config
 
+# one line each for the README's algorithm table (python -m mpifl.docs)
+SUMMARY = "FedAvg inside each true cluster"
+MIXING_ROW = "p over sampled clients of i's cluster"
+
 
 def check_config(cfg: Config) -> None:
     p = cfg.data.partition

@@ -59,6 +59,13 @@ from .base import Context, Round, evaluates, own_rows_metrics, sampled_weights
 if TYPE_CHECKING:
     from ..config import Config
 
+# one line each for the README's algorithm table (python -m mpifl.docs)
+SUMMARY = (
+    "Per-FedAvg: FedAvg on the MAML objective, `perfedavg.variant` fo or hf (finite-difference Hessian), "
+    "evaluated after one step of size `perfedavg.alpha`"
+)
+MIXING_ROW = "p over sampled clients"
+
 
 @dataclass
 class Params:

@@ -60,6 +60,13 @@ from .base import Context, Round, own_rows_metrics
 if TYPE_CHECKING:
     from ..config import Config
 
+# one line each for the README's algorithm table (python -m mpifl.docs)
+SUMMARY = (
+    "pFedGraph: the server solves a graph row per sampled client from model similarity (simplex QP, "
+    "`pfedgraph.alpha`), clients train with a cosine regulariser toward their aggregate (`pfedgraph.lam`)"
+)
+MIXING_ROW = "i's graph row over the sampled clients"
+
 
 @dataclass
 class Params:

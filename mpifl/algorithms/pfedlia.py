@@ -73,6 +73,13 @@ from .oracle import cluster_fedavg
 if TYPE_CHECKING:
     from ..config import Config
 
+# one line each for the README's algorithm table (python -m mpifl.docs)
+SUMMARY = (
+    "pFedLIA: FedAvg warm-up, one-off clustering of clients by lazy influence (OPTICS at a center, or "
+    "2-means per client), then FedAvg per found cluster"
+)
+MIXING_ROW = "p over sampled clients of i's found cluster (p2p: of its collaborators)"
+
 
 
 @dataclass
