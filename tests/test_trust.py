@@ -1,4 +1,4 @@
-"""Issue 20: no code from data files, no shell from configs, no lost results.
+"""Trust: no code from data files, no shell from configs, no lost results.
 
 A user on a shared disk may find files planted by someone else in a run
 directory, a dataset folder or a sweep; none of them may run code, and mpifl
@@ -356,7 +356,7 @@ def test_analyze_skips_a_log_whose_shapes_do_not_match_its_attributes(tmp_path, 
 
 
 def test_random_sigkills_under_mpiexec_then_resume_bitwise(tmp_path):
-    """bench/kill_test.py with a small count (the acceptance run uses --count 50)."""
+    """bench/kill_test.py with a small count (the README's run uses --count 50)."""
     res = subprocess.run([sys.executable, str(REPO / "bench" / "kill_test.py"), "--count", "2", "--seed", "3",
                           "--algorithms", "fedavg", "dpfl", "--out", str(tmp_path)], cwd=REPO,
                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=900,
