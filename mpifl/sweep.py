@@ -54,7 +54,7 @@ import yaml
 
 from . import config as config_mod
 from .errors import ConfigError, check, shorten
-from .paths import RunDir, atomic_write_text
+from .paths import RunDir, atomic_write_text, beneath
 from .yamlio import read_yaml
 
 if TYPE_CHECKING:  # building Config imports every algorithm: only when points are loaded
@@ -151,17 +151,9 @@ class Sweep:
     slurm: SlurmOptions
     points: list[Point]
 
-    @property
-    def runs_file(self) -> Path:
-        return self.root / "runs.txt"
-
-    @property
-    def script(self) -> Path:
-        return self.root / "array.sbatch"
-
-    @property
-    def log_dir(self) -> Path:
-        return self.root / "logs"
+    runs_file = beneath("runs.txt")
+    script = beneath("array.sbatch")
+    log_dir = beneath("logs")
 
 
 # --------------------------------------------------------------------------- loading
