@@ -72,11 +72,12 @@ WRITER = """
 import sys
 import numpy as np
 from mpifl.logging.h5 import Writer
+from mpifl.mixing import Dense
 N = 100
 w = Writer(sys.argv[1], {"n_ranks": 1}, {"cluster": np.zeros(N, int)}, N)
 for t in range(20):
     rows = {k: np.full(N, t, float) for k in ("metrics/train_loss", "metrics/val_loss", "comm/bytes_sent")}
-    w.write_round(t, {"wall_s": 1.0}, rows, mixing=np.full((N, N), t, np.float32))
+    w.write_round(t, {"wall_s": 1.0}, rows, mixing=Dense(np.full((N, N), t, np.float32)))
     print(t, flush=True)
 w.close()
 """
