@@ -21,8 +21,8 @@ Choices where the papers leave room:
 - The momentum is PyTorch's SGD form (v accumulates Delta undamped, no Nesterov),
   which is Flower's ``FedAvgM`` definition exactly (its ``aggregate_fit``, checked
   on the same client models by ``bench/peer_flower_fedavgm.py``).
-- Defaults eta_s = 1 and beta = 0.9: the usual momentum value; Hsu et al. sweep
-  beta (with eta_s) and find the effective rate eta_s / (1 - beta) is what matters.
+- Defaults eta_s = 1 and beta = 0.9, a usual momentum value; Hsu et al. sweep
+  both, and neither paper fixes one pair for every task.
 - The momentum v is the server's and identical on every rank (checkpointed once).
 
 Logged: as FedAvg (the mixing row p over the sampled clients).
