@@ -134,6 +134,17 @@ class Comm:
             else:
                 np.add.at(counter, local, amount)
 
+    def _post_recvs(self, ids: list[list[int]], P: int, tag: int) -> tuple[dict[int, np.ndarray], list]:
+        """Post an Irecv of ``len(ids[r])`` rows of P floats from every other rank r
+        that sends any, into pooled buffers: (buffer by rank, requests)."""
+        bufs, reqs = {}, []
+        for r in range(self.size):
+            if r == self.rank or not ids[r]:
+                continue
+            bufs[r] = self.pool.get(len(ids[r]), P)
+            reqs.append(self.mpi.Irecv([bufs[r], MPI.FLOAT], source=r, tag=tag))
+        return bufs, reqs
+
     def _by_owner(self, ids: list[int]) -> list[list[int]]:
         """Sorted global ``ids`` split by the rank hosting them."""
         if len(ids) <= _SMALL:
@@ -301,13 +312,7 @@ class Comm:
         asked = [[j for j, _ in pairs] for pairs in asked_n]
 
         out: dict[int, torch.Tensor] = {}
-        recv_bufs, reqs = {}, []
-        for r in range(self.size):
-            if r == self.rank or not req[r]:
-                continue
-            buf = self.pool.get(len(req[r]), P)
-            recv_bufs[r] = buf
-            reqs.append(self.mpi.Irecv([buf, MPI.FLOAT], source=r, tag=11))
+        recv_bufs, reqs = self._post_recvs(req, P, tag=11)
         send_keep = []
         for r in range(self.size):
             if r == self.rank or not asked[r]:
@@ -379,13 +384,8 @@ class Comm:
         recv_ids = [[j for j, _ in pairs] for pairs in recv_n]
 
         out = torch.zeros(self.n_local, P, dtype=torch.float32)
-        reqs, keep, recv_bufs = [], [], {}
-        for r in range(self.size):
-            if r == self.rank or not recv_ids[r]:
-                continue
-            buf = self.pool.get(len(recv_ids[r]), P)
-            recv_bufs[r] = buf
-            reqs.append(self.mpi.Irecv([buf, MPI.FLOAT], source=r, tag=12))
+        recv_bufs, reqs = self._post_recvs(recv_ids, P, tag=12)
+        keep = []
         for r in range(self.size):
             if r == self.rank or not send_ids[r]:
                 continue

@@ -8,21 +8,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+def beneath(name: str) -> property:
+    """A property naming ``<self.root>/name``: a directory's file names, one line each."""
+    return property(lambda self: self.root / name, doc=f"<root>/{name}")
+
+
 @dataclass(frozen=True)
 class RunDir:
     root: Path
-
-    @property
-    def config(self) -> Path:
-        return self.root / "config.yaml"
-
-    @property
-    def log(self) -> Path:
-        return self.root / "run.h5"
-
-    @property
-    def checkpoint(self) -> Path:
-        return self.root / "checkpoint"
+    config = beneath("config.yaml")
+    log = beneath("run.h5")
+    checkpoint = beneath("checkpoint")
 
 
 def atomic_write_text(path: Path, text: str) -> None:

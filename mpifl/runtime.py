@@ -14,13 +14,14 @@ import numpy as np
 from scipy import sparse
 
 from . import __version__, algorithms, checkpoint, models
-from .algorithms.base import Context, Round
+from .algorithms.base import Algorithm, Context, Round, evaluates
 from .clients import Clients
 from .comm import Comm, agree, pick_device, set_threads, versions
 from .config import Config
 from .data import build as build_data
 from .errors import ConfigError
 from .logging.h5 import Writer, open_run
+from .mixing import Dense, Mixing
 from .paths import RunDir, atomic_write_text
 from .yamlio import read_yaml
 
@@ -36,7 +37,7 @@ class Preempted(Exception):
 @dataclass
 class Setup:
     ctx: Context
-    algo: object
+    algo: Algorithm
     threads: int
 
 
@@ -140,8 +141,7 @@ def _log_round(writer: Writer | None, ctx: Context, t: int, out: Round, metrics:
     once = {path(k): comm.gather_rows(np.asarray(v)) for k, v in out.once.items()}
     mixing = _gather_mixing(ctx, out.mixing)
     if writer is not None:
-        writer.write_round(t, times, gathered, mixing=mixing, mixing_row=out.mixing_row, once=once,
-                           attrs=out.attrs, mixing_groups=out.mixing_groups)
+        writer.write_round(t, times, gathered, mixing=mixing, once=once, attrs=out.attrs)
         return gathered
     return None
 
@@ -162,22 +162,24 @@ def _gather_grouped(comm: Comm, rows: dict[str, np.ndarray]) -> dict[str, np.nda
     return out
 
 
-def _gather_mixing(ctx: Context, m) -> np.ndarray | sparse.coo_matrix | None:
-    """Rank 0 gets the [N, N] mixing matrix: stacked dense rows at small N, else
-    only the non-zeros of every rank's rows (sparse, or dense rows made sparse
-    here), so no dense N x N array is built at large N."""
-    if m is None:
-        return None
+def _gather_mixing(ctx: Context, m: Mixing | None) -> Mixing | None:
+    """Rank 0 gets the whole [N, N] mixing matrix. Shared and grouped forms are the
+    same on every rank already; dense rows are stacked at small N, else only the
+    non-zeros of every rank's rows travel (sparse, or dense rows made sparse here),
+    so no dense N x N array is built at large N."""
+    if not isinstance(m, Dense):
+        return m
     comm, N = ctx.comm, ctx.N
-    if not sparse.issparse(m) and N <= ctx.cfg.log.dense_max:
-        return comm.gather_rows(np.asarray(m, np.float32))
-    coo = sparse.coo_matrix(m)
+    if not sparse.issparse(m.rows) and N <= ctx.cfg.log.dense_max:
+        rows = comm.gather_rows(np.asarray(m.rows, np.float32))
+        return None if rows is None else Dense(rows)
+    coo = sparse.coo_matrix(m.rows)
     rows = comm.gather_concat((coo.row + comm.first).astype(np.int64))
     cols = comm.gather_concat(coo.col.astype(np.int64))
     vals = comm.gather_concat(coo.data.astype(np.float32))
     if rows is None:
         return None
-    return sparse.coo_matrix((vals, (rows, cols)), shape=(N, N))
+    return Dense(sparse.coo_matrix((vals, (rows, cols)), shape=(N, N)))
 
 
 def last_evaluated(log: Path) -> tuple[int, float]:
@@ -239,7 +241,7 @@ def run(cfg: Config, mpi_comm) -> Path:
             ctx.clients.skipped[:] = 0
             t0 = time.perf_counter()
             out = algo.round(ctx, state, t)
-            if (t + 1) % cfg.run.eval_every == 0 or t == R - 1:
+            if evaluates(cfg, t):
                 metrics = algo.evaluate(ctx, state, t)
             else:
                 metrics = {k: np.full(comm.n_local, np.nan) for k in METRICS}

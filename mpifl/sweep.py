@@ -1,19 +1,20 @@
 """Sweeps: ``python -m mpifl.sweep SWEEP.yaml [--dry-run | --submit | --local]``.
 
-A sweep file names a base config, overrides for every point and a grid::
+A sweep file names a base config, overrides for every point and a grid (here
+jobs/sweeps/dpfl-budget.yaml with more of the options)::
 
-    name: dpfl-budget            # sweep directory: <out_dir>/<name>
-    base: ../cifar10-dpfl.yaml   # relative to this file; optional
-    out_dir: results             # optional; default: the base config's run.out_dir
-    set:                         # optional; dotted keys applied to every point
+    name: dpfl-budget               # sweep directory: <out_dir>/<name>
+    base: ../dpfl-cifar10-dir.yaml  # relative to this file; optional
+    out_dir: results                # optional; default: the base config's run.out_dir
+    set:                            # optional; dotted keys applied to every point
       run.rounds: 100
-    grid:                        # the cartesian product of these lists
+    grid:                           # the cartesian product of these lists
       dpfl.budget: [inf, 0.2N, 0.1N]
       run.seed: [0, 1, 2]
       # grid: [{...}, {...}]           a list of grids: the union of their products
       # base: [../a.yaml, ../b.yaml]   a grid over config files instead of one base;
       # algorithm.name: [~, local]     ~ keeps the base's own value
-    slurm:                       # optional; see SlurmOptions
+    slurm:                          # optional; see SlurmOptions
       ntasks: 4
       gpus_per_task: 1
       time: "02:00:00"
@@ -53,7 +54,7 @@ import yaml
 
 from . import config as config_mod
 from .errors import ConfigError, check, shorten
-from .paths import RunDir, atomic_write_text
+from .paths import RunDir, atomic_write_text, beneath
 from .yamlio import read_yaml
 
 if TYPE_CHECKING:  # building Config imports every algorithm: only when points are loaded
@@ -150,17 +151,9 @@ class Sweep:
     slurm: SlurmOptions
     points: list[Point]
 
-    @property
-    def runs_file(self) -> Path:
-        return self.root / "runs.txt"
-
-    @property
-    def script(self) -> Path:
-        return self.root / "array.sbatch"
-
-    @property
-    def log_dir(self) -> Path:
-        return self.root / "logs"
+    runs_file = beneath("runs.txt")
+    script = beneath("array.sbatch")
+    log_dir = beneath("logs")
 
 
 # --------------------------------------------------------------------------- loading

@@ -19,6 +19,7 @@ from mpifl import analyze as an
 from mpifl import config
 from mpifl import summary as sm
 from mpifl.logging.h5 import Writer, open_run
+from mpifl.mixing import Dense
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = {
@@ -182,7 +183,7 @@ def _write_log(path: Path, dense_max: int = 1024, extras: bool = True) -> Writer
             if t == 2:
                 once["lia/influence"] = same - 0.5  # signed
                 once["pfedlia/cluster"] = (CLUSTER + 1) % 3  # the true clusters under other names
-        w.write_round(t, {"wall_s": 1.0}, rows, mixing=same / same.sum(1, keepdims=True), once=once)
+        w.write_round(t, {"wall_s": 1.0}, rows, mixing=Dense(same / same.sum(1, keepdims=True)), once=once)
     return w
 
 

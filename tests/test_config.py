@@ -37,10 +37,12 @@ def test_readme_reference_is_current():
 def test_every_algorithm_module_is_registered_with_its_contract_and_section():
     import dataclasses
     import importlib
+    import inspect
     import pkgutil
     import typing
 
     from mpifl import algorithms
+    from mpifl.algorithms.base import Algorithm
 
     files = {m.name for m in pkgutil.iter_modules(algorithms.__path__)} - {"base"}
     assert set(algorithms.NAMES) == {f for f in files if not f.startswith("_")}
@@ -49,8 +51,13 @@ def test_every_algorithm_module_is_registered_with_its_contract_and_section():
     cfg = config.Config()
     for name in algorithms.NAMES:
         mod = importlib.import_module(f"mpifl.algorithms.{name}")
-        for attr in ("State", "init", "round", "evaluate"):
-            assert hasattr(mod, attr), f"{name} has no {attr}"
+        assert isinstance(mod, Algorithm), f"{name} lacks part of base.Algorithm"
+        assert dataclasses.is_dataclass(mod.State), name
+        for attr in ("init", "round", "evaluate"):
+            want = list(inspect.signature(getattr(Algorithm, attr)).parameters)[1:]  # without self
+            assert list(inspect.signature(getattr(mod, attr)).parameters) == want, f"{name}.{attr}"
+        if hasattr(mod, "check_config"):
+            assert list(inspect.signature(mod.check_config).parameters) == ["cfg"], name
         assert mod.__doc__ and "mpifl.main" in mod.__doc__, f"{name}'s docstring has no runnable command"
         params = getattr(mod, "Params", None)
         if params is not None:  # its section, every key defaulted, validating itself

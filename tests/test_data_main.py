@@ -41,7 +41,7 @@ def run_cli(*args: str, module: str = "mpifl.main") -> subprocess.CompletedProce
                           timeout=300)
 
 
-# the acceptance cases, through a real `python -m mpifl.main` process each
+# user errors of a run, through a real `python -m mpifl.main` process each
 BAD_CLI = {
     "unknown dataset": (["data.name=imagenet"], "data.name='imagenet' is not allowed"),
     "more clusters than labels": (["data.name=digits", "data.n_clusters=11", "data.n_clients=12"],

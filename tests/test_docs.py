@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from helpers import REPO
 
@@ -23,10 +24,11 @@ def test_every_multi_rank_launch_goes_through_mpi4py():
     assert not bad, "launch with `mpiexec -n R python -m mpi4py -m mpifl.main`:\n" + "\n".join(bad)
 
 
-def algorithm_rows() -> dict[str, list[str]]:
-    """The README's algorithm table: name -> its cells."""
-    text = (REPO / "README.md").read_text()
-    table = text[text.index("### Algorithms"):].split("\n\n")[1].splitlines()
+def table_rows(text: str, heading: str) -> dict[str, dict[str, str]]:
+    """The first Markdown table after ``heading`` in ``text``: first cell -> its cells."""
+    lines = text[text.index(heading):].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| "))
+    table = lines[start:start + next(i for i, line in enumerate(lines[start:]) if not line.startswith("|"))]
     head = [c.strip() for c in table[0].strip("|").split("|")]
     rows = {}
     for line in table[2:]:
@@ -36,25 +38,42 @@ def algorithm_rows() -> dict[str, list[str]]:
     return rows
 
 
-ISSUE_21 = {"local", "fedavg", "fedavg_ft", "oracle", "federico", "dpfl", "fedc2i", "pfedlia"}
+# the seed algorithms: each is shown on a job file of its own in the README
+SEED_ALGORITHMS = {"local", "fedavg", "fedavg_ft", "oracle", "federico", "dpfl", "fedc2i", "pfedlia"}
 
 
-def test_every_algorithm_has_a_row_with_a_job_file_that_the_quickstart_sweep_runs():
+def test_generated_blocks_are_current():
+    from mpifl import docs
+
+    assert docs.stale() == [], "run python -m mpifl.docs --write"
+    text = (REPO / "README.md").read_text()
+    assert {m.group(2) for m in docs.BLOCK.finditer(text)} == set(docs.BLOCKS)
+    # a block left behind by its text is found, and --write would mend it
+    old = text.replace("| `fedavg` |", "| `fedavg_old` |", 1)
+    assert docs.render(old) == text != old
+
+
+def test_every_algorithm_has_a_row_and_every_job_file_a_result():
     import yaml
 
     from mpifl import algorithms, config
 
-    rows = algorithm_rows()
-    assert set(rows) == set(algorithms.NAMES)
-    # the algorithms of issue 21 must have theirs; one added since may say "–" until its owner picks one
-    assert {n for n, row in rows.items() if row["job file"] != "–"} >= ISSUE_21
-    rows = {n: row for n, row in rows.items() if row["job file"] != "–"}
+    text = (REPO / "README.md").read_text()
+    rows = table_rows(text, "<!-- generated:algorithms -->")
+    assert list(rows) == list(algorithms.NAMES)
+    assert {n for n, row in rows.items() if row["job file"] != "–"} >= SEED_ALGORITHMS
     sweep = yaml.safe_load((REPO / "jobs" / "sweeps" / "quickstart-algorithms.yaml").read_text())
     swept = {(REPO / "jobs" / "sweeps" / b).resolve() for b in sweep["grid"]["base"]}
+    results = table_rows(text, "| job file | algorithm | final test acc % |")
     for name, row in rows.items():
+        if row["job file"] == "–":
+            continue
         job = re.fullmatch(r"`(jobs/[\w.-]+\.yaml)`(?: \(`algorithm\.name=(\w+)`\))?", row["job file"])
         assert job, f"{name}: job file cell {row['job file']!r}"
         cfg = config.load(REPO / job.group(1), [f"algorithm.name={job.group(2)}"] if job.group(2) else [])
         assert cfg.algorithm.name == name
         assert (REPO / job.group(1)).resolve() in swept, f"{name}: {job.group(1)} is not in the sweep"
-        assert re.search(r"\d", row["final test acc %"]), f"{name}: no expected accuracy"
+        if job.group(2) is None:  # the job's own algorithm: its accuracy and Local's on that job
+            result = results[f"jobs/{Path(job.group(1)).name}"]
+            assert result["algorithm"] == f"`{name}`"
+            assert all(re.search(r"\d", result[k]) for k in ("final test acc %", "Local on the same job")), name

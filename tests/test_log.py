@@ -6,7 +6,8 @@ from scipy import sparse
 
 from mpifl import config
 from mpifl.errors import ConfigError
-from mpifl.logging.h5 import Writer, group_matrix, open_run
+from mpifl.logging.h5 import Writer, open_run
+from mpifl.mixing import Dense, Grouped, Mixing, Shared, group_matrix
 
 N = 6
 
@@ -34,20 +35,16 @@ def write_all(tmp, name, dense_max, flush_s=0.0):
     graph = sparse.random(N, N, density=0.3, random_state=1, format="csr") + sparse.eye(N)
     graph = sparse.csr_matrix(graph.multiply(1 / graph.sum(1)))
     dense = g.random((N, N)).astype(np.float32)
-    rounds = [
-        {"mixing": graph},
-        {"mixing": dense},
-        {"mixing_row": np.full(N, 1 / N)},
-        {"mixing_groups": (np.array([0, 1, 0, 1, 2, 2]), np.array([0.5, 0.5, 0.5, 0.5, 0, 0]))},
-    ]
+    group = (np.array([0, 1, 0, 1, 2, 2]), np.array([0.5, 0.5, 0.5, 0.5, 0, 0]))
+    rounds = [Dense(graph), Dense(dense), Shared(np.full(N, 1 / N)), Grouped(*group)]
     w = Writer(tmp / f"{name}.h5", {"algorithm": "x"}, {"cluster": np.zeros(N, np.int64)}, N, dense_max=dense_max,
                flush_s=flush_s)
-    for t, kw in enumerate(rounds):
-        w.write_round(10 * t, {"wall_s": 1.0}, {"metrics/test_acc": np.full(N, t, np.float32)}, **kw)
+    for t, m in enumerate(rounds):
+        w.write_round(10 * t, {"wall_s": 1.0}, {"metrics/test_acc": np.full(N, t, np.float32)}, mixing=m)
         if flush_s:  # buffered: nothing on disk before close
             assert open_run(tmp / f"{name}.h5").n_rounds == 0
     w.close()
-    expected = [graph.toarray(), dense, np.full((N, N), 1 / N), oracle_rows(*rounds[3]["mixing_groups"])]
+    expected = [graph.toarray(), dense, np.full((N, N), 1 / N), oracle_rows(*group)]
     return open_run(tmp / f"{name}.h5"), expected
 
 
@@ -59,6 +56,9 @@ def test_every_mixing_form_reads_back_dense(tmp_path, dense_max, flush_s):
     assert run.rounds.tolist() == [0, 10, 20, 30]  # rows carry their round numbers
     for t, m in enumerate(expected):
         np.testing.assert_allclose(run.mixing(t), m, rtol=1e-6, atol=1e-7)
+    # a compact log keeps each round's form (and its stored kind code)
+    forms = [type(run.mixing_of(t)) for t in range(4)]
+    assert forms == ([Dense] * 4 if dense_max >= N else [Dense, Dense, Shared, Grouped])
     keys = set(run.keys())
     assert ("graph/mixing" in keys) == (dense_max >= N)
     if dense_max < N:
@@ -79,7 +79,7 @@ def test_rows_read_back_across_chunks_growth_and_a_resume(tmp_path):
     def write(w, ts, shift=0.0):
         for t in ts:
             w.write_round(t, {"wall_s": t + shift}, {k: v + shift for k, v in rows[t].items()},
-                          mixing_row=np.full(N, 1 / N))
+                          mixing=Shared(np.full(N, 1 / N)))
         w.close()
 
     write(Writer(path, {"algorithm": "x"}, {"cluster": np.zeros(N, np.int64)}, N), range(100), shift=7.0)
@@ -91,6 +91,45 @@ def test_rows_read_back_across_chunks_growth_and_a_resume(tmp_path):
         np.testing.assert_array_equal(run.get(k), expect)
     np.testing.assert_array_equal(run.get("rounds/wall_s"), np.arange(150.0) + np.where(np.arange(150) < 70, 7, 0))
     np.testing.assert_allclose(run.mixing(149), np.full((N, N), 1 / N), rtol=1e-6)
+
+
+def test_every_form_encodes_decodes_and_densifies_alike():
+    g = np.random.default_rng(1)
+    rows = np.where(g.random((N, N)) < 0.4, g.random((N, N)), 0).astype(np.float32)
+    forms = [Dense(rows), Dense(sparse.csr_matrix(rows)), Shared(g.random(N)),
+             Grouped(np.array([0, 0, 1, 1, 1, 2]), np.array([0.3, 0.7, 0.2, 0.0, 0.8, 0.0]))]
+    for m in forms:
+        stored = m.encode()
+        assert int(stored["mixing_kind"]) == m.KIND
+        back = Mixing.decode(stored.__getitem__, N)
+        assert type(back) is type(m)
+        np.testing.assert_array_equal(back.densify(), m.densify())
+    assert len({type(m).KIND for m in forms}) == 3  # one code per form
+    np.testing.assert_array_equal(forms[0].densify(), rows)
+    np.testing.assert_array_equal(forms[3].densify(), oracle_rows(forms[3].group, forms[3].weight))
+
+
+def test_a_compact_log_laid_out_by_hand_reads_back(tmp_path):
+    """The on-disk codes are fixed: 0 non-zeros, 1 one shared row, 2 groups."""
+    import h5py
+
+    path = tmp_path / "old.h5"
+    with h5py.File(path, "w") as f:
+        f["clients/cluster"] = np.zeros(3, np.int64)
+        f["rounds/round"] = np.arange(3)
+        g = f.create_group("graph")
+        g.attrs["mixing_format"] = "compact"
+        g["mixing_kind"] = np.array([0, 1, 2], np.int8)
+        g["mixing_shared"] = np.array([[0, 0, 0], [0.5, 0.5, 0], [0.25, 0.75, 0]], np.float32)
+        g["mixing_group"] = np.array([[0, 0, 0], [0, 0, 0], [0, 0, 1]], np.int32)
+        g["mixing_coo/row"] = np.array([0, 1, 2], np.int32)
+        g["mixing_coo/col"] = np.array([0, 1, 2], np.int32)
+        g["mixing_coo/val"] = np.ones(3, np.float32)
+        g["mixing_coo/end"] = np.array([3, 3, 3], np.int64)
+    run = open_run(path)
+    np.testing.assert_array_equal(run.mixing(0), np.eye(3))
+    np.testing.assert_array_equal(run.mixing(1), [[0.5, 0.5, 0]] * 3)
+    np.testing.assert_array_equal(run.mixing(2), [[0.25, 0.75, 0], [0.25, 0.75, 0], [0, 0, 1]])
 
 
 @pytest.mark.parametrize("key", ["log.every", "log.dense_max"])

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from helpers import MPIEXEC, REPO, launch
 
+from mpifl import algorithms
 from mpifl.logging.h5 import open_run
 
 pytestmark = pytest.mark.slow  # every test launches mpiexec
@@ -41,24 +42,32 @@ def assert_same_logs(a, b):
         assert x.shape == y.shape and np.array_equal(x, y, equal_nan=True), k  # bitwise
 
 
-@pytest.mark.parametrize(("algo", "fault"), [
-    ("local", "1:3:kill"), ("fedavg", "1:3:kill"), ("fedavg_ft", "1:3:kill"), ("oracle", "1:3:kill"),
-    ("federico", "1:3:kill"), ("fedc2i", "1:3:kill"), ("dpfl", "1:3:kill"),
-    ("pfedlia", "1:3:kill"), ("pfedlia-p2p", "1:3:kill"),  # warm-up and LIA happen before the kill
-    ("fedem", "1:3:kill"), ("fedproto", "1:3:kill"), ("knn_per", "1:3:kill"),
-    ("fedprox", "1:3:kill"), ("fedprox_ft", "1:3:kill"), ("fedavg_ft-best", "1:3:kill"), ("ditto", "1:3:kill"),
-    ("fedrep", "1:3:kill"), ("ditto", "0:3:kill_in_checkpoint"),  # personal models and their optimizer state
+# overrides of the kill/resume test per algorithm (or "algorithm-variant"); one not
+# named here runs with BASE alone
+EXTRA = {**WHOM, **PERSONAL, "pfedlia": ["pfedlia.warmup_rounds=2", "pfedlia.lia_epochs=2"],
+         "pfedlia-p2p": ["pfedlia.warmup_rounds=2", "pfedlia.lia_epochs=2", "pfedlia.mode=p2p"],
+         "perfedavg-hf": ["perfedavg.variant=hf"]}
+
+# beyond one kill of every algorithm: variants, and kills at other moments
+VARIANTS = [
+    ("pfedlia-p2p", "1:3:kill"),  # warm-up and LIA happen before the kill
+    ("fedavg_ft-best", "1:3:kill"), ("perfedavg-hf", "1:3:kill"),
+    ("ditto", "0:3:kill_in_checkpoint"),  # personal models and their optimizer state
     ("fedavg", "0:3:kill_in_checkpoint"),  # killed between writing its part and publishing
     ("fedavg", "1:1:kill"),  # before the first checkpoint: the rerun starts over
     ("oracle", "0:5:kill"), ("federico", "0:5:kill_in_checkpoint"),
-    ("cfl", "1:3:kill"), ("fesem", "1:3:kill"), ("pfedgraph", "1:3:kill"), ("fedfomo", "1:3:kill"),
-    ("apfl", "1:3:kill"), ("perfedavg", "1:3:kill"), ("perfedavg-hf", "1:3:kill"), ("fedrod", "1:3:kill"),
-])
+]
+
+
+def kill_cases() -> list[tuple[str, str]]:
+    """(algorithm[-variant], MPIFL_FAULT) of the kill/resume test: every algorithm of
+    ``mpifl.algorithms.NAMES`` killed on rank 1 at the start of round 3, then VARIANTS."""
+    return [(name, "1:3:kill") for name in algorithms.NAMES] + VARIANTS
+
+
+@pytest.mark.parametrize(("algo", "fault"), kill_cases())
 def test_sigkill_then_resume_is_identical(tmp_path, algo, fault):
-    extra = {**WHOM, **PERSONAL, "pfedlia": ["pfedlia.warmup_rounds=2", "pfedlia.lia_epochs=2"],
-             "pfedlia-p2p": ["pfedlia.warmup_rounds=2", "pfedlia.lia_epochs=2", "pfedlia.mode=p2p"],
-             "perfedavg-hf": ["perfedavg.variant=hf"]}
-    args = [*BASE, f"algorithm.name={algo.split('-')[0]}", *extra.get(algo, []), f"run.out_dir={tmp_path}"]
+    args = [*BASE, f"algorithm.name={algo.split('-')[0]}", *EXTRA.get(algo, []), f"run.out_dir={tmp_path}"]
     ref = launch([*args, "run.name=ref"], n=2)
     assert ref.returncode == 0, ref.stderr
     env_kill = {**os.environ, "MPIFL_FAULT": fault, "PYTHONPATH": str(REPO)}

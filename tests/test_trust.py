@@ -1,4 +1,4 @@
-"""Issue 20: no code from data files, no shell from configs, no lost results.
+"""Trust: no code from data files, no shell from configs, no lost results.
 
 A user on a shared disk may find files planted by someone else in a run
 directory, a dataset folder or a sweep; none of them may run code, and mpifl
@@ -72,11 +72,12 @@ WRITER = """
 import sys
 import numpy as np
 from mpifl.logging.h5 import Writer
+from mpifl.mixing import Dense
 N = 100
 w = Writer(sys.argv[1], {"n_ranks": 1}, {"cluster": np.zeros(N, int)}, N)
 for t in range(20):
     rows = {k: np.full(N, t, float) for k in ("metrics/train_loss", "metrics/val_loss", "comm/bytes_sent")}
-    w.write_round(t, {"wall_s": 1.0}, rows, mixing=np.full((N, N), t, np.float32))
+    w.write_round(t, {"wall_s": 1.0}, rows, mixing=Dense(np.full((N, N), t, np.float32)))
     print(t, flush=True)
 w.close()
 """
@@ -356,7 +357,7 @@ def test_analyze_skips_a_log_whose_shapes_do_not_match_its_attributes(tmp_path, 
 
 
 def test_random_sigkills_under_mpiexec_then_resume_bitwise(tmp_path):
-    """bench/kill_test.py with a small count (the acceptance run uses --count 50)."""
+    """bench/kill_test.py with a small count (the README's run uses --count 50)."""
     res = subprocess.run([sys.executable, str(REPO / "bench" / "kill_test.py"), "--count", "2", "--seed", "3",
                           "--algorithms", "fedavg", "dpfl", "--out", str(tmp_path)], cwd=REPO,
                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=900,

@@ -1,10 +1,11 @@
 """Algorithms by name: every module of this package except ``base`` and ``_*``.
 
 The module list is read from the package folder, so adding an algorithm is
-adding one file (and its test); nothing else names it. A module provides
-``State``, ``init``, ``round`` and ``evaluate`` (see ``base``) and, when it has
-hyper-parameters, a ``Params`` dataclass: the config section of the module's
-name (``fedprox.mu``), with commented defaults and a ``validate(cfg)`` method.
+adding one file (and its test); nothing else names it. A module provides what
+``base.Algorithm`` describes (``State``, ``init``, ``round``, ``evaluate``) and,
+when it has hyper-parameters, a ``Params`` dataclass: the config section of the
+module's name (``fedprox.mu``), with commented defaults and a ``validate(cfg)``
+method.
 
 Nothing here imports torch or the algorithm modules until asked, so the names
 are known to ``mpifl.config`` without the cost of importing every algorithm.
@@ -14,11 +15,14 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from types import ModuleType
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    from .base import Algorithm
 
 NOT_ALGORITHMS = {"base"}
 
-# the order of the README's table: baselines first, then the seed algorithms
+# the order of the README's table: these baselines first, then alphabetical
 _FIRST = ("local", "fedavg", "fedavg_ft", "oracle")
 
 
@@ -31,10 +35,10 @@ def _discover() -> tuple[str, ...]:
 NAMES: tuple[str, ...] = _discover()
 
 
-def get(name: str) -> ModuleType:
+def get(name: str) -> Algorithm:
     if name not in NAMES:
         raise KeyError(name)
-    return importlib.import_module(f"{__name__}.{name}")
+    return cast("Algorithm", importlib.import_module(f"{__name__}.{name}"))
 
 
 def sections() -> dict[str, type]:

@@ -52,12 +52,20 @@ import torch
 
 from ..clients import Clients, RowOptimizer
 from ..errors import check
+from ..mixing import Shared
 from ..state import per_client
 from . import fedavg
-from .base import Context, Round, own_rows_metrics
+from .base import Context, Round, own_rows_metrics, sampled_weights
 
 if TYPE_CHECKING:
     from ..config import Config
+
+# one line each for the README's algorithm table (python -m mpifl.docs)
+SUMMARY = (
+    "APFL: local model v_i and global w mixed as alpha_i v_i + (1 - alpha_i) w, alpha_i learned by its "
+    "gradient (`apfl.alpha` initial, `apfl.adaptive`), w synchronised every round"
+)
+MIXING_ROW = "p over sampled clients (FedAvg of w)"
 
 
 @dataclass
@@ -107,12 +115,9 @@ def round(ctx: Context, state: State, t: int) -> Round:
             state.v[dropped], state.alpha[dropped] = before[0][keep], before[2][keep]
             for k, v in state.v_opt.items():
                 v[dropped] = before[1][k][keep]
-    row = np.zeros(ctx.N)
-    row[sampled] = ctx.p[sampled] / ctx.p[sampled].sum()
-    w = np.zeros(ctx.comm.n_local)
-    w[mine] = row[ctx.comm.local_ids[mine]]
+    row, w = sampled_weights(ctx, sampled)
     state.model = ctx.comm.weighted_sum(c.params, w)
-    return Round(train_loss=loss, mixing_row=row, extras={"alpha": state.alpha.cpu().numpy().copy()})
+    return Round(train_loss=loss, mixing=Shared(row), extras={"alpha": state.alpha.cpu().numpy().copy()})
 
 
 def _step(ctx: Context, state: State):

@@ -1,15 +1,17 @@
 """What every algorithm module provides and receives.
 
-An algorithm is a module with ``State`` (a dataclass), ``init(ctx) -> State``,
-``round(ctx, state, t) -> Round`` and optionally ``evaluate(ctx, state, t)``.
-It talks to other ranks only through ``ctx.comm`` (never mpi4py) and writes
-nothing itself: what it returns is logged by the runtime.
+An algorithm is a module of this package satisfying :class:`Algorithm`; it gets
+a :class:`Context` and returns a :class:`Round` each round. It talks to other
+ranks only through ``ctx.comm`` (never mpi4py) and writes nothing itself: what it
+returns is logged by the runtime. The FedAvg building blocks many methods share
+(the sampled clients' weights, FedAvg within groups, whether a round evaluates,
+the clients' own-row metrics) are here too.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -17,6 +19,7 @@ from scipy import sparse
 
 from ..clients import Clients
 from ..data import FederatedData
+from ..mixing import Dense, Mixing
 from ..rng import GLOBAL, rng
 
 if TYPE_CHECKING:  # algorithms are imported by the config (their Params) before MPI is wanted
@@ -64,13 +67,9 @@ class Round:
     """What one round produced on this rank (rows: this rank's clients)."""
 
     train_loss: np.ndarray  # [n_local], nan where a client did not train
-    # [n_local, N] row-stochastic: a dense array or a scipy.sparse matrix (graphs,
-    # identity); sparse ones travel and are stored as their non-zeros
-    mixing: np.ndarray | sparse.spmatrix | sparse.sparray | None = None
-    mixing_row: np.ndarray | None = None  # [N] when every client's row is the same
-    # (group [N], weight [N]), the same on every rank, for cluster algorithms: row i
-    # is weight restricted to i's group, or e_i where that is all zero
-    mixing_groups: tuple[np.ndarray, np.ndarray] | None = None
+    # what each client's model was averaged from: this rank's rows (Dense [n_local, N],
+    # dense or scipy.sparse), one row for all (Shared) or groups (Grouped)
+    mixing: Mixing | None = None
     # per-round logs: name -> [n_local, ...]; stored at /<algorithm>/<name> (a name
     # holding "/" is a path from the root, e.g. "lia/influence")
     extras: dict[str, np.ndarray] = field(default_factory=dict)
@@ -78,6 +77,68 @@ class Round:
     once: dict[str, np.ndarray] = field(default_factory=dict)
     # scalars or small JSON-able values for the log's root attributes (rank 0's count)
     attrs: dict[str, object] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.mixing is not None and not isinstance(self.mixing, Mixing):
+            raise TypeError(f"Round.mixing must be a mpifl.mixing.Mixing (Dense, Shared or Grouped), "
+                            f"not {type(self.mixing).__name__}")
+
+
+@runtime_checkable
+class Algorithm(Protocol):
+    """An algorithm module as the runtime uses it (``mpifl.algorithms.get(name)``).
+
+    - ``State``: a dataclass of what the algorithm keeps between rounds. Fields made
+      with ``mpifl.state.per_client()`` hold one row per local client,
+      ``transient()`` ones are not checkpointed, every other field is identical on
+      all ranks and saved once (``mpifl.checkpoint``).
+    - ``init(ctx) -> State``, before round 0 (and before a resume fills it).
+    - ``round(ctx, state, t) -> Round``: trains, and says what was averaged with what.
+    - ``evaluate(ctx, state, t)``: ``val_loss``, ``val_acc``, ``test_loss``,
+      ``test_acc`` per local client ([n_local]) in the rounds that evaluate
+      (:func:`evaluates`); it changes no training state.
+
+    Optional, looked up by name: ``Params``, a dataclass of hyper-parameters with
+    commented defaults and ``validate(cfg)`` (the config section named as the
+    module); ``check_config(cfg)``, refusing combinations when the algorithm is
+    chosen; ``SUMMARY`` and ``MIXING_ROW``, one line each for the README's table
+    (``mpifl.docs``; without them the docstring's first sentence and "–"). The
+    module docstring opens with the paper, the equations and a runnable
+    ``python -m mpifl.main`` command.
+    """
+
+    State: type
+
+    def init(self, ctx: Context) -> Any: ...
+
+    def round(self, ctx: Context, state: Any, t: int) -> Round: ...
+
+    def evaluate(self, ctx: Context, state: Any, t: int) -> dict[str, np.ndarray]: ...
+
+
+def evaluates(cfg: Config, t: int) -> bool:
+    """Whether round t evaluates (``run.eval_every``, and always the last round)."""
+    return (t + 1) % cfg.run.eval_every == 0 or t == cfg.run.rounds - 1
+
+
+def sampled_weights(ctx: Context, sampled: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """FedAvg's weights: (row [N]: p normalised over the ``sampled`` clients, 0
+    elsewhere, the same on every rank; this rank's share of it [n_local], the
+    weights of its rows in ``ctx.comm.weighted_sum``)."""
+    row = np.zeros(ctx.N)
+    row[sampled] = ctx.p[sampled] / ctx.p[sampled].sum()
+    return row, row[ctx.comm.local_ids]
+
+
+def group_weights(ctx: Context, groups: np.ndarray, sampled: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """FedAvg inside groups: (weights [N]: p normalised within each group's
+    ``sampled`` members, 0 elsewhere; this rank's share [n_local]) for
+    ``ctx.comm.grouped_sum`` with ``groups`` ([N] ids, the same on every rank)."""
+    w = np.zeros(ctx.N)
+    for k in np.unique(groups[sampled]):
+        s = sampled[groups[sampled] == k]
+        w[s] = ctx.p[s] / ctx.p[s].sum()
+    return w, w[ctx.comm.local_ids]
 
 
 def own_rows_metrics(ctx: Context, params: torch.Tensor | None = None) -> dict[str, np.ndarray]:
@@ -89,8 +150,8 @@ def own_rows_metrics(ctx: Context, params: torch.Tensor | None = None) -> dict[s
     return out
 
 
-def identity_rows(ctx: Context) -> sparse.csr_matrix:
-    """This rank's rows of the identity as a sparse ``[n_local, N]`` matrix (no dense
-    ``n_local x N`` array at large N; ``.toarray()`` gives the dense one)."""
+def identity_rows(ctx: Context) -> Dense:
+    """This rank's rows of the identity, sparse ``[n_local, N]`` (no dense
+    ``n_local x N`` array at large N; ``.densify()`` gives the dense one)."""
     n = ctx.comm.n_local
-    return sparse.csr_matrix((np.ones(n, np.float32), (np.arange(n), ctx.comm.local_ids)), shape=(n, ctx.N))
+    return Dense(sparse.csr_matrix((np.ones(n, np.float32), (np.arange(n), ctx.comm.local_ids)), shape=(n, ctx.N)))

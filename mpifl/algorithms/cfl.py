@@ -61,11 +61,19 @@ import torch
 from sklearn.cluster import AgglomerativeClustering
 
 from ..errors import check
-from .base import Context, Round
+from ..mixing import Grouped
+from .base import Context, Round, group_weights, own_rows_metrics
 from .fedavg import local_update
 
 if TYPE_CHECKING:
     from ..config import Config
+
+# one line each for the README's algorithm table (python -m mpifl.docs)
+SUMMARY = (
+    "Clustered FL: FedAvg per cluster; a cluster whose mean update norm < `cfl.eps1` and largest > "
+    "`cfl.eps2` splits by the optimal bipartition of its updates' cosine similarities"
+)
+MIXING_ROW = "p over sampled clients of i's cluster"
 
 
 @dataclass
@@ -114,15 +122,6 @@ def bipartition(U: torch.Tensor, linkage: str = "single") -> np.ndarray:
     return (labels != labels[0]).astype(np.int64)
 
 
-def within(ctx: Context, cl: np.ndarray, sampled: np.ndarray) -> np.ndarray:
-    """[N] p normalised within (cluster, sampled); 0 elsewhere."""
-    w = np.zeros(ctx.N)
-    for k in np.unique(cl[sampled]):
-        s = sampled[cl[sampled] == k]
-        w[s] = ctx.p[s] / ctx.p[s].sum()
-    return w
-
-
 def round(ctx: Context, state: State, t: int) -> Round:
     f, c, comm = ctx.cfg.cfl, ctx.clients, ctx.comm
     ids, P = comm.local_ids, c.P
@@ -133,7 +132,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
     # the server's view of the uploads: their Gram matrix gives every norm it tests
     U = comm.allgather_ids(c.params - start, sampled).double()
     G = (U @ U.T).cpu().numpy()
-    a = within(ctx, cl, sampled)
+    a, _ = group_weights(ctx, cl, sampled)
     K = len(state.models)
     mean_n, max_n = np.full(K, np.nan), np.full(K, np.nan)
     fire = []
@@ -166,9 +165,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
     state.cluster = new
 
     # FedAvg inside the (new) clusters, over their sampled members
-    w = within(ctx, new, sampled)
-    wl = np.zeros(comm.n_local)
-    wl[mine] = w[ids[mine]]
+    w, wl = group_weights(ctx, new, sampled)
     sums = comm.grouped_sum(c.params, wl, new[ids], len(state.models))
     hit = torch.as_tensor(np.isin(np.arange(len(state.models)), new[sampled]), device=sums.device)
     state.models = torch.where(hit[:, None], sums.to(state.models), state.models)
@@ -177,7 +174,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
     pos = np.searchsorted(sampled, ids[mine])
     un[mine] = np.sqrt(np.diag(G)[pos])
     return Round(
-        train_loss=loss, mixing_groups=(new, w),
+        train_loss=loss, mixing=Grouped(new, w),
         extras={"cluster": new[ids].astype(np.int64), "update_norm": un,
                 "mean_norm": mean_n[cl[ids]], "max_norm": max_n[cl[ids]]},
         attrs={"cfl_splits": state.splits.tolist()} if fire else {},
@@ -186,8 +183,4 @@ def round(ctx: Context, state: State, t: int) -> Round:
 
 def evaluate(ctx: Context, state: State, t: int) -> dict[str, np.ndarray]:
     c = ctx.clients
-    rows = state.models[torch.as_tensor(state.cluster[ctx.comm.local_ids], device=c.device)]
-    out = {}
-    for split in ("val", "test"):
-        out[f"{split}_loss"], out[f"{split}_acc"] = c.evaluate(split, rows)
-    return out
+    return own_rows_metrics(ctx, state.models[torch.as_tensor(state.cluster[ctx.comm.local_ids], device=c.device)])

@@ -54,6 +54,13 @@ from ..state import per_client
 from . import fedavg
 from .base import Context, Round, own_rows_metrics
 
+# one line each for the README's algorithm table (python -m mpifl.docs)
+SUMMARY = (
+    "Ditto: FedAvg's global model plus a personal model per client pulled toward it by (lam/2)||v - "
+    "w||^2; evaluated on the personal model"
+)
+MIXING_ROW = "p over sampled clients (the global model)"
+
 
 @dataclass
 class Params:

@@ -73,13 +73,18 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError, check
+from ..mixing import Dense
 from ..rng import GLOBAL
 from ..state import per_client
-from .base import Context, Round, own_rows_metrics
+from .base import Context, Round, evaluates, own_rows_metrics
 
 if TYPE_CHECKING:
     from ..comm import Comm
     from ..config import Config
+
+# one line each for the README's algorithm table (python -m mpifl.docs)
+SUMMARY = "DPFL: BGGC candidate graph under budget B_c, GGC collaborators every `dpfl.period` rounds"
+MIXING_ROW = "p over i's collaborators and itself"
 
 Reward = Callable[[torch.Tensor], Sequence[float]]  # [m, P] models -> [m] rewards (higher is better)
 
@@ -356,8 +361,8 @@ def _trained_metrics(ctx: Context, t: int) -> dict[str, np.ndarray]:
     """val/test loss and accuracy of every client's model after its local training
     and before aggregation (``trained_*``; nan in rounds without evaluation). The
     run's own metrics are those of the aggregated model the round ends with."""
-    n, R = ctx.comm.n_local, ctx.cfg.run.rounds
-    if (t + 1) % ctx.cfg.run.eval_every == 0 or t == R - 1:
+    n = ctx.comm.n_local
+    if evaluates(ctx.cfg, t):
         got = own_rows_metrics(ctx)
     else:
         got = {f"{s}_{m}": np.full(n, np.nan) for s in ("val", "test") for m in ("loss", "acc")}
@@ -403,7 +408,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
         members = [int(k), *pe.chosen]
         mixing[i, members] = state.p[members] / state.p[members].sum()
     reward = -c.evaluate("val")[0]
-    out = Round(train_loss=loss, mixing=mixing,
+    out = Round(train_loss=loss, mixing=Dense(mixing),
                 extras={"candidates": cand, "collaborators": coll, "reward": reward.astype(np.float32),
                         "max_batch_models": most.astype(np.int64), **trained})
     if t == 0:

@@ -11,12 +11,18 @@ mixing row of every client is p over that round's sampled clients.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from ..clients import Objective
-from .base import Context, Round, own_rows_metrics
+from ..mixing import Shared
+from .base import Context, Round, own_rows_metrics, sampled_weights
+
+# one line each for the README's algorithm table (python -m mpifl.docs)
+SUMMARY = "FedAvg: fraction C sampled, E local epochs, average weighted by train size"
+MIXING_ROW = "p over sampled clients"
 
 
 @dataclass
@@ -57,17 +63,25 @@ def round(ctx: Context, state: State, t: int) -> Round:
     return out
 
 
-def step(ctx: Context, model: torch.Tensor, t: int, fraction: float,
-         objective: Objective | None = None) -> tuple[torch.Tensor, Round]:
+class ServerOptimizer(Protocol):
+    """The server's step from the global model and the sampled clients' weighted
+    average to the next global model (FedAvg: the average itself). Its state
+    (momentum, moments) is a field of the algorithm's ``State``, so checkpoints
+    keep it: a dataclass of tensors identical on every rank."""
+
+    def step(self, model: torch.Tensor, average: torch.Tensor) -> torch.Tensor: ...
+
+
+def step(ctx: Context, model: torch.Tensor, t: int, fraction: float, objective: Objective | None = None,
+         server: ServerOptimizer | None = None) -> tuple[torch.Tensor, Round]:
     """One FedAvg round from the global ``model`` [P]: the new model and the round
-    (local training on ``objective`` when given)."""
+    (local training on ``objective`` when given; the new model is ``server``'s step
+    from the clients' average, or the average itself)."""
     sampled = ctx.sample(t, fraction)
-    mine, loss = local_update(ctx, model, sampled, t, objective)
-    row = np.zeros(ctx.N)
-    row[sampled] = ctx.p[sampled] / ctx.p[sampled].sum()
-    w = np.zeros(ctx.comm.n_local)
-    w[mine] = row[ctx.comm.local_ids[mine]]
-    return ctx.comm.weighted_sum(ctx.clients.params, w), Round(train_loss=loss, mixing_row=row)
+    _, loss = local_update(ctx, model, sampled, t, objective)
+    row, w = sampled_weights(ctx, sampled)
+    average = ctx.comm.weighted_sum(ctx.clients.params, w)
+    return (average if server is None else server.step(model, average)), Round(train_loss=loss, mixing=Shared(row))
 
 
 def evaluate(ctx: Context, state: State, t: int) -> dict[str, np.ndarray]:

@@ -42,6 +42,13 @@ from .base import Context, Round, own_rows_metrics
 if TYPE_CHECKING:
     from ..config import Config
 
+# one line each for the README's algorithm table (python -m mpifl.docs)
+SUMMARY = (
+    "FedAvg, then `algorithm.ft_epochs` of local fine-tuning before evaluation, from the current global "
+    "model or (`fedavg_ft.start=best_val`, DPFL's FedAvg+FT) the one of best mean validation accuracy"
+)
+MIXING_ROW = "as fedavg"
+
 
 @dataclass
 class Params:

@@ -59,11 +59,16 @@ import torch.nn.functional as F
 from ..clients import Clients
 from ..errors import check
 from ..head import Head, find_head
+from ..mixing import Dense
 from ..state import transient
 from .base import Context, Round, identity_rows, own_rows_metrics
 
 if TYPE_CHECKING:
     from ..config import Config
+
+# one line each for the README's algorithm table (python -m mpifl.docs)
+SUMMARY = "FedC2I: client- and class-level influence by leave-one-out models passed around the ring"
+MIXING_ROW = "the influence vector a_i"
 
 
 
@@ -226,7 +231,7 @@ def aggregate(ctx: Context, state: State, t: int) -> Aggregation:
             return Aggregation(mixed, influence, nan_m, mixing)
         base = mixed
     elif ablation == "class_only_local":
-        base, influence, mixing = c.params.clone(), nan_a, identity_rows(ctx).toarray()  # dense like its other rows
+        base, influence, mixing = c.params.clone(), nan_a, identity_rows(ctx).densify()  # dense like its other rows
     else:  # class_only_global
         base, influence = (total / N).expand(m, -1).clone(), nan_a
         mixing = np.full((m, N), 1.0 / N, np.float32)
@@ -246,7 +251,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
     c.params[:] = agg.rows
     c.opt.reset()
     loss = c.train(np.arange(c.n), ctx.cfg.train.local_epochs, t)
-    return Round(train_loss=loss, mixing=agg.mixing,
+    return Round(train_loss=loss, mixing=Dense(agg.mixing),
                  extras={"influence": agg.influence.astype(np.float32),
                          "class_influence": agg.class_influence.astype(np.float32)})
 

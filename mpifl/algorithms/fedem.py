@@ -53,12 +53,20 @@ import torch.nn.functional as F
 from .. import models
 from ..clients import Objective, loss_acc_from_probs
 from ..errors import check
+from ..mixing import Shared
 from ..rng import GLOBAL, rng
 from ..state import per_client
-from .base import Context, Round
+from .base import Context, Round, sampled_weights
 
 if TYPE_CHECKING:
     from ..config import Config
+
+# one line each for the README's algorithm table (python -m mpifl.docs)
+SUMMARY = (
+    "FedEM: `fedem.components` shared models, per-client mixture weights pi_i by EM, each component "
+    "averaged like FedAvg; prediction = pi_i-weighted mixture"
+)
+MIXING_ROW = "p over sampled clients (each component)"
 
 INIT_PURPOSE = "fedem/init"
 
@@ -130,10 +138,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
     mine = ctx.local_of(sampled)
     loss = np.full(ctx.comm.n_local, np.nan)
     q = estep(ctx, state, mine) if len(mine) else None
-    row = np.zeros(ctx.N)
-    row[sampled] = ctx.p[sampled] / ctx.p[sampled].sum()
-    w = np.zeros(ctx.comm.n_local)
-    w[mine] = row[ctx.comm.local_ids[mine]]
+    row, w = sampled_weights(ctx, sampled)
     if len(mine):
         ctx.comm.count(mine, recv=M * c.P * ctx.comm.itemsize, models=M)
         loss[mine] = 0.0
@@ -148,7 +153,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
                                   objective=Objective(sample_weight=q[:, m].contiguous()))
         new[m] = ctx.comm.weighted_sum(c.params, w)
     state.components = new
-    return Round(train_loss=loss, mixing_row=row, extras={"pi": state.pi.astype(np.float32)})
+    return Round(train_loss=loss, mixing=Shared(row), extras={"pi": state.pi.astype(np.float32)})
 
 
 def mixture_metrics(ctx: Context, components: torch.Tensor, pi: np.ndarray) -> dict[str, np.ndarray]:

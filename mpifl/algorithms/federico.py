@@ -77,11 +77,16 @@ import torch
 from .. import models
 from ..clients import loss_acc_from_probs
 from ..errors import check
+from ..mixing import Dense
 from ..state import per_client, transient
 from .base import Context, Round
 
 if TYPE_CHECKING:
     from ..config import Config
+
+# one line each for the README's algorithm table (python -m mpifl.docs)
+SUMMARY = "FedeRiCo: decentralized EM, k neighbours pulled point to point, weighted gradients pushed back"
+MIXING_ROW = "i's prediction weights over itself and its neighbours"
 
 PURPOSE = "federico/neighbours"
 BATCH_PURPOSE = "federico/batch"
@@ -257,7 +262,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
     mixing = np.stack([held_weights(state.weights[r], members[r]) for r in range(n)])
     return Round(
         train_loss=losses[:, f.k].copy(),
-        mixing=mixing.astype(np.float32),
+        mixing=Dense(mixing.astype(np.float32)),
         extras={"client_weights": state.weights.astype(np.float32),
                 "tracked_loss": state.tracked_loss.astype(np.float32),
                 "neighbours": S.astype(np.int64)},

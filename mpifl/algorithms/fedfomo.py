@@ -52,12 +52,20 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import check
+from ..mixing import Dense
 from ..state import per_client
 from .base import Context, Round, own_rows_metrics
 from .federico import sample_neighbours
 
 if TYPE_CHECKING:
     from ..config import Config
+
+# one line each for the README's algorithm table (python -m mpifl.docs)
+SUMMARY = (
+    "FedFomo: each sampled client pulls `fedfomo.m` models (affinity-guided epsilon-greedy) and mixes in "
+    "those that lower its held-out loss, weighted by loss drop per distance"
+)
+MIXING_ROW = "w_i over i's candidates (e_i if none helps)"
 
 PURPOSE = "fedfomo/candidates"
 VAL_PURPOSE = "fedfomo/val"
@@ -161,7 +169,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
     c.opt.reset(torch.as_tensor(mine, device=c.device))
     loss = np.full(n, np.nan)
     loss[mine] = c.train(mine, ctx.cfg.train.local_epochs, t, subsets=[tr for tr, _ in parts])
-    return Round(train_loss=loss, mixing=mixing,
+    return Round(train_loss=loss, mixing=Dense(mixing),
                  extras={"weights": W.astype(np.float32), "affinity": state.affinity.astype(np.float32),
                          "candidates": cands})
 

@@ -68,6 +68,13 @@ from .base import Context, Round, identity_rows
 if TYPE_CHECKING:
     from ..config import Config
 
+# one line each for the README's algorithm table (python -m mpifl.docs)
+SUMMARY = (
+    "FedProto: personal models; clients send per-class mean embeddings, the server averages them by class"
+    " count; loss CE + `fedproto.lam` x distance to the global prototype; nearest-prototype prediction"
+)
+MIXING_ROW = "identity (models never travel)"
+
 
 @dataclass
 class Params:

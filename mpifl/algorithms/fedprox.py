@@ -46,6 +46,10 @@ from .base import Context, Round
 if TYPE_CHECKING:
     from ..config import Config
 
+# one line each for the README's algorithm table (python -m mpifl.docs)
+SUMMARY = "FedProx: FedAvg whose local loss adds (mu/2)||w - w_global||^2 (`fedprox.mu`)"
+MIXING_ROW = "as fedavg"
+
 
 @dataclass
 class Params:

@@ -37,6 +37,10 @@ from .base import Context, Round
 if TYPE_CHECKING:
     from ..config import Config
 
+# one line each for the README's algorithm table (python -m mpifl.docs)
+SUMMARY = "FedProx+FT (DPFL): FedProx's best-validation global model fine-tuned 2E epochs before evaluation"
+MIXING_ROW = "as fedavg"
+
 
 @dataclass
 class Params:

@@ -45,8 +45,16 @@ import torch
 from ..clients import Objective
 from ..errors import check
 from ..head import Head, body_slices, find_head
+from ..mixing import Shared
 from ..state import transient
-from .base import Context, Round, own_rows_metrics
+from .base import Context, Round, own_rows_metrics, sampled_weights
+
+# one line each for the README's algorithm table (python -m mpifl.docs)
+SUMMARY = (
+    "FedRep: shared body averaged, personal head (last `nn.Linear`) kept; head epochs with the body "
+    "frozen, then body epochs with the head frozen"
+)
+MIXING_ROW = "p over sampled clients (the body only)"
 
 
 @dataclass
@@ -88,14 +96,11 @@ def round(ctx: Context, state: State, t: int) -> Round:
     loss = np.full(comm.n_local, np.nan)
     loss[mine] = c.train(mine, ctx.cfg.train.local_epochs, t, objective=Objective(frozen=state.head.names))
 
-    row = np.zeros(ctx.N)
-    row[sampled] = ctx.p[sampled] / ctx.p[sampled].sum()
-    w = np.zeros(comm.n_local)
-    w[mine] = row[comm.local_ids[mine]]
+    row, w = sampled_weights(ctx, sampled)
     model = state.model.clone()
     model[body] = comm.weighted_sum(c.params[:, body], w)
     state.model = model
-    return Round(train_loss=loss, mixing_row=row, extras={"head_train_loss": head_loss})
+    return Round(train_loss=loss, mixing=Shared(row), extras={"head_train_loss": head_loss})
 
 
 def evaluate(ctx: Context, state: State, t: int) -> dict[str, np.ndarray]:

@@ -45,9 +45,17 @@ import torch.nn.functional as F
 
 from ..clients import Clients, RowOptimizer
 from ..head import Head, find_head
+from ..mixing import Shared
 from ..state import per_client
 from . import fedavg
-from .base import Context, Round, own_rows_metrics
+from .base import Context, Round, evaluates, own_rows_metrics, sampled_weights
+
+# one line each for the README's algorithm table (python -m mpifl.docs)
+SUMMARY = (
+    "FedRoD: body + generic head averaged (balanced softmax), a personal linear head per client; predicts"
+    " generic + personal logits"
+)
+MIXING_ROW = "p over sampled clients (body and generic head)"
 
 ABSENT_LOG_PRIOR = -1e4  # log pi of a class the client does not hold (see the docstring)
 
@@ -90,15 +98,12 @@ def round(ctx: Context, state: State, t: int) -> Round:
     loss[mine] = c.train(mine, ctx.cfg.train.local_epochs, t, step=step)
     bsm[mine] /= np.maximum(step.seen[mine], 1)
     bsm[np.setdiff1d(np.arange(n), mine)] = np.nan
-    row = np.zeros(ctx.N)
-    row[sampled] = ctx.p[sampled] / ctx.p[sampled].sum()
-    w = np.zeros(n)
-    w[mine] = row[ctx.comm.local_ids[mine]]
+    row, w = sampled_weights(ctx, sampled)
     state.model = ctx.comm.weighted_sum(c.params, w)
     extras = {"bsm_loss": bsm}
-    if (t + 1) % ctx.cfg.run.eval_every == 0 or t == ctx.cfg.run.rounds - 1:
+    if evaluates(ctx.cfg, t):
         extras["generic_test_acc"] = c.evaluate("test", state.model)[1]
-    return Round(train_loss=loss, mixing_row=row, extras=extras)
+    return Round(train_loss=loss, mixing=Shared(row), extras=extras)
 
 
 def _step(ctx: Context, state: State, bsm: np.ndarray):

@@ -51,13 +51,17 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError, check
+from ..mixing import Grouped
 from ..rng import GLOBAL
-from .base import Context, Round, round_half_up
-from .cfl import within
+from .base import Context, Round, group_weights, own_rows_metrics, round_half_up
 from .fedavg import local_update
 
 if TYPE_CHECKING:
     from ..config import Config
+
+# one line each for the README's algorithm table (python -m mpifl.docs)
+SUMMARY = "FeSEM: K centres in parameter space, clients assigned to the nearest by L2, centres = p-average of members"
+MIXING_ROW = "p over sampled clients of i's centre"
 
 INIT_PURPOSE = "fesem/init"
 
@@ -127,14 +131,12 @@ def round(ctx: Context, state: State, t: int) -> Round:
     assign = comm.allgather_rows(new_local)
 
     # M-step: centres = p-weighted average of their sampled members
-    w = within(ctx, assign, sampled)
-    wl = np.zeros(comm.n_local)
-    wl[mine] = w[ids[mine]]
+    w, wl = group_weights(ctx, assign, sampled)
     sums = comm.grouped_sum(c.params, wl, np.maximum(new_local, 0), K)
     hit = torch.as_tensor(np.isin(np.arange(K), assign[sampled]), device=sums.device)
     state.centres = torch.where(hit[:, None], sums.to(state.centres), state.centres)
     state.assign = assign
-    return Round(train_loss=loss, mixing_groups=(assign, w),
+    return Round(train_loss=loss, mixing=Grouped(assign, w),
                  extras={"cluster": assign[ids].astype(np.int64), "distance": dist})
 
 
@@ -143,7 +145,4 @@ def evaluate(ctx: Context, state: State, t: int) -> dict[str, np.ndarray]:
     own = state.assign[ctx.comm.local_ids]
     rows = torch.where(torch.as_tensor(own >= 0, device=c.device)[:, None],
                        state.centres[torch.as_tensor(np.maximum(own, 0), device=c.device)], c.params)
-    out = {}
-    for split in ("val", "test"):
-        out[f"{split}_loss"], out[f"{split}_acc"] = c.evaluate(split, rows)
-    return out
+    return own_rows_metrics(ctx, rows)

@@ -54,6 +54,13 @@ from .base import Context, Round
 if TYPE_CHECKING:
     from ..config import Config
 
+# one line each for the README's algorithm table (python -m mpifl.docs)
+SUMMARY = (
+    "kNN-Per: FedAvg, then each client interpolates `knn_per.lam` x kNN (`knn_per.k` neighbours among its"
+    " training embeddings) with the model"
+)
+MIXING_ROW = "as fedavg"
+
 
 @dataclass
 class Params:

@@ -16,11 +16,16 @@ import numpy as np
 import torch
 
 from ..errors import check
-from .base import Context, Round, own_rows_metrics
+from ..mixing import Grouped
+from .base import Context, Round, group_weights, own_rows_metrics
 from .fedavg import local_update
 
 if TYPE_CHECKING:
     from ..config import Config
+
+# one line each for the README's algorithm table (python -m mpifl.docs)
+SUMMARY = "FedAvg inside each true cluster"
+MIXING_ROW = "p over sampled clients of i's cluster"
 
 
 def check_config(cfg: Config) -> None:
@@ -51,21 +56,16 @@ def cluster_fedavg(ctx: Context, models: torch.Tensor, cl: np.ndarray, t: int,
     same on every rank) with ``models`` [K, P]: returns the new models and the round."""
     sampled = ctx.sample(t, fraction)
     mine_cluster = torch.as_tensor(cl[ctx.comm.local_ids], device=models.device)
-    mine, loss = local_update(ctx, models[mine_cluster], sampled, t)
+    _, loss = local_update(ctx, models[mine_cluster], sampled, t)
 
-    w = np.zeros(ctx.N)  # p normalised within (cluster, sampled)
-    for k in np.unique(cl[sampled]):
-        s = sampled[cl[sampled] == k]
-        w[s] = ctx.p[s] / ctx.p[s].sum()
-    wl = np.zeros(ctx.comm.n_local)
-    wl[mine] = w[ctx.comm.local_ids[mine]]
+    w, wl = group_weights(ctx, cl, sampled)
     sums = ctx.comm.grouped_sum(ctx.clients.params, wl, cl[ctx.comm.local_ids], len(models))
     hit = torch.as_tensor(np.isin(np.arange(len(models)), cl[sampled]), device=sums.device)
     models = torch.where(hit[:, None], sums, models)
 
     # row i: w within i's cluster; a cluster with no sampled client keeps its
     # model (row e_i), which is the groups format's own rule
-    return models, Round(train_loss=loss, mixing_groups=(cl, w))
+    return models, Round(train_loss=loss, mixing=Grouped(cl, w))
 
 
 def evaluate(ctx: Context, state: State, t: int) -> dict[str, np.ndarray]:

@@ -52,11 +52,19 @@ import torch
 
 from ..clients import Clients
 from ..errors import check
+from ..mixing import Shared
 from . import fedavg
-from .base import Context, Round, own_rows_metrics
+from .base import Context, Round, evaluates, own_rows_metrics, sampled_weights
 
 if TYPE_CHECKING:
     from ..config import Config
+
+# one line each for the README's algorithm table (python -m mpifl.docs)
+SUMMARY = (
+    "Per-FedAvg: FedAvg on the MAML objective, `perfedavg.variant` fo or hf (finite-difference Hessian), "
+    "evaluated after one step of size `perfedavg.alpha`"
+)
+MIXING_ROW = "p over sampled clients"
 
 
 @dataclass
@@ -100,19 +108,12 @@ def round(ctx: Context, state: State, t: int) -> Round:
     k = batches_per_step(ctx)
     loss[mine] = c.train(mine, ctx.cfg.train.local_epochs, t, step=_step(ctx),
                          batch_size=k * ctx.cfg.train.batch_size)
-    row = np.zeros(ctx.N)
-    row[sampled] = ctx.p[sampled] / ctx.p[sampled].sum()
-    w = np.zeros(ctx.comm.n_local)
-    w[mine] = row[ctx.comm.local_ids[mine]]
+    row, w = sampled_weights(ctx, sampled)
     state.model = ctx.comm.weighted_sum(c.params, w)
     extras = {}
-    if evaluated(ctx, t):
+    if evaluates(ctx.cfg, t):
         extras["global_test_acc"] = c.evaluate("test", state.model)[1]
-    return Round(train_loss=loss, mixing_row=row, extras=extras)
-
-
-def evaluated(ctx: Context, t: int) -> bool:
-    return (t + 1) % ctx.cfg.run.eval_every == 0 or t == ctx.cfg.run.rounds - 1
+    return Round(train_loss=loss, mixing=Shared(row), extras=extras)
 
 
 def _step(ctx: Context):

@@ -53,11 +53,19 @@ import numpy as np
 import torch
 
 from ..errors import check
+from ..mixing import Dense
 from ..state import per_client
 from .base import Context, Round, own_rows_metrics
 
 if TYPE_CHECKING:
     from ..config import Config
+
+# one line each for the README's algorithm table (python -m mpifl.docs)
+SUMMARY = (
+    "pFedGraph: the server solves a graph row per sampled client from model similarity (simplex QP, "
+    "`pfedgraph.alpha`), clients train with a cosine regulariser toward their aggregate (`pfedgraph.lam`)"
+)
+MIXING_ROW = "i's graph row over the sampled clients"
 
 
 @dataclass
@@ -164,7 +172,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
     if len(mine):
         mixing[mine] = 0.0
         mixing[np.ix_(mine, sampled)] = A[pos]
-    return Round(train_loss=loss, mixing=mixing, extras={"graph": state.graph[ids].astype(np.float32)})
+    return Round(train_loss=loss, mixing=Dense(mixing), extras={"graph": state.graph[ids].astype(np.float32)})
 
 
 def evaluate(ctx: Context, state: State, t: int) -> dict[str, np.ndarray]:

@@ -64,6 +64,7 @@ from sklearn.cluster import OPTICS, KMeans
 from sklearn.metrics import adjusted_rand_score
 
 from ..errors import ConfigError, check
+from ..mixing import Dense
 from ..state import per_client
 from . import fedavg
 from .base import Context, Round, own_rows_metrics
@@ -71,6 +72,13 @@ from .oracle import cluster_fedavg
 
 if TYPE_CHECKING:
     from ..config import Config
+
+# one line each for the README's algorithm table (python -m mpifl.docs)
+SUMMARY = (
+    "pFedLIA: FedAvg warm-up, one-off clustering of clients by lazy influence (OPTICS at a center, or "
+    "2-means per client), then FedAvg per found cluster"
+)
+MIXING_ROW = "p over sampled clients of i's found cluster (p2p: of its collaborators)"
 
 
 
@@ -304,4 +312,4 @@ def p2p_step(ctx: Context, state: State, t: int) -> Round:
         new[k] = torch.as_tensor(w, dtype=rows.dtype, device=rows.device) @ rows
     for k, row in new.items():  # after all reads: pulled local rows are views of params
         c.params[k] = row
-    return Round(train_loss=loss, mixing=mixing)
+    return Round(train_loss=loss, mixing=Dense(mixing))

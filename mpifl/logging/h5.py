@@ -23,15 +23,13 @@ Row i of every per-round dataset is round ``/rounds/round[i]`` (``Run.rounds``):
 with ``log.every = k`` only every k-th round (and the last) is logged.
 
 Above ``dense_max`` clients an N x N matrix per round stops fitting; the mixing
-matrix is then stored compactly (``/graph`` attr ``mixing_format = compact``),
-``mixing_kind`` per row saying how:
-
-- 0, graphs: the non-zeros, ``mixing_coo/{row,col,val}`` concatenated over rows,
-  row i's in ``[end[i-1], end[i])`` of ``mixing_coo/end``;
-- 1, FedAvg-like (all rows equal): that one row, ``mixing_shared``;
-- 2, cluster algorithms: ``mixing_group`` (cluster id per client) and
-  ``mixing_shared`` (weights): row i is the weights restricted to i's cluster, or
-  e_i where that is all zero.
+matrix is then stored compactly (``/graph`` attr ``mixing_format = compact``), in
+the form the round's :class:`mpifl.mixing.Mixing` encodes itself to, with
+``mixing_kind`` per row naming the form (the codes are defined on the ``Mixing``
+types): the non-zeros of ``Dense`` rows (``mixing_coo/{row,col,val}``
+concatenated over rounds, round i's in ``[end[i-1], end[i])`` of
+``mixing_coo/end``), the one row of ``Shared`` (``mixing_shared``), or the group
+ids and weights of ``Grouped`` (``mixing_group``, ``mixing_shared``).
 
 ``Run.mixing(i)`` returns the dense matrix whichever the storage.
 """
@@ -48,8 +46,8 @@ from typing import Any
 
 import h5py
 import numpy as np
-from scipy import sparse
 
+from ..mixing import COO_COL, COO_END, COO_ROW, COO_VAL, Dense, Mixing
 from .journal import Journaled, journal_path, read_journal
 
 ROUND_KEY = "rounds/round"
@@ -209,15 +207,13 @@ class Writer:
         os.replace(tmp, self.path)
 
     def write_round(self, t: int, rounds: dict[str, float], rows: dict[str, np.ndarray],
-                    mixing: np.ndarray | sparse.spmatrix | None = None, mixing_row: np.ndarray | None = None,
-                    once: dict[str, np.ndarray] | None = None, attrs: dict[str, Any] | None = None,
-                    mixing_groups: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+                    mixing: Mixing | None = None, once: dict[str, np.ndarray] | None = None,
+                    attrs: dict[str, Any] | None = None) -> None:
         """Append round ``t`` as the next row. ``rows``: ``{"metrics/val_acc": [N],
         "federico/client_weights": [N, N], ...}``; ``once``: datasets written whole,
-        with attr ``round`` = t (e.g. LIA's influence); the mixing matrix as dense
-        or sparse ``[N, N]``, one shared row, or (group, weight) per client."""
-        self.pending.append({"t": t, "rounds": dict(rounds), "rows": rows, "mixing": mixing,
-                             "mixing_row": mixing_row, "mixing_groups": mixing_groups, "once": once or {},
+        with attr ``round`` = t (e.g. LIA's influence); ``mixing``: the whole
+        ``[N, N]`` mixing matrix in any of its forms."""
+        self.pending.append({"t": t, "rounds": dict(rounds), "rows": rows, "mixing": mixing, "once": once or {},
                              "attrs": attrs or {}})
         if time.monotonic() - self._last >= self.flush_s:
             self.flush()
@@ -287,43 +283,27 @@ class Writer:
         self._last = time.monotonic()
 
     def _mixing_rounds(self, log: _Log, at: int, recs: list[dict[str, Any]]) -> None:
-        args = [(r["mixing"], r["mixing_row"], r["mixing_groups"]) for r in recs]
-        if not self.compact and all(any(x is not None for x in a) for a in args):
-            log.append_block("graph/mixing", _stack([self._dense(*a) for a in args]), at)
-            return
-        for i, a in enumerate(args):
-            self._mixing(log, at + i, *a)
-
-    def _dense(self, mixing, mixing_row, mixing_groups) -> np.ndarray:
-        if mixing_row is not None:
-            return np.broadcast_to(np.asarray(mixing_row, np.float32), (self.n, self.n))
-        if mixing_groups is not None:
-            return group_matrix(*mixing_groups)
-        return np.asarray(mixing.toarray() if sparse.issparse(mixing) else mixing, np.float32)
-
-    def _mixing(self, log: _Log, at: int, mixing, mixing_row, mixing_groups) -> None:
-        if mixing is None and mixing_row is None and mixing_groups is None:
-            return
+        ms: list[Mixing | None] = [r["mixing"] for r in recs]
         if not self.compact:
-            log.append("graph/mixing", self._dense(mixing, mixing_row, mixing_groups), at)
+            if all(m is not None for m in ms):
+                log.append_block("graph/mixing", _stack([m.densify() for m in ms]), at)
+            else:
+                for i, m in enumerate(ms):
+                    if m is not None:
+                        log.append("graph/mixing", m.densify(), at + i)
             return
-        rows = cols = vals = np.empty(0)
-        if mixing_row is not None:
-            log.append("graph/mixing_kind", np.int8(1), at)
-            log.append("graph/mixing_shared", np.asarray(mixing_row, np.float32), at)
-        elif mixing_groups is not None:
-            log.append("graph/mixing_kind", np.int8(2), at)
-            log.append("graph/mixing_group", np.asarray(mixing_groups[0], np.int32), at)
-            log.append("graph/mixing_shared", np.asarray(mixing_groups[1], np.float32), at)
-        else:
-            log.append("graph/mixing_kind", np.int8(0), at)
-            coo = sparse.coo_matrix(mixing)
-            keep = coo.data != 0
-            rows, cols, vals = coo.row[keep], coo.col[keep], coo.data[keep]
-        log.append_flat("graph/mixing_coo/row", rows.astype(np.int32))
-        log.append_flat("graph/mixing_coo/col", cols.astype(np.int32))
-        end = log.append_flat("graph/mixing_coo/val", vals.astype(np.float32))
-        log.append("graph/mixing_coo/end", np.int64(end), at)
+        for i, m in enumerate(ms):
+            if m is None:
+                continue
+            stored = m.encode()
+            for k, v in stored.items():
+                if not k.startswith("mixing_coo/"):
+                    log.append(f"graph/{k}", v, at + i)
+            # every round has its (possibly empty) run of non-zeros
+            for k in (COO_ROW, COO_COL):
+                log.append_flat(f"graph/{k}", stored.get(k, np.empty(0, np.int32)))
+            end = log.append_flat(f"graph/{COO_VAL}", stored.get(COO_VAL, np.empty(0, np.float32)))
+            log.append(f"graph/{COO_END}", np.int64(end), at + i)
 
     def truncate(self, n: int) -> None:
         """Drop every logged round >= n (rows are rounds ``/rounds/round``, which
@@ -523,32 +503,21 @@ class Run:
 
     def mixing(self, t: int) -> np.ndarray:
         """The dense [N, N] mixing matrix of logged row ``t`` (round ``rounds[t]``)."""
+        return self.mixing_of(t).densify()
+
+    def mixing_of(self, t: int) -> Mixing:
+        """The mixing matrix of logged row ``t`` in the form it was stored."""
         with self._file() as f:
             g = f["graph"]
             if g.attrs.get("mixing_format", "dense") == "dense":
-                return g["mixing"][t]
-            n = f["clients/cluster"].shape[0]
-            kind = g["mixing_kind"][t]
-            if kind == 1:
-                return np.broadcast_to(g["mixing_shared"][t], (n, n)).copy()
-            if kind == 2:
-                return group_matrix(g["mixing_group"][t], g["mixing_shared"][t])
-            end = g["mixing_coo/end"]
-            lo = int(end[t - 1]) if t > 0 else 0
-            hi = int(end[t])
-            m = np.zeros((n, n), np.float32)
-            m[g["mixing_coo/row"][lo:hi], g["mixing_coo/col"][lo:hi]] = g["mixing_coo/val"][lo:hi]
-            return m
+                return Dense(g["mixing"][t])
+            end = g[COO_END]
+            lo, hi = (int(end[t - 1]) if t > 0 else 0), int(end[t])
 
+            def read(name: str) -> np.ndarray:
+                return g[name][lo:hi] if name.startswith("mixing_coo/") else g[name][t]
 
-def group_matrix(group: np.ndarray, weight: np.ndarray) -> np.ndarray:
-    """Dense rows of the groups format: ``m[i, j] = weight[j]`` where j is in i's
-    group, and ``m[i] = e_i`` where that row would be all zero."""
-    group, weight = np.asarray(group), np.asarray(weight, np.float32)
-    m = np.where(group[:, None] == group[None, :], weight[None, :], np.float32(0)).astype(np.float32)
-    empty = np.flatnonzero(m.sum(1) == 0)
-    m[empty, empty] = 1.0
-    return m
+            return Mixing.decode(read, f["clients/cluster"].shape[0])
 
 
 def open_run(path: str | Path) -> Run:

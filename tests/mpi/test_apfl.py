@@ -55,7 +55,7 @@ def test_apfl_matches_plain_reference(mpi, batched, adaptive):
     moved = [abs(alpha[k] - 0.3) > 1e-6 for k in range(ref.N)]
     assert any(moved) == adaptive  # alpha learns only when adaptive
     sampled = ref.sample(ROUNDS - 1, cfg.algorithm.fraction)
-    assert np.count_nonzero(out.mixing_row) == len(sampled) and np.isclose(out.mixing_row.sum(), 1.0)
+    assert np.count_nonzero(out.mixing.row) == len(sampled) and np.isclose(out.mixing.row.sum(), 1.0)
 
 
 def test_apfl_evaluation_changes_no_training_state(mpi):

@@ -189,4 +189,4 @@ def test_fedrep_matches_plain_torch(mpi):
     for r, i in enumerate(ctx.comm.local_ids):
         model = torch.where(body, w, rows[int(i)])
         assert np.isclose(got["test_loss"][r], accuracy(ref, model, int(i), "test")[0], rtol=1e-4)
-    assert np.isclose(outs[-1].mixing_row.sum(), 1.0)
+    assert np.isclose(outs[-1].mixing.row.sum(), 1.0)

@@ -170,7 +170,7 @@ def test_rounds_match_serial_reference(mpi, fed):
         np.testing.assert_allclose(comm.allgather_rows(state.weights), ref.w, rtol=1e-4, atol=1e-7)
         np.testing.assert_allclose(comm.allgather_rows(ctx.clients.params), ref.params.numpy(), rtol=1e-4,
                                    atol=1e-6)
-        mixing = comm.allgather_rows(out.mixing)
+        mixing = comm.allgather_rows(out.mixing.rows)
         np.testing.assert_allclose(mixing.sum(1), 1.0, rtol=1e-6)
         for i in range(N):
             assert set(np.flatnonzero(mixing[i])) == {*S[i], i}
@@ -213,7 +213,7 @@ def test_per_client_init_is_the_same_on_any_number_of_ranks(mpi):
 
 
 def test_same_draws_and_accuracy_on_one_rank_and_all(mpi, shared_tmp):
-    """Acceptance: the same seed on 1 rank and on all ranks gives identical
+    """The same seed on 1 rank and on all ranks gives identical
     neighbour draws in round 1 and final accuracy within 0.5 points."""
     overrides = ["algorithm.name=federico", "data.name=synthetic", "data.n_clients=8", "data.n_clusters=4",
                  "data.n_samples=800", "model.hidden=[16]", "train.optimizer=adam", "train.lr=0.01",

@@ -81,7 +81,7 @@ def test_fedrod_matches_plain_reference(mpi, batched):
         _, acc_g = split_metrics(c, k, "test", lambda idx: logits(c, model, idx))
         assert out.extras["generic_test_acc"][r] == pytest.approx(acc_g)
     sampled = ref.sample(ROUNDS - 1, cfg.algorithm.fraction)
-    assert np.count_nonzero(out.mixing_row) == len(sampled)
+    assert np.count_nonzero(out.mixing.row) == len(sampled)
     trained = np.isin(ctx.comm.local_ids, sampled)
     assert np.all(np.isfinite(out.extras["bsm_loss"][trained])) and np.all(np.isnan(out.extras["bsm_loss"][~trained]))
 

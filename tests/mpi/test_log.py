@@ -7,6 +7,7 @@ import pytest
 
 from mpifl import config, runtime
 from mpifl.logging.h5 import open_run
+from mpifl.mixing import Dense, Grouped, Shared
 
 SMALL = {"data.name": "synthetic", "data.n_samples": 800, "data.n_clients": 8, "data.n_clusters": 2,
          "model.hidden": "[8]", "run.threads": 1, "run.rounds": 4, "algorithm.fraction": 0.5}
@@ -29,7 +30,7 @@ def test_compact_mixing_reads_back_as_dense(mpi, shared_tmp, algo):
         assert f["graph"].attrs["mixing_format"] == "compact"
         assert "graph/mixing" not in f  # no dense N x N dataset
         kinds = set(f["graph/mixing_kind"][:].tolist())
-    assert kinds == {"local": {0}, "oracle": {2}, "fedavg": {1}}[algo]
+    assert kinds == {"local": {Dense.KIND}, "oracle": {Grouped.KIND}, "fedavg": {Shared.KIND}}[algo]
     for t in range(4):
         m = compact.mixing(t)
         np.testing.assert_allclose(m, dense.mixing(t), rtol=1e-6)

@@ -59,7 +59,7 @@ def test_perfedavg_matches_plain_reference(mpi, variant, batched, beta):
         # the global model before adaptation, logged beside it
         _, acc0 = split_metrics(ref.clients, k, "test", lambda idx: logits(ref.clients, model, idx))
         assert out.extras["global_test_acc"][r] == pytest.approx(acc0)
-    assert np.isclose(out.mixing_row.sum(), 1.0)
+    assert np.isclose(out.mixing.row.sum(), 1.0)
 
 
 def test_hf_differs_from_fo_and_evaluation_changes_no_training_state(mpi):

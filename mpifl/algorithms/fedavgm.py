@@ -1,0 +1,93 @@
+"""FedAvgM: FedAvg with server momentum. T.-M. H. Hsu, H. Qi, M. Brown,
+"Measuring the Effects of Non-Identical Data Distribution for Federated Visual
+Classification", arXiv:1909.06335, 2019; the server-optimizer view of S. J. Reddi
+et al., "Adaptive Federated Optimization", ICLR 2021 (Algorithm 1 with SGD with
+momentum as ServerOpt).
+
+Clients train as in FedAvg (``algorithm.fraction`` sampled, E local epochs from
+the global model x_t); their p-weighted average xbar_t is not taken as the next
+model but as a pseudo-gradient step:
+
+    Delta_t = x_t - xbar_t                        (the average update, as a gradient)
+    v_t     = beta v_{t-1} + Delta_t,   v_{-1} = 0
+    x_{t+1} = x_t - eta_s v_t
+
+with ``fedavgm.lr`` = eta_s and ``fedavgm.momentum`` = beta. beta = 0, eta_s = 1 is
+FedAvg.
+
+    mpiexec -n 2 python -m mpi4py -m mpifl.main jobs/quickstart.yaml algorithm.name=fedavgm fedavgm.momentum=0.9
+
+Choices where the papers leave room:
+- The momentum is PyTorch's SGD form (v accumulates Delta undamped, no Nesterov),
+  which is Flower's ``FedAvgM`` definition exactly (its ``aggregate_fit``, checked
+  on the same client models by ``bench/peer_flower_fedavgm.py``).
+- Defaults eta_s = 1 and beta = 0.9, a usual momentum value; Hsu et al. sweep
+  both, and neither paper fixes one pair for every task.
+- The momentum v is the server's and identical on every rank (checkpointed once).
+
+Logged: as FedAvg (the mixing row p over the sampled clients).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..errors import check
+from . import fedavg
+from .base import Context, Round
+
+if TYPE_CHECKING:
+    from ..config import Config
+
+# one line each for the README's algorithm table (python -m mpifl.docs)
+SUMMARY = "FedAvgM: FedAvg whose server steps with momentum on the average update (`fedavgm.lr`, `fedavgm.momentum`)"
+MIXING_ROW = "as fedavg"
+
+
+@dataclass
+class Params:
+    """Hyper-parameters: the config section ``fedavgm``."""
+
+    lr: float = 1.0  # server learning rate eta_s (1 with momentum 0: FedAvg)
+    momentum: float = 0.9  # server momentum beta
+
+    def validate(self, cfg: Config) -> None:
+        check(self.lr > 0 and math.isfinite(self.lr), "fedavgm.lr", self.lr, "must be a finite number > 0")
+        check(0 <= self.momentum < 1, "fedavgm.momentum", self.momentum, "must be in [0, 1)")
+
+
+@dataclass
+class ServerMomentum:
+    """x <- x - lr v,  v <- beta v + (x - average): SGD with momentum on the
+    pseudo-gradient (``fedavg.ServerOptimizer``)."""
+
+    lr: float
+    beta: float
+    v: torch.Tensor  # [P] momentum, identical on every rank
+
+    def step(self, model: torch.Tensor, average: torch.Tensor) -> torch.Tensor:
+        self.v = self.beta * self.v + (model - average)
+        return model - self.lr * self.v
+
+
+@dataclass
+class State:
+    model: torch.Tensor  # [P] the global model x, identical on every rank
+    server: ServerMomentum  # its momentum (checkpointed)
+
+
+def init(ctx: Context) -> State:
+    p, x = ctx.cfg.fedavgm, ctx.clients.init.clone()
+    return State(model=x, server=ServerMomentum(p.lr, p.momentum, torch.zeros_like(x)))
+
+
+def round(ctx: Context, state: State, t: int) -> Round:
+    state.model, out = fedavg.step(ctx, state.model, t, ctx.cfg.algorithm.fraction, server=state.server)
+    return out
+
+
+evaluate = fedavg.evaluate

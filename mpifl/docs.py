@@ -1,0 +1,128 @@
+"""Generated blocks of the documentation, so that docs cannot drift from the code.
+
+    python -m mpifl.docs --check    # exit 1 naming every stale block
+    python -m mpifl.docs --write    # refresh them in place
+
+A block is the text between ``<!-- generated:NAME -->`` and ``<!-- /generated -->``
+in one of :data:`FILES`; :data:`BLOCKS` maps NAME to the function that renders it.
+Adding a block is adding a function and an entry; adding an algorithm changes
+nothing here (its module carries what its table row says).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+FILES = ("README.md",)
+# the sweep that runs every algorithm on its own job file: the table's "job file"
+JOBS_SWEEP = "jobs/sweeps/quickstart-algorithms.yaml"
+BLOCK = re.compile(r"(<!-- generated:(\w+) -->\n)(.*?)(<!-- /generated -->)", re.S)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _summary(mod) -> str:
+    """The module's ``SUMMARY``, else its docstring's first sentence."""
+    text = getattr(mod, "SUMMARY", None)
+    if text is None:
+        text = " ".join((mod.__doc__ or "").split())
+        text = text.split(". ")[0].rstrip(".")
+    return text
+
+
+def job_files(root: Path = ROOT) -> dict[str, str]:
+    """Algorithm -> the job file cell: the base of :data:`JOBS_SWEEP` whose
+    ``algorithm.name`` it is; an algorithm the sweep sets on every base (Local)
+    gets the first base with that override."""
+    sweep_path = root / JOBS_SWEEP
+    sweep = yaml.safe_load(sweep_path.read_text())
+    out: dict[str, str] = {}
+    bases = [(sweep_path.parent / b).resolve().relative_to(root) for b in sweep["grid"]["base"]]
+    for b in bases:
+        name = (yaml.safe_load((root / b).read_text()).get("algorithm") or {}).get("name")
+        if name:
+            out.setdefault(name, f"`{b}`")
+    for name in sweep["grid"].get("algorithm.name") or []:
+        if name is not None:
+            out.setdefault(name, f"`{bases[0]}` (`algorithm.name={name}`)")
+    return out
+
+
+def algorithm_table(root: Path = ROOT) -> str:
+    """Every algorithm of ``mpifl.algorithms.NAMES``: what it does and row i of its
+    mixing matrix (from its module), and the job file that shows it at its best."""
+    from . import algorithms
+
+    jobs = job_files(root)
+    out = ["| name | what | mixing row of client i | job file |", "|---|---|---|---|"]
+    for name in algorithms.NAMES:
+        mod = algorithms.get(name)
+        cells = [f"`{name}`", _summary(mod), getattr(mod, "MIXING_ROW", "–"), jobs.get(name, "–")]
+        out.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return "\n".join(out)
+
+
+def config_reference(root: Path = ROOT) -> str:
+    """Every config key (``python -m mpifl.config``)."""
+    from .config import reference
+
+    return reference()
+
+
+BLOCKS: dict[str, Callable[[Path], str]] = {"algorithms": algorithm_table, "config": config_reference}
+
+
+def render(text: str, root: Path = ROOT) -> str:
+    """``text`` with every generated block rendered afresh (unknown names: an error)."""
+
+    def fill(m: re.Match) -> str:
+        if m.group(2) not in BLOCKS:
+            raise KeyError(f"no generator for block {m.group(2)!r}; known: {', '.join(BLOCKS)}")
+        return m.group(1) + BLOCKS[m.group(2)](root) + "\n" + m.group(4)
+
+    return BLOCK.sub(fill, text)
+
+
+def stale(root: Path = ROOT) -> list[str]:
+    """``FILE:NAME`` of every block whose text differs from what it renders to."""
+    out = []
+    for f in FILES:
+        text = (root / f).read_text()
+        fresh = {m.group(2): m.group(3) for m in BLOCK.finditer(render(text, root))}
+        out += [f"{f}:{m.group(2)}" for m in BLOCK.finditer(text) if fresh[m.group(2)] != m.group(3)]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mpifl.docs", description="Check or refresh the generated blocks "
+                                 "of " + ", ".join(FILES) + " (<!-- generated:NAME --> ... <!-- /generated -->).")
+    ap.add_argument("--write", action="store_true", help="refresh the blocks in place")
+    ap.add_argument("--check", action="store_true", help="exit 1 if any block is stale (the default)")
+    args = ap.parse_args(argv)
+    if args.write:
+        for f in FILES:
+            path = ROOT / f
+            text = path.read_text()
+            if render(text) != text:
+                path.write_text(render(text))
+                print(f"mpifl.docs: refreshed {f}")
+        return 0
+    bad = stale()
+    if bad:
+        print(f"mpifl.docs: stale generated blocks: {', '.join(bad)}; run python -m mpifl.docs --write",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
