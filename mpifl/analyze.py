@@ -32,8 +32,9 @@ seeds) of
   pFedGraph's graph) at the last round, as ``spectral.<dataset>``, or a root
   attribute named ``*ari*``.
 
-Written to ``--out``: ``table.csv`` (fractions), ``table.md`` (percent),
-``runs.csv`` (one row per run), and PNG figures: ``accuracy.png`` (mean test
+Written to ``--out``: ``table.csv`` and ``table.md`` (the same table; accuracies in
+percent, columns ``*_pct``), ``runs.csv`` (one row per run, the columns of
+``mpifl.results.load_sweep``), and PNG figures: ``accuracy.png`` (mean test
 accuracy vs round per group), ``variance.png`` (per-client accuracy variance vs
 mean, DPFL Fig. 1), ``ari.png``, and ``heatmaps/<run>/<dataset>.png`` for every
 ``[N, N]`` log at the chosen rounds with clients ordered by true cluster.
@@ -56,11 +57,10 @@ import numpy as np
 
 from .errors import ConfigError
 from .logging.h5 import Run, open_run
-from .summary import JOB, WINDOW, Mismatch, Summary, find_logs, nanmean, summarize
+from .summary import ACC, JOB, PCT, WINDOW, Mismatch, Summary, find_logs, nanmean, run_row, summarize
 
 # keys that say where or how a run ran, not what it computed
 IGNORED = ("run.seed", "run.name", "run.out_dir", "run.threads", "run.device", "data.root")
-ACC = ("final_acc", "final_acc_w", "tail_acc", "tail_acc_w", "best_acc", "best_acc_w")
 
 
 def _key(v: Any) -> str:
@@ -131,10 +131,11 @@ def _stats(values: list[float], ddof: int) -> tuple[float, float]:
 
 
 def table(groups: list[Group], keys: list[str], ddof: int = 1) -> tuple[list[str], list[dict[str, Any]]]:
-    """Columns and rows (fractions) of the summary table."""
+    """Columns and rows of the summary table: ``<metric>_mean`` and ``_std`` over
+    seeds, accuracies in percent (``final_acc_pct_mean``), ARI as it is."""
     ari_sources = sorted({s for g in groups for r in g.runs for s in r.ari})
     cols = [*keys, "n_seeds", "seeds", "rounds"]
-    metrics = [*ACC, *(f"ari_{s}" for s in ari_sources)]
+    metrics = [*(m + PCT for m in ACC), *(f"ari_{s}" for s in ari_sources)]
     for m in metrics:
         cols += [f"{m}_mean", f"{m}_std"]
     rows = []
@@ -147,7 +148,7 @@ def table(groups: list[Group], keys: list[str], ddof: int = 1) -> tuple[list[str
         row["rounds"] = f"{min(done)}" + (f"/{planned.pop()}" if len(planned) == 1 else "") + \
             ("" if all(r.complete for r in g.runs) else " (incomplete)")
         for m in ACC:
-            row[f"{m}_mean"], row[f"{m}_std"] = _stats([getattr(r, m) for r in g.runs], ddof)
+            row[f"{m}{PCT}_mean"], row[f"{m}{PCT}_std"] = _stats([100.0 * getattr(r, m) for r in g.runs], ddof)
         for s in ari_sources:
             row[f"ari_{s}_mean"], row[f"ari_{s}_std"] = _stats([r.ari.get(s, math.nan) for r in g.runs], ddof)
         rows.append(row)
@@ -157,7 +158,7 @@ def table(groups: list[Group], keys: list[str], ddof: int = 1) -> tuple[list[str
 def _fmt(v: Any) -> str:
     if isinstance(v, float):
         return "" if math.isnan(v) else f"{v:.6g}"
-    return str(v)
+    return "" if v is None else str(v)
 
 
 def write_csv(path: Path, cols: list[str], rows: list[dict[str, Any]]) -> None:
@@ -169,7 +170,8 @@ def write_csv(path: Path, cols: list[str], rows: list[dict[str, Any]]) -> None:
 
 
 def markdown(cols: list[str], rows: list[dict[str, Any]], ddof: int, window: int = WINDOW) -> str:
-    """Accuracies in percent as mean ± std, ARI as mean ± std."""
+    """The table's cells as mean ± std, in the CSV's units (its column
+    ``final_acc_pct`` is ``final_acc_pct_mean`` ± ``final_acc_pct_std``)."""
     head = [c for c in cols if not c.endswith(("_mean", "_std"))]
     pairs = [c[: -len("_mean")] for c in cols if c.endswith("_mean")]
     lines = ["| " + " | ".join([*head, *pairs]) + " |", "|" + "---|" * (len(head) + len(pairs))]
@@ -177,17 +179,17 @@ def markdown(cols: list[str], rows: list[dict[str, Any]], ddof: int, window: int
         cells = [str(r[c]) for c in head]
         for m in pairs:
             mean, std = r[f"{m}_mean"], r[f"{m}_std"]
-            scale, digits = (1.0, 3) if m.startswith("ari_") else (100.0, 2)
+            digits = 3 if m.startswith("ari_") else 2
             if math.isnan(mean):
                 cells.append("–")
             elif math.isnan(std):
-                cells.append(f"{scale * mean:.{digits}f}")
+                cells.append(f"{mean:.{digits}f}")
             else:
-                cells.append(f"{scale * mean:.{digits}f} ± {scale * std:.{digits}f}")
+                cells.append(f"{mean:.{digits}f} ± {std:.{digits}f}")
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     what = "sample std, ddof=1" if ddof == 1 else f"std with ddof={ddof}"
-    lines.append(f"Accuracy in %, mean ± std over seeds ({what}). `final`: the last evaluated round; `tail`: "
+    lines.append(f"`_pct`: accuracy in %; mean ± std over seeds ({what}). `final`: the last evaluated round; `tail`: "
                  f"mean of the last {window} evaluated rounds; `best`: per client, test accuracy at its "
                  f"best-validation round; `_w`: clients weighted by test-set size.")
     return "\n".join(lines) + "\n"
@@ -313,7 +315,7 @@ def plot_heatmaps(run: Run, out_dir: Path, rounds: list[int] | None) -> list[Pat
     centers = (edges[:-1] + edges[1:]) / 2
     names = [f"k{c}" for c in np.unique(cluster[order])]
     written = []
-    for key, info in run.matrices().items():
+    for key, info in run.matrices.items():
         if info.per_round:
             picks = _rounds(rounds, info.shape[0])
             mats = [(f"round {t + 1}", np.asarray(run.row(key, t), float)) for t in picks]
@@ -399,13 +401,8 @@ def analyze(paths: list[str | Path], out: Path, heatmaps: str = "first", rounds:
     write_csv(out / "table.csv", cols, rows)
     md = markdown(cols, rows, ddof, window)
     (out / "table.md").write_text(md)
-    run_cols = ["name", "path", *keys, "seed", "rounds_done", "rounds_planned", "final_round", *ACC]
-    ari_sources = sorted({s for r in runs for s in r.ari})
-    write_csv(out / "runs.csv", run_cols + [f"ari_{s}" for s in ari_sources],
-              [{"name": r.name, "path": str(r.path), **dict(zip(keys, r.group)), "seed": r.seed,
-                "rounds_done": r.rounds_done, "rounds_planned": r.rounds_planned if r.rounds_planned else "",
-                "final_round": r.final_round + 1, **{m: getattr(r, m) for m in ACC},
-                **{f"ari_{s}": r.ari.get(s, math.nan) for s in ari_sources}} for r in runs])
+    run_rows = [{**dict(zip(keys, r.group)), **run_row(r)} for r in runs]
+    write_csv(out / "runs.csv", list(dict.fromkeys(k for row in run_rows for k in row)), run_rows)
     figures = [plot_accuracy(groups, out / "accuracy.png"), plot_variance(groups, out / "variance.png")]
     ari = plot_ari(groups, out / "ari.png")
     if ari:
