@@ -37,7 +37,10 @@ percent, columns ``*_pct``), ``runs.csv`` (one row per run, the columns of
 ``mpifl.results.load_sweep``), and PNG figures: ``accuracy.png`` (mean test
 accuracy vs round per group), ``variance.png`` (per-client accuracy variance vs
 mean, DPFL Fig. 1), ``ari.png``, and ``heatmaps/<run>/<dataset>.png`` for every
-``[N, N]`` log at the chosen rounds with clients ordered by true cluster.
+``[N, N]`` log at the chosen rounds (``--rounds``, numbered from 1 as on the
+console) with clients ordered by true cluster, beside
+``heatmaps/<run>/clients_label_hist.png`` (clients x classes). Legends and labels
+name each group by its keys and values (``algorithm.name=oracle, train.lr=0.1``).
 """
 
 from __future__ import annotations
@@ -108,10 +111,12 @@ def varying_keys(runs: list[Summary]) -> list[str]:
 class Group:
     key: tuple  # values of the varying keys
     runs: list[Summary]
+    names: tuple = ()  # the varying keys themselves
 
     @property
     def label(self) -> str:
-        return ", ".join(self.key)
+        """``algorithm.name=oracle, data.n_clients=20``: each value with its key."""
+        return ", ".join(f"{k}={v}" for k, v in zip(self.names, self.key)) if self.names else ", ".join(self.key)
 
 
 def group_runs(runs: list[Summary], keys: list[str]) -> list[Group]:
@@ -119,7 +124,7 @@ def group_runs(runs: list[Summary], keys: list[str]) -> list[Group]:
     for r in runs:
         r.group = tuple(setting(r, k) for k in keys)
         groups.setdefault(r.group, []).append(r)
-    return [Group(k, sorted(v, key=lambda r: r.seed)) for k, v in groups.items()]
+    return [Group(k, sorted(v, key=lambda r: r.seed), tuple(keys)) for k, v in groups.items()]
 
 
 def _stats(values: list[float], ddof: int) -> tuple[float, float]:
@@ -219,11 +224,12 @@ def plot_accuracy(groups: list[Group], path: Path) -> Path:
         curves = np.full((len(g.runs), n), np.nan)
         for i, r in enumerate(g.runs):
             curves[i, : len(r.curve)] = r.curve
-        x = np.arange(1, n + 1)
+        longest = max(g.runs, key=lambda r: len(r.curve))
+        x = longest.rounds + 1 if len(longest.rounds) == n else np.arange(1, n + 1)  # rounds from 1
         mean = nanmean(curves, axis=0)
         ok = ~np.isnan(mean)
         line, = ax.plot(x[ok], 100 * mean[ok], marker="." if ok.sum() < 30 else None,
-                        label=f"{g.label} (n={len(g.runs)})")
+                        label=f"{g.label} ({len(g.runs)} run{'s' if len(g.runs) != 1 else ''})")
         if len(g.runs) > 1:
             with warnings.catch_warnings():  # rounds nobody evaluated are all-nan
                 warnings.simplefilter("ignore", RuntimeWarning)
@@ -291,34 +297,83 @@ def plot_ari(groups: list[Group], path: Path) -> Path | None:
     return path
 
 
-def _rounds(spec: list[int] | None, n: int) -> list[int]:
-    """Chosen rounds (negative: from the end) within the log; default first, middle, last."""
+def _rounds(spec: list[int] | None, logged: np.ndarray, where: str = "the log", warn=print) -> list[int]:
+    """Rows of the chosen rounds: round numbers from 1, negative from the last
+    logged round (-1 = the last); default the first, middle and last logged.
+    ``logged``: the 0-based round of each row (``Run.rounds``). A round the log
+    does not hold is left out with a warning."""
+    n = len(logged)
     if n == 0:
         return []
-    picks = spec if spec else [0, n // 2, n - 1]
+    if not spec:
+        return list(dict.fromkeys([0, n // 2, n - 1]))
+    row_of = {int(r) + 1: i for i, r in enumerate(logged)}
     out = []
-    for t in picks:
-        if -n <= t < n and t % n not in out:
-            out.append(t % n)
+    for t in spec:
+        row = (n + t if -n <= t < 0 else None) if t < 0 else row_of.get(t)
+        if row is None:
+            held = f"rounds 1-{int(logged[-1]) + 1}" + (f", {n} of them logged" if n != int(logged[-1]) + 1 else "")
+            warn(f"mpifl.analyze: warning: --rounds {t}: {where} holds {held}; left out")
+        elif row not in out:
+            out.append(row)
     return out
 
 
-def plot_heatmaps(run: Run, out_dir: Path, rounds: list[int] | None) -> list[Path]:
-    """One PNG per [N, N] log, panels at the chosen rounds, clients ordered by true cluster."""
+def _cluster_order(cluster: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+    """Clients sorted by true cluster: (order, boundaries between clusters, each
+    cluster's centre on that axis, its name)."""
+    order = np.argsort(cluster, kind="stable")
+    bounds = np.flatnonzero(np.diff(cluster[order])) + 0.5
+    edges = np.concatenate([[-0.5], bounds, [len(order) - 0.5]])
+    return order, bounds, (edges[:-1] + edges[1:]) / 2, [f"k{c}" for c in np.unique(cluster[order])]
+
+
+def plot_label_hist(label_hist: np.ndarray, cluster: np.ndarray, path: Path, title: str = "") -> Path:
+    """Training samples per client (rows, ordered by true cluster) and class
+    (columns): what each client holds, whatever the numbers of clients and classes."""
+    plt = _plt()
+    order, bounds, centers, names = _cluster_order(np.asarray(cluster))
+    hist = np.asarray(label_hist)[order]
+    n, c = hist.shape
+    fig, (ax_c, ax) = plt.subplots(1, 2, figsize=(min(3 + 0.25 * c, 24), min(2 + 0.2 * n, 30)),
+                                   gridspec_kw={"width_ratios": [1, max(c, 2)]}, sharey=True, layout="constrained")
+    ax_c.imshow(np.asarray(cluster)[order][:, None], aspect="auto", cmap="tab20", interpolation="nearest")
+    ax_c.set_xticks([0], ["true\ncluster"], fontsize=7)
+    ax_c.set_ylabel("client, by true cluster", fontsize=8)
+    if len(names) <= 30:
+        ax_c.set_yticks(centers, names, fontsize=7)
+    im = ax.imshow(hist, aspect="auto", cmap="viridis", interpolation="nearest")
+    for b in bounds:
+        ax.axhline(b, color="white", lw=0.8)
+    ax.set_xlabel("class", fontsize=8)
+    if c <= 40:
+        ax.set_xticks(np.arange(c))
+    ax.tick_params(labelsize=7)
+    fig.colorbar(im, ax=ax, label="training samples")
+    fig.suptitle(title or "/clients/label_hist", fontsize=9)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_heatmaps(run: Run, out_dir: Path, rounds: list[int] | None, warn=print) -> list[Path]:
+    """One PNG per [N, N] log, panels at the chosen rounds (from 1, negative from the
+    end), clients ordered by true cluster; and the clients x classes label histogram."""
     from matplotlib.colors import TwoSlopeNorm
 
     plt = _plt()
     cluster = run.get("clients/cluster")
-    order = np.argsort(cluster, kind="stable")
-    bounds = np.flatnonzero(np.diff(cluster[order])) + 0.5
-    edges = np.concatenate([[-0.5], bounds, [len(order) - 0.5]])
-    centers = (edges[:-1] + edges[1:]) / 2
-    names = [f"k{c}" for c in np.unique(cluster[order])]
+    order, bounds, centers, names = _cluster_order(cluster)
     written = []
+    if "clients/label_hist" in run.datasets:
+        written.append(plot_label_hist(run.get("clients/label_hist"), cluster, out_dir / "clients_label_hist.png",
+                                       f"{run.path.parent.name}: /clients/label_hist (training samples per class)"))
+    logged = run.rounds if run.n_rounds else np.zeros(0, int)
     for key, info in run.matrices.items():
         if info.per_round:
-            picks = _rounds(rounds, info.shape[0])
-            mats = [(f"round {t + 1}", np.asarray(run.row(key, t), float)) for t in picks]
+            picks = _rounds(rounds, logged[: info.shape[0]], f"{run.path.parent.name}'s /{key}", warn)
+            mats = [(f"round {int(logged[t]) + 1}", np.asarray(run.row(key, t), float)) for t in picks]
         else:
             label = f"round {info.round + 1} (logged once)" if info.round is not None else "logged once"
             mats = [(label, np.asarray(run.get(key), float))]
@@ -410,7 +465,7 @@ def analyze(paths: list[str | Path], out: Path, heatmaps: str = "first", rounds:
     if heatmaps != "none":
         chosen = [r for g in groups for r in (g.runs if heatmaps == "all" else g.runs[:1])]
         for r in chosen:
-            figures += plot_heatmaps(open_run(r.path), out / "heatmaps" / _safe(r.name), rounds)
+            figures += plot_heatmaps(open_run(r.path), out / "heatmaps" / _safe(r.name), rounds, echo)
     papers = []
     for f, layout in chosen_layouts:
         text = render(layout, runs, ddof)
@@ -429,9 +484,12 @@ def analyze(paths: list[str | Path], out: Path, heatmaps: str = "first", rounds:
 
 def _int_list(text: str) -> list[int]:
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
+        out = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated round numbers, e.g. 0,-1") from None
+        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated round numbers, e.g. 1,-1") from None
+    if 0 in out:
+        raise argparse.ArgumentTypeError(f"{text!r}: rounds are numbered from 1 (-1 is the last)")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -443,8 +501,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="output folder (default: <PATH>/analysis for one directory, else ./analysis)")
     ap.add_argument("--heatmaps", choices=("first", "all", "none"), default="first",
                     help="heatmaps for the first seed of each group (default), every run, or none")
-    ap.add_argument("--rounds", type=_int_list, help="heatmap rounds, 0-based, negative from the end "
-                                                     "(default: first, middle, last)")
+    ap.add_argument("--rounds", type=_int_list, help="heatmap rounds, numbered from 1 as on the console, negative "
+                                                     "from the end: 1,15,-1 (default: first, middle, last logged)")
     ap.add_argument("--ddof", type=int, default=1, choices=(0, 1), help="std over seeds: 1 = the sample std "
                                                                          "papers report (default), 0 = numpy's")
     ap.add_argument("--layout", type=Path, action="append", default=[],

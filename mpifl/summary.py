@@ -41,6 +41,7 @@ class Summary:
     curve: np.ndarray  # [rounds_done] mean test acc per round, nan where not evaluated
     ari: dict[str, float] = field(default_factory=dict)
     group: tuple = ()
+    rounds: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # 0-based round of each curve row
 
     @property
     def complete(self) -> bool:
@@ -268,6 +269,7 @@ def _summarize(run: Run, window: int, ari: bool, points: dict[str, dict] | None)
         tail_acc=float(nanmean(client_tail)), tail_acc_w=_wmean(client_tail, n_test),
         best_acc=float(nanmean(best)), best_acc_w=_wmean(best, n_test),
         client_final=client_final, curve=curve, ari=cluster_recovery(run, len(n_test), window) if ari else {},
+        rounds=np.asarray(run.rounds, np.int64) if n_rounds else np.zeros(0, np.int64),
     )
 
 

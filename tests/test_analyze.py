@@ -116,7 +116,7 @@ def test_csv_and_markdown_tables_hold_the_same_numbers_in_the_unit_their_headers
 
 
 def test_figures_are_non_empty_pngs(sweep_dir, tmp_path):
-    res = an.analyze([sweep_dir], tmp_path, heatmaps="all", rounds=[0, -1], echo=lambda *a, **k: None)
+    res = an.analyze([sweep_dir], tmp_path, heatmaps="all", rounds=[1, -1], echo=lambda *a, **k: None)
     names = {p.relative_to(tmp_path).as_posix() for p in res["figures"]}
     assert {"accuracy.png", "variance.png", "ari.png"} <= names
     assert {f"heatmaps/{a}-{s}/graph_mixing.png" for a in ("fedavg", "oracle") for s in (0, 1)} <= names
@@ -222,7 +222,7 @@ def test_every_matrix_log_gets_a_heatmap_and_clusterings_an_ari(tmp_path):
                                    "fedc2i/class_influence", "lia/influence"}
     s = sm.summarize(run.path)
     assert s.ari == pytest.approx({"graph.mixing": 1.0, "dpfl.collaborators": 1.0, "pfedlia.cluster": 1.0})
-    written = an.plot_heatmaps(run, tmp_path / "h", rounds=[0, -1])
+    written = an.plot_heatmaps(run, tmp_path / "h", rounds=[1, -1])
     assert {p.name for p in written} == {"graph_mixing.png", "federico_client_weights.png",
                                          "dpfl_collaborators.png", "fedc2i_class_influence.png",
                                          "lia_influence.png"}
@@ -357,3 +357,51 @@ def test_a_sweep_over_job_files_is_grouped_by_file_and_algorithm(tmp_path):
     assert [g.key for g in an.group_runs(runs, keys)] == [("oracle", "a"), ("local", "a"), ("oracle", "b"),
                                                           ("local", "b")]
     assert sm.sweep_job(tmp_path / "elsewhere" / "run.h5") is None
+
+
+# --------------------------------------------------------------------------- figures that explain themselves
+
+
+@pytest.mark.parametrize("classes", [N, 10])  # as many classes as clients, and more
+def test_label_hist_is_drawn_as_clients_by_classes_whatever_its_shape(tmp_path, classes):
+    import matplotlib.image as mpimg
+
+    path = tmp_path / "a" / "run.h5"
+    w = _write_log(path, extras=False)
+    hist = np.arange(N * classes).reshape(N, classes)
+    with h5py.File(path, "a") as f:
+        f["clients/label_hist"] = hist
+    run = open_run(path)
+    assert "clients/label_hist" not in run.matrices  # not a client-by-client matrix even when N == classes
+    written = {p.name: p for p in an.plot_heatmaps(run, tmp_path / "h", rounds=None)}
+    assert set(written) == {"graph_mixing.png", "clients_label_hist.png"}
+    _png_ok(written["clients_label_hist.png"])
+    if classes > N:  # wider than tall: classes across, clients down
+        img = mpimg.imread(written["clients_label_hist.png"])
+        assert img.shape[1] > img.shape[0]
+    del w
+
+
+def test_group_labels_name_their_keys(tmp_path):
+    runs = [_summary(0, algorithm={"name": "oracle"}, train={"lr": 0.1}),
+            _summary(1, algorithm={"name": "local"}, train={"lr": 0.2})]
+    keys = an.varying_keys(runs)
+    assert [g.label for g in an.group_runs(runs, keys)] == ["algorithm.name=oracle, train.lr=0.1",
+                                                            "algorithm.name=local, train.lr=0.2"]
+
+
+def test_heatmap_rounds_are_numbered_from_one_and_the_missing_ones_warned_about():
+    said = []
+    assert an._rounds([1, 50, -1], np.arange(30), "run x", said.append) == [0, 29]
+    assert len(said) == 1 and "--rounds 50" in said[0] and "rounds 1-30" in said[0] and "left out" in said[0]
+    said.clear()
+    logged = np.array([1, 3, 5])  # log.every = 2: rounds 2, 4, 6
+    assert an._rounds([2, 3, -1], logged, "run x", said.append) == [0, 2]
+    assert len(said) == 1 and "--rounds 3" in said[0] and "3 of them logged" in said[0]
+    assert an._rounds(None, np.arange(30), "run x", said.append) == [0, 15, 29]
+
+
+def test_rounds_zero_is_refused_on_the_command_line(capsys):
+    with pytest.raises(SystemExit):
+        an.main(["x", "--rounds", "0,-1"])
+    assert "numbered from 1" in capsys.readouterr().err

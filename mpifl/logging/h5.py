@@ -527,7 +527,7 @@ class Run:
         out = {}
         for k, d in info.items():
             tail = d.shape[1:] if d.per_round else d.shape
-            if k.startswith("graph/mixing"):
+            if k.startswith(("graph/mixing", "clients/")):  # clients/label_hist is [N, classes]
                 continue
             if len(tail) >= 2 and tail[0] == n and tail[1] == n:
                 out[k] = d
