@@ -357,9 +357,11 @@ def plot_label_hist(label_hist: np.ndarray, cluster: np.ndarray, path: Path, tit
     return path
 
 
-def plot_heatmaps(run: Run, out_dir: Path, rounds: list[int] | None, warn=print) -> list[Path]:
+def plot_heatmaps(run: Run, out_dir: Path, rounds: list[int] | None, warn=print, title: str = "") -> list[Path]:
     """One PNG per [N, N] log, panels at the chosen rounds (from 1, negative from the
-    end), clients ordered by true cluster; and the clients x classes label histogram."""
+    end), clients ordered by true cluster; and the clients x classes label histogram.
+    ``title`` names the run in each figure (default: its directory)."""
+    title = title or run.path.parent.name
     from matplotlib.colors import TwoSlopeNorm
 
     plt = _plt()
@@ -368,7 +370,7 @@ def plot_heatmaps(run: Run, out_dir: Path, rounds: list[int] | None, warn=print)
     written = []
     if "clients/label_hist" in run.datasets:
         written.append(plot_label_hist(run.get("clients/label_hist"), cluster, out_dir / "clients_label_hist.png",
-                                       f"{run.path.parent.name}: /clients/label_hist (training samples per class)"))
+                                       f"{title}: /clients/label_hist (training samples per class)"))
     logged = run.rounds if run.n_rounds else np.zeros(0, int)
     for key, info in run.matrices.items():
         if info.per_round:
@@ -407,7 +409,7 @@ def plot_heatmaps(run: Run, out_dir: Path, rounds: list[int] | None, warn=print)
             ax.set_ylabel("client i, by true cluster", fontsize=8)
             ax.tick_params(labelsize=7, length=0)
         fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8)
-        fig.suptitle(f"{run.path.parent.name}: /{key}" + (" (mean over last axis)" if extra else ""), fontsize=9)
+        fig.suptitle(f"{title}: /{key}" + (" (mean over last axis)" if extra else ""), fontsize=9)
         path = out_dir / f"{_safe(key)}.png"
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=100)
@@ -463,9 +465,10 @@ def analyze(paths: list[str | Path], out: Path, heatmaps: str = "first", rounds:
     if ari:
         figures.append(ari)
     if heatmaps != "none":
-        chosen = [r for g in groups for r in (g.runs if heatmaps == "all" else g.runs[:1])]
-        for r in chosen:
-            figures += plot_heatmaps(open_run(r.path), out / "heatmaps" / _safe(r.name), rounds, echo)
+        chosen = [(g, r) for g in groups for r in (g.runs if heatmaps == "all" else g.runs[:1])]
+        for g, r in chosen:
+            figures += plot_heatmaps(open_run(r.path), out / "heatmaps" / _safe(r.name), rounds, echo,
+                                     title=f"{g.label}, run.seed={r.seed}")
     papers = []
     for f, layout in chosen_layouts:
         text = render(layout, runs, ddof)

@@ -79,7 +79,9 @@ def _code(lines: list[str]) -> str:
 
 def quickstart(work: Path) -> Output:
     """The README's console lines of ``mpiexec -n 2 ... mpifl.main jobs/quickstart.yaml``."""
-    out = _run(_mpi(2, "-m", "mpifl.main", "jobs/quickstart.yaml", f"run.out_dir={work}", *CPU), "the quickstart")
+    # run.resume=never: with --keep a second call starts the run over instead of finding it done
+    out = _run(_mpi(2, "-m", "mpifl.main", "jobs/quickstart.yaml", f"run.out_dir={work}", *CPU, "run.resume=never"),
+               "the quickstart")
     lines = [x.replace(str(work), "results") for x in out.splitlines() if x.strip()]
     rounds = [x for x in lines if x.startswith("round ")]
     head = [x for x in lines if x.startswith("mpifl ")]
@@ -152,6 +154,10 @@ def blocks_in_docs() -> dict[str, tuple[Path, str]]:
     return out
 
 
+def _rel(path: Path) -> str:
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
 def masked(text: str) -> str:
     """Console text without its timings, which differ from run to run."""
     return TIMING.sub("#s", text)
@@ -173,7 +179,7 @@ def compare(made: Output, docs: dict[str, tuple[Path, str]]) -> list[str]:
             bad.append(f"block {name}: no <!-- docsync {name} --> markers in README.md or docs/")
         elif masked(docs[name][1]) != masked(text):
             old = [x for x in masked(docs[name][1]).splitlines() if x not in masked(text).splitlines()]
-            bad.append(f"block {name} in {docs[name][0].relative_to(REPO)} differs; first stale line: "
+            bad.append(f"block {name} in {_rel(docs[name][0])} differs; first stale line: "
                        f"{old[0].strip() if old else '(lines missing)'}")
     for rel, new in made.figures.items():
         if not (REPO / rel).is_file():
@@ -196,7 +202,7 @@ def write(made: Output, docs: dict[str, tuple[Path, str]]) -> list[str]:
         start = doc.index(f"<!-- docsync {name} -->\n") + len(f"<!-- docsync {name} -->\n")
         end = doc.index(f"<!-- /docsync {name} -->")
         path.write_text(doc[:start] + text + doc[end:])
-        changed.append(f"{path.relative_to(REPO)}: {name}")
+        changed.append(f"{_rel(path)}: {name}")
     for rel, new in made.figures.items():
         if not (REPO / rel).is_file() or not _same_image(REPO / rel, new):
             shutil.copyfile(new, REPO / rel)

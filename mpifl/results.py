@@ -20,11 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from .logging.h5 import Run, open_run
+from .logging import h5
 from .summary import JOB, WINDOW, find_logs, run_row, summarize, sweep_points
 from .yamlio import read_yaml
 
-__all__ = ["frame", "load_sweep", "open_run", "pandas", "run_summary"]
+__all__ = ["Run", "frame", "load_sweep", "open_run", "pandas", "run_summary"]
 
 MISSING = "mpifl.results needs pandas, an optional dependency: pip install -e '.[analysis]' (or pip install pandas)"
 
@@ -38,7 +38,24 @@ def pandas():
     return pd
 
 
-def frame(run: Run, metric: str = "test_acc", dropna: bool = True):
+class Run(h5.Run):
+    """A run log (:class:`mpifl.logging.h5.Run`) that also reads as DataFrames."""
+
+    def frame(self, metric: str = "test_acc", dropna: bool = True):
+        """A per-client, per-round dataset in long format (:func:`frame`)."""
+        return frame(self, metric, dropna)
+
+    def summary(self, window: int | None = None):
+        """This run's row of :func:`load_sweep`, as a Series (``window``: rounds of tail_acc)."""
+        return run_summary(self.path, window)
+
+
+def open_run(path: str | Path) -> Run:
+    """The log at ``path`` (``run.h5`` or its run directory)."""
+    return Run(path)
+
+
+def frame(run: h5.Run, metric: str = "test_acc", dropna: bool = True):
     """``run``'s per-client, per-round dataset ``metric`` (a name under
     ``/metrics`` or a path such as ``comm/bytes_sent``) in long format: one row per
     logged round and client, columns ``round`` (from 1), ``client``, ``cluster``

@@ -169,6 +169,18 @@ def test_docsync_compares_numbers_exactly_and_timings_not_at_all(tmp_path):
     assert "block q in README.md differs" in line and "0.5663" in line
 
 
+def test_docsync_writes_a_block_between_its_markers_and_keeps_recorded_timings(tmp_path):
+    doc = tmp_path / "x.md"
+    doc.write_text("before\n<!-- docsync q -->\n\n    round 1  0.50  0.03s/round\n\n<!-- /docsync q -->\nafter\n")
+    body = lambda: docsync.MARKER.search(doc.read_text())["body"]  # noqa: E731
+    assert docsync.write(docsync.Output({"q": "\n    round 1  0.50  9.99s/round\n\n"}), {"q": (doc, body())}) == []
+    assert "0.03s/round" in doc.read_text()  # only a timing differed: the record stays
+    changed = docsync.write(docsync.Output({"q": "\n    round 1  0.51  9.99s/round\n\n"}), {"q": (doc, body())})
+    assert changed == [f"{doc}: q"]
+    assert doc.read_text() == ("before\n<!-- docsync q -->\n\n    round 1  0.51  9.99s/round\n\n"
+                               "<!-- /docsync q -->\nafter\n")
+
+
 # --------------------------------------------------------------------------- docs/analysis.md
 
 

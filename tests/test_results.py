@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from mpifl import config, results
-from mpifl.logging.h5 import Writer, open_run
+from mpifl.logging.h5 import Writer
+from mpifl.results import open_run
 
 pd = pytest.importorskip("pandas")
 

@@ -23,7 +23,7 @@ Row i of every per-round dataset is round ``/rounds/round[i]`` (``Run.rounds``):
 with ``log.every = k`` only every k-th round (and the last) is logged.
 ``/rounds/round`` holds 0-based round indices (the first round is 0); everything
 shown to a user numbers rounds from 1 (``round 1/30`` on the console, the
-``round`` column of :meth:`Run.frame`), so round r of the console is index r - 1
+``round`` column of ``mpifl.results`` frames), so round r of the console is index r - 1
 here. ``Run.row(t)`` and ``Run.mixing(t)`` take a row index, negative from the end.
 
 Above ``dense_max`` clients an N x N matrix per round stops fitting; the mixing
@@ -569,23 +569,6 @@ class Run:
         in [0, 1]), ``skipped``; nan where a round was not evaluated
         (``run.eval_every``). Row i is round ``rounds[i]`` (0-based)."""
         return self.get(f"metrics/{name}")
-
-    def frame(self, metric: str = "test_acc", dropna: bool = True):
-        """A per-client, per-round dataset as a long pandas DataFrame with columns
-        ``round`` (from 1), ``client``, ``cluster`` (true), ``rank``, ``value``.
-        ``metric``: a name under ``/metrics`` or a dataset path (``comm/bytes_sent``).
-        ``dropna`` leaves out rounds that were not evaluated."""
-        from ..results import frame
-
-        return frame(self, metric, dropna)
-
-    def summary(self, window: int | None = None):
-        """This run's summary (final, tail and best-val accuracy in percent, ARI,
-        rounds; ``window``: rounds of tail_acc) as a pandas Series, one row of
-        :func:`mpifl.results.load_sweep`."""
-        from ..results import run_summary
-
-        return run_summary(self.path, window)
 
     @property
     def rounds(self) -> np.ndarray:
