@@ -84,10 +84,10 @@ def _local(sweep: Sweep, index: int) -> tuple[bool, int | None]:
                 return True, None  # another machine's run: cannot ask, take it as running
             os.kill(int(pid), 0)
             return True, None
-        except ProcessLookupError:
+        except PermissionError:  # alive, another user's
+            return True, None
+        except (ProcessLookupError, ValueError, OSError):
             pass  # the runner died without writing its exit status
-        except (ValueError, OSError):
-            pass
     if exit_file.is_file():
         try:
             return False, int(exit_file.read_text().split()[0])
