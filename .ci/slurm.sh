@@ -174,7 +174,7 @@ rows = list(csv.DictReader(open(sys.argv[1])))
 assert len(rows) == 2, f"expected 2 rows (fedavg, oracle), got {len(rows)}: {rows}"
 for r in rows:
     assert int(r["n_seeds"]) == 2, r
-    assert r["final_acc_std"] not in ("", "nan"), r
+    assert r["final_acc_pct_std"] not in ("", "nan"), r
 print("table: 2 rows x 2 seeds, mean +- std present")
 EOF
 

@@ -122,7 +122,7 @@ def _check_log(run_dir: Path, ref, finished: int) -> str | None:
             if k in TIMING or not n:
                 continue
             y = ref.get(k)
-            if run.datasets()[k].per_round:
+            if run.datasets[k].per_round:
                 y = y[:n]
             if x.shape != y.shape or not np.array_equal(x, y, equal_nan=True):
                 return f"{k} differs from the reference after the kill"

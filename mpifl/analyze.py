@@ -32,11 +32,15 @@ seeds) of
   pFedGraph's graph) at the last round, as ``spectral.<dataset>``, or a root
   attribute named ``*ari*``.
 
-Written to ``--out``: ``table.csv`` (fractions), ``table.md`` (percent),
-``runs.csv`` (one row per run), and PNG figures: ``accuracy.png`` (mean test
+Written to ``--out``: ``table.csv`` and ``table.md`` (the same table; accuracies in
+percent, columns ``*_pct``), ``runs.csv`` (one row per run, the columns of
+``mpifl.results.load_sweep``), and PNG figures: ``accuracy.png`` (mean test
 accuracy vs round per group), ``variance.png`` (per-client accuracy variance vs
 mean, DPFL Fig. 1), ``ari.png``, and ``heatmaps/<run>/<dataset>.png`` for every
-``[N, N]`` log at the chosen rounds with clients ordered by true cluster.
+``[N, N]`` log at the chosen rounds (``--rounds``, numbered from 1 as on the
+console) with clients ordered by true cluster, beside
+``heatmaps/<run>/clients_label_hist.png`` (clients x classes). Legends and labels
+name each group by its keys and values (``algorithm.name=oracle, train.lr=0.1``).
 """
 
 from __future__ import annotations
@@ -56,11 +60,10 @@ import numpy as np
 
 from .errors import ConfigError
 from .logging.h5 import Run, open_run
-from .summary import JOB, WINDOW, Mismatch, Summary, find_logs, nanmean, summarize
+from .summary import ACC, JOB, PCT, WINDOW, Mismatch, Summary, find_logs, nanmean, run_row, summarize
 
 # keys that say where or how a run ran, not what it computed
 IGNORED = ("run.seed", "run.name", "run.out_dir", "run.threads", "run.device", "data.root")
-ACC = ("final_acc", "final_acc_w", "tail_acc", "tail_acc_w", "best_acc", "best_acc_w")
 
 
 def _key(v: Any) -> str:
@@ -108,10 +111,12 @@ def varying_keys(runs: list[Summary]) -> list[str]:
 class Group:
     key: tuple  # values of the varying keys
     runs: list[Summary]
+    names: tuple = ()  # the varying keys themselves
 
     @property
     def label(self) -> str:
-        return ", ".join(self.key)
+        """``algorithm.name=oracle, data.n_clients=20``: each value with its key."""
+        return ", ".join(f"{k}={v}" for k, v in zip(self.names, self.key)) if self.names else ", ".join(self.key)
 
 
 def group_runs(runs: list[Summary], keys: list[str]) -> list[Group]:
@@ -119,7 +124,7 @@ def group_runs(runs: list[Summary], keys: list[str]) -> list[Group]:
     for r in runs:
         r.group = tuple(setting(r, k) for k in keys)
         groups.setdefault(r.group, []).append(r)
-    return [Group(k, sorted(v, key=lambda r: r.seed)) for k, v in groups.items()]
+    return [Group(k, sorted(v, key=lambda r: r.seed), tuple(keys)) for k, v in groups.items()]
 
 
 def _stats(values: list[float], ddof: int) -> tuple[float, float]:
@@ -131,10 +136,11 @@ def _stats(values: list[float], ddof: int) -> tuple[float, float]:
 
 
 def table(groups: list[Group], keys: list[str], ddof: int = 1) -> tuple[list[str], list[dict[str, Any]]]:
-    """Columns and rows (fractions) of the summary table."""
+    """Columns and rows of the summary table: ``<metric>_mean`` and ``_std`` over
+    seeds, accuracies in percent (``final_acc_pct_mean``), ARI as it is."""
     ari_sources = sorted({s for g in groups for r in g.runs for s in r.ari})
     cols = [*keys, "n_seeds", "seeds", "rounds"]
-    metrics = [*ACC, *(f"ari_{s}" for s in ari_sources)]
+    metrics = [*(m + PCT for m in ACC), *(f"ari_{s}" for s in ari_sources)]
     for m in metrics:
         cols += [f"{m}_mean", f"{m}_std"]
     rows = []
@@ -147,7 +153,7 @@ def table(groups: list[Group], keys: list[str], ddof: int = 1) -> tuple[list[str
         row["rounds"] = f"{min(done)}" + (f"/{planned.pop()}" if len(planned) == 1 else "") + \
             ("" if all(r.complete for r in g.runs) else " (incomplete)")
         for m in ACC:
-            row[f"{m}_mean"], row[f"{m}_std"] = _stats([getattr(r, m) for r in g.runs], ddof)
+            row[f"{m}{PCT}_mean"], row[f"{m}{PCT}_std"] = _stats([100.0 * getattr(r, m) for r in g.runs], ddof)
         for s in ari_sources:
             row[f"ari_{s}_mean"], row[f"ari_{s}_std"] = _stats([r.ari.get(s, math.nan) for r in g.runs], ddof)
         rows.append(row)
@@ -157,7 +163,7 @@ def table(groups: list[Group], keys: list[str], ddof: int = 1) -> tuple[list[str
 def _fmt(v: Any) -> str:
     if isinstance(v, float):
         return "" if math.isnan(v) else f"{v:.6g}"
-    return str(v)
+    return "" if v is None else str(v)
 
 
 def write_csv(path: Path, cols: list[str], rows: list[dict[str, Any]]) -> None:
@@ -169,7 +175,8 @@ def write_csv(path: Path, cols: list[str], rows: list[dict[str, Any]]) -> None:
 
 
 def markdown(cols: list[str], rows: list[dict[str, Any]], ddof: int, window: int = WINDOW) -> str:
-    """Accuracies in percent as mean ± std, ARI as mean ± std."""
+    """The table's cells as mean ± std, in the CSV's units (its column
+    ``final_acc_pct`` is ``final_acc_pct_mean`` ± ``final_acc_pct_std``)."""
     head = [c for c in cols if not c.endswith(("_mean", "_std"))]
     pairs = [c[: -len("_mean")] for c in cols if c.endswith("_mean")]
     lines = ["| " + " | ".join([*head, *pairs]) + " |", "|" + "---|" * (len(head) + len(pairs))]
@@ -177,17 +184,17 @@ def markdown(cols: list[str], rows: list[dict[str, Any]], ddof: int, window: int
         cells = [str(r[c]) for c in head]
         for m in pairs:
             mean, std = r[f"{m}_mean"], r[f"{m}_std"]
-            scale, digits = (1.0, 3) if m.startswith("ari_") else (100.0, 2)
+            digits = 3 if m.startswith("ari_") else 2
             if math.isnan(mean):
                 cells.append("–")
             elif math.isnan(std):
-                cells.append(f"{scale * mean:.{digits}f}")
+                cells.append(f"{mean:.{digits}f}")
             else:
-                cells.append(f"{scale * mean:.{digits}f} ± {scale * std:.{digits}f}")
+                cells.append(f"{mean:.{digits}f} ± {std:.{digits}f}")
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     what = "sample std, ddof=1" if ddof == 1 else f"std with ddof={ddof}"
-    lines.append(f"Accuracy in %, mean ± std over seeds ({what}). `final`: the last evaluated round; `tail`: "
+    lines.append(f"`_pct`: accuracy in %; mean ± std over seeds ({what}). `final`: the last evaluated round; `tail`: "
                  f"mean of the last {window} evaluated rounds; `best`: per client, test accuracy at its "
                  f"best-validation round; `_w`: clients weighted by test-set size.")
     return "\n".join(lines) + "\n"
@@ -217,11 +224,12 @@ def plot_accuracy(groups: list[Group], path: Path) -> Path:
         curves = np.full((len(g.runs), n), np.nan)
         for i, r in enumerate(g.runs):
             curves[i, : len(r.curve)] = r.curve
-        x = np.arange(1, n + 1)
+        longest = max(g.runs, key=lambda r: len(r.curve))
+        x = longest.rounds + 1 if len(longest.rounds) == n else np.arange(1, n + 1)  # rounds from 1
         mean = nanmean(curves, axis=0)
         ok = ~np.isnan(mean)
         line, = ax.plot(x[ok], 100 * mean[ok], marker="." if ok.sum() < 30 else None,
-                        label=f"{g.label} (n={len(g.runs)})")
+                        label=f"{g.label} ({len(g.runs)} run{'s' if len(g.runs) != 1 else ''})")
         if len(g.runs) > 1:
             with warnings.catch_warnings():  # rounds nobody evaluated are all-nan
                 warnings.simplefilter("ignore", RuntimeWarning)
@@ -289,34 +297,85 @@ def plot_ari(groups: list[Group], path: Path) -> Path | None:
     return path
 
 
-def _rounds(spec: list[int] | None, n: int) -> list[int]:
-    """Chosen rounds (negative: from the end) within the log; default first, middle, last."""
+def _rounds(spec: list[int] | None, logged: np.ndarray, where: str = "the log", warn=print) -> list[int]:
+    """Rows of the chosen rounds: round numbers from 1, negative from the last
+    logged round (-1 = the last); default the first, middle and last logged.
+    ``logged``: the 0-based round of each row (``Run.rounds``). A round the log
+    does not hold is left out with a warning."""
+    n = len(logged)
     if n == 0:
         return []
-    picks = spec if spec else [0, n // 2, n - 1]
+    if not spec:
+        return list(dict.fromkeys([0, n // 2, n - 1]))
+    row_of = {int(r) + 1: i for i, r in enumerate(logged)}
     out = []
-    for t in picks:
-        if -n <= t < n and t % n not in out:
-            out.append(t % n)
+    for t in spec:
+        row = (n + t if -n <= t < 0 else None) if t < 0 else row_of.get(t)
+        if row is None:
+            held = f"rounds 1-{int(logged[-1]) + 1}" + (f", {n} of them logged" if n != int(logged[-1]) + 1 else "")
+            warn(f"mpifl.analyze: warning: --rounds {t}: {where} holds {held}; left out")
+        elif row not in out:
+            out.append(row)
     return out
 
 
-def plot_heatmaps(run: Run, out_dir: Path, rounds: list[int] | None) -> list[Path]:
-    """One PNG per [N, N] log, panels at the chosen rounds, clients ordered by true cluster."""
+def _cluster_order(cluster: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+    """Clients sorted by true cluster: (order, boundaries between clusters, each
+    cluster's centre on that axis, its name)."""
+    order = np.argsort(cluster, kind="stable")
+    bounds = np.flatnonzero(np.diff(cluster[order])) + 0.5
+    edges = np.concatenate([[-0.5], bounds, [len(order) - 0.5]])
+    return order, bounds, (edges[:-1] + edges[1:]) / 2, [f"k{c}" for c in np.unique(cluster[order])]
+
+
+def plot_label_hist(label_hist: np.ndarray, cluster: np.ndarray, path: Path, title: str = "") -> Path:
+    """Training samples per client (rows, ordered by true cluster) and class
+    (columns): what each client holds, whatever the numbers of clients and classes."""
+    plt = _plt()
+    order, bounds, centers, names = _cluster_order(np.asarray(cluster))
+    hist = np.asarray(label_hist)[order]
+    n, c = hist.shape
+    fig, (ax_c, ax) = plt.subplots(1, 2, figsize=(min(3 + 0.25 * c, 24), min(2 + 0.2 * n, 30)),
+                                   gridspec_kw={"width_ratios": [1, max(c, 2)]}, sharey=True, layout="constrained")
+    ax_c.imshow(np.asarray(cluster)[order][:, None], aspect="auto", cmap="tab20", interpolation="nearest")
+    ax_c.set_xticks([0], ["true\ncluster"], fontsize=7)
+    ax_c.set_ylabel("client, by true cluster", fontsize=8)
+    if len(names) <= 30:
+        ax_c.set_yticks(centers, names, fontsize=7)
+    im = ax.imshow(hist, aspect="auto", cmap="viridis", interpolation="nearest")
+    for b in bounds:
+        ax.axhline(b, color="white", lw=0.8)
+    ax.set_xlabel("class", fontsize=8)
+    if c <= 40:
+        ax.set_xticks(np.arange(c))
+    ax.tick_params(labelsize=7)
+    fig.colorbar(im, ax=ax, label="training samples")
+    fig.suptitle(title or "/clients/label_hist", fontsize=9)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_heatmaps(run: Run, out_dir: Path, rounds: list[int] | None, warn=print, title: str = "") -> list[Path]:
+    """One PNG per [N, N] log, panels at the chosen rounds (from 1, negative from the
+    end), clients ordered by true cluster; and the clients x classes label histogram.
+    ``title`` names the run in each figure (default: its directory)."""
+    title = title or run.path.parent.name
     from matplotlib.colors import TwoSlopeNorm
 
     plt = _plt()
     cluster = run.get("clients/cluster")
-    order = np.argsort(cluster, kind="stable")
-    bounds = np.flatnonzero(np.diff(cluster[order])) + 0.5
-    edges = np.concatenate([[-0.5], bounds, [len(order) - 0.5]])
-    centers = (edges[:-1] + edges[1:]) / 2
-    names = [f"k{c}" for c in np.unique(cluster[order])]
+    order, bounds, centers, names = _cluster_order(cluster)
     written = []
-    for key, info in run.matrices().items():
+    if "clients/label_hist" in run.datasets:
+        written.append(plot_label_hist(run.get("clients/label_hist"), cluster, out_dir / "clients_label_hist.png",
+                                       f"{title}: /clients/label_hist (training samples per class)"))
+    logged = run.rounds if run.n_rounds else np.zeros(0, int)
+    for key, info in run.matrices.items():
         if info.per_round:
-            picks = _rounds(rounds, info.shape[0])
-            mats = [(f"round {t + 1}", np.asarray(run.row(key, t), float)) for t in picks]
+            picks = _rounds(rounds, logged[: info.shape[0]], f"{run.path.parent.name}'s /{key}", warn)
+            mats = [(f"round {int(logged[t]) + 1}", np.asarray(run.row(key, t), float)) for t in picks]
         else:
             label = f"round {info.round + 1} (logged once)" if info.round is not None else "logged once"
             mats = [(label, np.asarray(run.get(key), float))]
@@ -350,7 +409,7 @@ def plot_heatmaps(run: Run, out_dir: Path, rounds: list[int] | None) -> list[Pat
             ax.set_ylabel("client i, by true cluster", fontsize=8)
             ax.tick_params(labelsize=7, length=0)
         fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8)
-        fig.suptitle(f"{run.path.parent.name}: /{key}" + (" (mean over last axis)" if extra else ""), fontsize=9)
+        fig.suptitle(f"{title}: /{key}" + (" (mean over last axis)" if extra else ""), fontsize=9)
         path = out_dir / f"{_safe(key)}.png"
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=100)
@@ -399,21 +458,17 @@ def analyze(paths: list[str | Path], out: Path, heatmaps: str = "first", rounds:
     write_csv(out / "table.csv", cols, rows)
     md = markdown(cols, rows, ddof, window)
     (out / "table.md").write_text(md)
-    run_cols = ["name", "path", *keys, "seed", "rounds_done", "rounds_planned", "final_round", *ACC]
-    ari_sources = sorted({s for r in runs for s in r.ari})
-    write_csv(out / "runs.csv", run_cols + [f"ari_{s}" for s in ari_sources],
-              [{"name": r.name, "path": str(r.path), **dict(zip(keys, r.group)), "seed": r.seed,
-                "rounds_done": r.rounds_done, "rounds_planned": r.rounds_planned if r.rounds_planned else "",
-                "final_round": r.final_round + 1, **{m: getattr(r, m) for m in ACC},
-                **{f"ari_{s}": r.ari.get(s, math.nan) for s in ari_sources}} for r in runs])
+    run_rows = [{**dict(zip(keys, r.group)), **run_row(r)} for r in runs]
+    write_csv(out / "runs.csv", list(dict.fromkeys(k for row in run_rows for k in row)), run_rows)
     figures = [plot_accuracy(groups, out / "accuracy.png"), plot_variance(groups, out / "variance.png")]
     ari = plot_ari(groups, out / "ari.png")
     if ari:
         figures.append(ari)
     if heatmaps != "none":
-        chosen = [r for g in groups for r in (g.runs if heatmaps == "all" else g.runs[:1])]
-        for r in chosen:
-            figures += plot_heatmaps(open_run(r.path), out / "heatmaps" / _safe(r.name), rounds)
+        chosen = [(g, r) for g in groups for r in (g.runs if heatmaps == "all" else g.runs[:1])]
+        for g, r in chosen:
+            figures += plot_heatmaps(open_run(r.path), out / "heatmaps" / _safe(r.name), rounds, echo,
+                                     title=f"{g.label}, run.seed={r.seed}")
     papers = []
     for f, layout in chosen_layouts:
         text = render(layout, runs, ddof)
@@ -432,9 +487,12 @@ def analyze(paths: list[str | Path], out: Path, heatmaps: str = "first", rounds:
 
 def _int_list(text: str) -> list[int]:
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
+        out = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated round numbers, e.g. 0,-1") from None
+        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated round numbers, e.g. 1,-1") from None
+    if 0 in out:
+        raise argparse.ArgumentTypeError(f"{text!r}: rounds are numbered from 1 (-1 is the last)")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -446,8 +504,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="output folder (default: <PATH>/analysis for one directory, else ./analysis)")
     ap.add_argument("--heatmaps", choices=("first", "all", "none"), default="first",
                     help="heatmaps for the first seed of each group (default), every run, or none")
-    ap.add_argument("--rounds", type=_int_list, help="heatmap rounds, 0-based, negative from the end "
-                                                     "(default: first, middle, last)")
+    ap.add_argument("--rounds", type=_int_list, help="heatmap rounds, numbered from 1 as on the console, negative "
+                                                     "from the end: 1,15,-1 (default: first, middle, last logged)")
     ap.add_argument("--ddof", type=int, default=1, choices=(0, 1), help="std over seeds: 1 = the sample std "
                                                                          "papers report (default), 0 = numpy's")
     ap.add_argument("--layout", type=Path, action="append", default=[],

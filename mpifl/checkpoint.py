@@ -173,7 +173,7 @@ def check_config(meta: dict, cfg_dict: dict, where: Path) -> None:
     diff = config_diff(meta["config"], cfg_dict) if isinstance(meta["config"], dict) else "unreadable"
     if diff:
         raise ConfigError(f"run directory {str(where)!r} holds a run with a different config: {diff}; "
-                          f"use another run.name, or run.resume=never to start over")
+                          f"use another run.name (or run.out_dir), or remove that directory to start over in it")
 
 
 def forget(rd: RunDir) -> None:

@@ -589,7 +589,7 @@ class Clients:
             if not skip:
                 k = int(np.flatnonzero(bad)[0])
                 raise NonFiniteError(f"client {int(self.ids[local[k]])} produced a non-finite loss or parameters "
-                                     f"in round {round} ({purpose}); lower train.lr or set train.on_nonfinite=skip")
+                                     f"in round {round + 1} ({purpose}); lower train.lr or set train.on_nonfinite=skip")
             # drop the update: the client keeps its rows from before this call
             rows = torch.as_tensor(np.flatnonzero(bad), device=self.device)
             at = torch.as_tensor(local[bad], device=self.device)

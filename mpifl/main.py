@@ -12,7 +12,11 @@ import sys
 from .cli import parse
 
 EPILOG = """\
-launch on R ranks:  mpiexec -n R python -m mpi4py -m mpifl.main CONFIG.yaml [section.key=value ...]
+launch forms:
+  one rank:          python -m mpifl.main CONFIG.yaml [section.key=value ...]
+  R ranks:           mpiexec -n R python -m mpi4py -m mpifl.main CONFIG.yaml [section.key=value ...]
+  SLURM, R ranks:    srun -n R python -m mpi4py -m mpifl.main CONFIG.yaml [...]   (--mpi=pmi2 for MPICH)
+  preflight:         srun -n R python -m mpi4py -m mpifl.check CONFIG.yaml [...]
 every config key (default, type, allowed values, meaning):  python -m mpifl.config
 the resolved config of a file with overrides:  python -m mpifl.config CONFIG.yaml [section.key=value ...]
 """

@@ -124,7 +124,7 @@ def _check_fresh(cfg: Config, rd: RunDir) -> None:
     diff = checkpoint.config_diff(old, cfg.to_dict())
     if diff:
         raise ConfigError(f"run directory {where!r} holds a run with a different config: {diff}; "
-                          f"use another run.name")
+                          f"use another run.name (or run.out_dir), or remove that directory to start over in it")
 
 
 def _log_round(writer: Writer | None, ctx: Context, t: int, out: Round, metrics: dict[str, np.ndarray],

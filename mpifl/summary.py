@@ -30,7 +30,7 @@ class Summary:
     seed: int
     rounds_done: int
     rounds_planned: int | None
-    final_round: int  # 0-based index of the last evaluated round; -1 if none
+    final_round: int  # the last evaluated round, 0-based as /rounds/round; -1 if none
     final_acc: float
     final_acc_w: float
     tail_acc: float
@@ -41,10 +41,26 @@ class Summary:
     curve: np.ndarray  # [rounds_done] mean test acc per round, nan where not evaluated
     ari: dict[str, float] = field(default_factory=dict)
     group: tuple = ()
+    rounds: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # 0-based round of each curve row
 
     @property
     def complete(self) -> bool:
         return self.rounds_planned is not None and self.rounds_done >= self.rounds_planned
+
+
+# accuracies of a Summary (fractions there), reported in percent as "<name>_pct"
+ACC = ("final_acc", "final_acc_w", "tail_acc", "tail_acc_w", "best_acc", "best_acc_w")
+PCT = "_pct"
+
+
+def run_row(s: Summary) -> dict[str, Any]:
+    """One run as a table row: accuracies in percent (``final_acc_pct``, ...), the
+    last evaluated round numbered from 1 (None if none), ARI per source
+    (``ari_<source>``). The columns of ``runs.csv`` and of ``mpifl.results.load_sweep``."""
+    return {"name": s.name, "path": str(s.path), "seed": s.seed, "rounds_done": s.rounds_done,
+            "rounds_planned": s.rounds_planned, "complete": s.complete,
+            "final_round": s.final_round + 1 if s.final_round >= 0 else None,
+            **{m + PCT: 100.0 * getattr(s, m) for m in ACC}, **{f"ari_{k}": v for k, v in s.ari.items()}}
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
@@ -113,7 +129,7 @@ def cluster_recovery(run: Run, n_clients: int, window: int = WINDOW) -> dict[str
     """ARI against the true clusters from whatever the log holds to recover them."""
     from sklearn.metrics import adjusted_rand_score
 
-    info = run.datasets()
+    info = run.datasets
     if "clients/cluster" not in info or run.n_rounds == 0:
         return {}
     truth = run.get("clients/cluster")
@@ -130,7 +146,7 @@ def cluster_recovery(run: Run, n_clients: int, window: int = WINDOW) -> dict[str
         else:
             continue
         out[k.replace("/", ".")] = float(adjusted_rand_score(truth, pred))
-    for k, d in run.matrices().items():
+    for k, d in run.matrices.items():
         if not d.per_round or d.shape[0] == 0 or len(d.shape) != 3:
             continue
         if k == "graph/mixing" or d.dtype == np.bool_:
@@ -169,7 +185,7 @@ def check_shapes(run: Run) -> None:
     if planned is not None and rounds > planned:
         raise Mismatch(f"/rounds/round holds {rounds} rows; the run has run.rounds={planned}")
     limit = max(rounds, planned or 0, 1) * n * n * _MAX_CELLS
-    for k, d in run.datasets().items():
+    for k, d in run.datasets.items():
         shape = d.shape
         if k.startswith("clients/") and shape[:1] != (n,):
             raise Mismatch(f"/{k} has shape {shape}, not [n_clients={n}, ...]")
@@ -182,34 +198,51 @@ def check_shapes(run: Run) -> None:
                            f"{max(rounds, planned or 0)} rounds logs at most {limit}")
 
 
-def sweep_job(log: Path) -> str | None:
-    """The name of the config file a run was made from, where its sweep varied the
-    file (``grid: {base: [...]}``): ``<sweep>/sweep.yaml`` lists each point of
-    ``<sweep>/runs/<point>/`` with its grid values."""
-    point = Path(log).parent
-    spec = point.parent.parent / "sweep.yaml"
-    if point.parent.name != "runs" or not spec.is_file():
+def sweep_points(root: Path) -> dict[str, dict] | None:
+    """The grid values of each point of the sweep directory ``root``, by point
+    name, from ``<root>/sweep.yaml``; None where there is no readable record."""
+    spec = Path(root) / "sweep.yaml"
+    if not spec.is_file():
         return None
     try:
         points = (read_yaml(spec, f"sweep record {str(spec)!r}") or {}).get("points") or []
     except (ConfigError, AttributeError):
         return None
-    for p in points:
-        values = p.get("values") if isinstance(p, dict) else None
-        if p.get("name") == point.name and isinstance(values, dict) and values.get("base") is not None:
-            return Path(str(values["base"])).stem
-    return None
+    return {str(p.get("name")): p.get("values") for p in points
+            if isinstance(p, dict) and isinstance(p.get("values"), dict)}
 
 
-def summarize(path: Path, window: int = WINDOW) -> Summary:
+def sweep_job(log: Path, points: dict[str, dict] | None = None) -> str | None:
+    """The name of the config file a run was made from, where its sweep varied the
+    file (``grid: {base: [...]}``): ``<sweep>/sweep.yaml`` lists each point of
+    ``<sweep>/runs/<point>/`` with its grid values (``points``: that list, read
+    once by a caller that summarises many runs of one sweep)."""
+    point = Path(log).parent
+    if point.parent.name != "runs":
+        return None
+    if points is None:
+        points = sweep_points(point.parent.parent) or {}
+    values = points.get(point.name) or {}
+    return Path(str(values["base"])).stem if values.get("base") is not None else None
+
+
+def summarize(path: Path, window: int = WINDOW, ari: bool = True, points: dict[str, dict] | None = None) -> Summary:
+    """The summary of the log at ``path``; ``ari=False`` leaves out cluster recovery
+    (the only part that reads ``[N, N]`` logs); ``points``: ``sweep_points`` of the
+    run's sweep, when the caller has read it."""
     import h5py
 
     if not h5py.is_hdf5(path):
         raise ValueError("not an HDF5 file")
     run = open_run(path)
+    with run.reading():
+        return _summarize(run, window, ari, points)
+
+
+def _summarize(run: Run, window: int, ari: bool, points: dict[str, dict] | None) -> Summary:
     check_shapes(run)
     cfg = flatten(run.config)
-    job = sweep_job(run.path)
+    job = sweep_job(run.path, points)
     if job is not None:
         cfg[JOB] = job
     n_rounds = run.n_rounds
@@ -220,21 +253,23 @@ def summarize(path: Path, window: int = WINDOW) -> Summary:
     if len(evaluated):
         last = int(evaluated[-1])
         client_final = test[last]
+        final_round = int(run.rounds[last])
         client_tail = nanmean(test[evaluated[-window:]], axis=0)
         best = best_val(val, test)
         curve = nanmean(test, axis=1)
     else:
-        last, client_final = -1, np.full(len(n_test), np.nan)
+        final_round, client_final = -1, np.full(len(n_test), np.nan)
         client_tail = client_final
         best, curve = client_final, np.full(n_rounds, np.nan)
     name = str(cfg.get("run.name") or run.path.parent.name)
     return Summary(
         path=run.path, name=name, config=cfg, seed=int(run.attrs.get("seed", cfg.get("run.seed", 0))),
-        rounds_done=n_rounds, rounds_planned=run.planned_rounds, final_round=last,
+        rounds_done=n_rounds, rounds_planned=run.planned_rounds, final_round=final_round,
         final_acc=float(nanmean(client_final)), final_acc_w=_wmean(client_final, n_test),
         tail_acc=float(nanmean(client_tail)), tail_acc_w=_wmean(client_tail, n_test),
         best_acc=float(nanmean(best)), best_acc_w=_wmean(best, n_test),
-        client_final=client_final, curve=curve, ari=cluster_recovery(run, len(n_test), window),
+        client_final=client_final, curve=curve, ari=cluster_recovery(run, len(n_test), window) if ari else {},
+        rounds=np.asarray(run.rounds, np.int64) if n_rounds else np.zeros(0, np.int64),
     )
 
 

@@ -1,4 +1,4 @@
-"""Sweeps: ``python -m mpifl.sweep SWEEP.yaml [--dry-run | --submit | --local]``.
+"""Sweeps: ``python -m mpifl.sweep SWEEP.yaml [--dry-run | --submit | --local | --status] [--set k=v]``.
 
 A sweep file names a base config, overrides for every point and a grid (here
 jobs/sweeps/dpfl-budget.yaml with more of the options)::
@@ -28,6 +28,11 @@ re-running the sweep leaves existing identical configs alone, ``--submit`` and
 the same directory. ``--local --parallel N`` runs N points at once (each with
 ``--ranks`` ranks): on a workstation, N x ranks x ``run.threads`` up to the cores.
 
+``--set section.key=value`` (or ``section.key=value`` after the file) applies to
+every point, after the file's ``set:``, and is recorded in each point's config:
+``--set run.rounds=3 --out-dir /tmp/try`` tries someone's sweep small.
+``--status`` prints each point's state (``mpifl.sweep_status``).
+
 ``python -m mpifl.sweep --run CONFIG.yaml [a.b=v ...]`` renders the one-run
 script ``<run_dir>/run.sbatch`` instead (and submits it with ``--submit``).
 
@@ -46,6 +51,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -211,8 +217,10 @@ def _read_base(sweep: Path, value: Any, where: str) -> tuple[Path, dict]:
 
 
 def load(path: str | Path, out_dir: str | None = None, slurm_overrides: dict | None = None,
-         n_ranks: int | None = None) -> Sweep:
-    """Read a sweep file and resolve and validate every point (nothing is written)."""
+         n_ranks: int | None = None, overrides: list[str] = ()) -> Sweep:
+    """Read a sweep file and resolve and validate every point (nothing is written).
+    ``overrides``: ``section.key=value`` for every point (``--set``), after the
+    file's ``set``."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"sweep file {str(path)!r} not found")
@@ -242,6 +250,7 @@ def load(path: str | Path, out_dir: str | None = None, slurm_overrides: dict | N
         for key, values in grid.items():
             if not isinstance(values, list) or not values:
                 raise ConfigError(f"grid.{key}={values!r} is not allowed; must be a non-empty list of values")
+    sets = {**sets, **command_line_set(overrides, grids)}
     for key in [*sets, *(k for g in grids for k in g)]:
         if key in RESERVED:
             raise ConfigError(f"{key} is not allowed in a sweep; the sweep sets it for every point")
@@ -281,6 +290,19 @@ def load(path: str | Path, out_dir: str | None = None, slurm_overrides: dict | N
             raise ConfigError(f"point {pname}: {e}") from None
         points.append(Point(i, pname, values, cfg))
     return Sweep(name, path.resolve(), base, root, sets, grids[0] if len(grids) == 1 else grids, slurm, points)
+
+
+def command_line_set(overrides: list[str], grids: list[dict]) -> dict[str, Any]:
+    """``--set section.key=value`` items as a ``set:`` mapping. A key the grid varies
+    is refused: it would make the points alike."""
+    out: dict[str, Any] = {}
+    for item in overrides:
+        key, value = config_mod.override(item)
+        if any(key in g for g in grids):
+            raise ConfigError(f"--set {shorten(repr(item))} is not allowed; grid.{key} varies it between points "
+                              f"(edit the sweep file, or copy it, to change the grid)")
+        out[key] = value
+    return out
 
 
 # --------------------------------------------------------------------------- scripts
@@ -470,26 +492,65 @@ def run_local(sweep: Sweep, ranks: int, workdir: Path, parallel: int = 1) -> int
     runs at once share nothing but the machine."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from . import sweep_status
+
     todo = []
     for p in sweep.points:
         if is_complete(p.config):
             print(f"[{p.index}] {p.name}: done, skipped", flush=True)
         else:
             todo.append(p)
+    print(f"sweep {sweep.name}: running {len(todo)} of {len(sweep.points)} point(s), {parallel} at a time; "
+          f"each one's output in {sweep.log_dir}/local_<i>.out; `--status` in another shell shows progress",
+          flush=True)
 
     def one(p: Point) -> int:
-        log = sweep.log_dir / f"local_{p.index}.out"
+        log = sweep_status.local_log(sweep, p.index)
         cmd = local_command(p.config, ranks, sweep.slurm.python or None)
-        print(f"[{p.index}] {p.name}: {shlex.join(cmd)} > {log}", flush=True)
+        t0 = time.monotonic()
         with open(log, "a") as out:
-            rc = subprocess.run(cmd, check=False, cwd=workdir, stdout=out, stderr=subprocess.STDOUT).returncode
-        if rc != 0:
-            tail = log.read_text().splitlines()[-15:]
-            print(f"[{p.index}] {p.name}: FAILED (exit {rc}); last lines of {log}:", *tail, sep="\n  ", flush=True)
-        return int(rc != 0)
+            out.write(f"mpifl.sweep: {shlex.join(cmd)}\n")
+            out.flush()
+            proc = subprocess.Popen(cmd, cwd=workdir, stdout=out, stderr=subprocess.STDOUT)
+            sweep_status.mark_started(sweep, p.index, proc.pid)
+            rc = proc.wait()
+        sweep_status.mark_finished(sweep, p.index, rc)
+        print(finished_line(p, rc, time.monotonic() - t0, log), flush=True)
+        return rc
 
     with ThreadPoolExecutor(parallel) as pool:  # threads only wait on the runs' processes
-        return sum(pool.map(one, todo))
+        codes = dict(zip((p.index for p in todo), pool.map(one, todo)))
+    print(local_summary(sweep, codes), flush=True)
+    return sum(rc != 0 for rc in codes.values())
+
+
+def finished_line(p: Point, rc: int, seconds: float, log: Path) -> str:
+    """What ``--local`` prints when a point's run ends: its final accuracy, or
+    why it stopped and where its output is."""
+    from .sweep_status import PREEMPTED, last_line, log_facts
+
+    done, acc, _, _ = log_facts(p.config)
+    took = f"{seconds:.0f}s" if seconds < 120 else f"{seconds / 60:.1f}min"
+    if rc == 0:
+        return f"[{p.index}] {p.name}: done in {took}, {done}/{p.config.run.rounds} rounds" + \
+            (f", final test_acc {acc:.4f}" if acc is not None else "")
+    what = "preempted (checkpointed; continues when run again)" if rc == PREEMPTED else f"FAILED (exit {rc})"
+    return f"[{p.index}] {p.name}: {what} after {took}, {max(done, 0)}/{p.config.run.rounds} rounds; " \
+        f"{log}: {last_line(log) or '(empty)'}"
+
+
+def local_summary(sweep: Sweep, codes: dict[int, int]) -> str:
+    """The last lines of ``--local``: how many points ran to the end, and each
+    failed one with its output file."""
+    from .sweep_status import local_log
+
+    skipped = len(sweep.points) - len(codes)
+    failed = [i for i, rc in codes.items() if rc != 0]
+    lines = [f"sweep {sweep.name}: {len(codes) - len(failed)} done"
+             + (f" ({skipped} were already complete)" if skipped else "")
+             + f", {len(failed)} failed" + (":" if failed else "")]
+    lines += [f"  [{i}] {sweep.points[i].name}: exit {codes[i]}, {local_log(sweep, i)}" for i in sorted(failed)]
+    return "\n".join(lines)
 
 
 def _sbatch(args: list[str]) -> str:
@@ -507,10 +568,14 @@ def submit(sweep: Sweep) -> str | None:
     todo = [p.index for p in sweep.points if not is_complete(p.config)]
     if not todo:
         return None
+    from .sweep_status import record_submission
+
     array = ",".join(map(str, todo))
     if sweep.slurm.max_parallel:
         array += f"%{sweep.slurm.max_parallel}"
-    return _sbatch([f"--array={array}", str(sweep.script)])
+    job = _sbatch([f"--array={array}", str(sweep.script)])
+    record_submission(sweep, job, todo)
+    return job
 
 
 # --------------------------------------------------------------------------- CLI
@@ -526,12 +591,18 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m mpifl.sweep", description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("file", help="SWEEP.yaml, or with --run a run's CONFIG.yaml")
-    ap.add_argument("overrides", nargs="*", help="with --run: section.key=value")
+    ap.add_argument("overrides", nargs="*", help="section.key=value: with --run for the run, else as --set")
     ap.add_argument("--run", action="store_true", help="one run: render <run_dir>/run.sbatch from CONFIG.yaml")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="list the points and their state; write nothing")
     mode.add_argument("--submit", action="store_true", help="write, then sbatch the unfinished points")
     mode.add_argument("--local", action="store_true", help="write, then run the unfinished points here with mpiexec")
+    mode.add_argument("--status", action="store_true",
+                      help="each point's state (waiting, running r/R with ETA, done, failed, preempted) and totals, "
+                           "from the run directories and, where SLURM answers, squeue/sacct; writes nothing")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override for every point, e.g. --set run.rounds=3 (recorded in each point's "
+                         "config.yaml); may be repeated")
     ap.add_argument("--out-dir", help="parent of the sweep directory (default: the sweep file's out_dir)")
     ap.add_argument("--ranks", type=int, help="--local: MPI ranks per run (default slurm.ntasks)")
     ap.add_argument("--parallel", type=int, default=1, metavar="N",
@@ -560,9 +631,11 @@ def _main_run(a: argparse.Namespace, workdir: Path) -> int:
     if a.dry_run:
         print(script, end="")
         return 0
-    if a.local:
-        raise ConfigError("--local with --run: launch it directly, "
-                          "mpiexec -n N python -m mpi4py -m mpifl.main CONFIG.yaml")
+    if a.local or a.status:
+        raise ConfigError(f"{'--local' if a.local else '--status'} with --run: launch it directly, "
+                          "mpiexec -n N python -m mpi4py -m mpifl.main CONFIG.yaml (its log shows its progress)")
+    if a.set:
+        raise ConfigError(f"--set with --run: give the overrides after the config, {a.file} {' '.join(a.set)}")
     if rd.config.exists() and rd.config.read_text() != cfg.to_yaml() and not a.force:
         raise ConfigError(f"{rd.config} holds a different config; pick another run.name or pass --force")
     refuse_node_local(opts, workdir, rd.root)
@@ -588,11 +661,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if a.run:
             return _main_run(a, workdir)
-        if a.overrides:
-            raise ConfigError(f"overrides {a.overrides} are for --run; put a sweep's overrides under set:")
         if a.parallel < 1:  # before anything is written
             raise ConfigError(f"--parallel={a.parallel} is not allowed; a positive number of runs at once")
-        sweep = load(a.file, a.out_dir, _slurm_flags(a), n_ranks=a.ranks)
+        sweep = load(a.file, a.out_dir, _slurm_flags(a), n_ranks=a.ranks, overrides=[*a.set, *a.overrides])
+        if a.status:
+            from .sweep_status import report
+
+            report(sweep)
+            return 0
         if a.dry_run:
             print(f"sweep {sweep.name}: {len(sweep.points)} runs in {sweep.root}")
             for p in sweep.points:
@@ -611,9 +687,7 @@ def main(argv: list[str] | None = None) -> int:
             print("nothing to submit: every run is complete" if job is None else f"submitted array job {job}")
         elif a.local:
             ranks = a.ranks or sweep.slurm.ntasks
-            failed = run_local(sweep, ranks, workdir, a.parallel)
-            if failed:
-                print(f"{failed} run(s) failed", file=sys.stderr)
+            if run_local(sweep, ranks, workdir, a.parallel):  # the failed ones are listed
                 return 1
         else:
             print(f"submit with: python -m mpifl.sweep {a.file} --submit   (or: sbatch {sweep.script})")

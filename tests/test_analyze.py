@@ -85,23 +85,39 @@ def test_table_groups_by_what_varies_with_mean_and_std_over_seeds(sweep_dir, tmp
     for algo, row in rows.items():
         assert row["n_seeds"] == 2 and row["seeds"] == "0 1" and row["rounds"] == "3/3"
         per_seed = [_by_hand(sweep_dir / "runs" / f"{algo}-{s}" / "run.h5") for s in (0, 1)]
-        for m in an.ACC:
-            vals = [p[m] for p in per_seed]
-            assert row[f"{m}_mean"] == pytest.approx(np.mean(vals), abs=1e-9), m
-            assert row[f"{m}_std"] == pytest.approx(np.std(vals, ddof=1), abs=1e-9), m  # sample std
+        for m in sm.ACC:  # in percent
+            vals = [100 * p[m] for p in per_seed]
+            assert row[f"{m}_pct_mean"] == pytest.approx(np.mean(vals), abs=1e-7), m
+            assert row[f"{m}_pct_std"] == pytest.approx(np.std(vals, ddof=1), abs=1e-7), m  # sample std
     # the true-cluster oracle's collaboration graph is the clusters; FedAvg's is one block
     assert rows["oracle"]["ari_graph.mixing_mean"] == pytest.approx(1.0)
     assert rows["fedavg"]["ari_graph.mixing_mean"] == pytest.approx(0.0)
-
-    csv_rows = (tmp_path / "table.csv").read_text().splitlines()
-    assert len(csv_rows) == 3 and csv_rows[0].startswith("algorithm.name,n_seeds,seeds,rounds,final_acc_mean")
-    md = (tmp_path / "table.md").read_text()
-    assert sum(line.startswith("| ") for line in md.splitlines()) == 3 and "±" in md
     assert len((tmp_path / "runs.csv").read_text().splitlines()) == 5
 
 
+def test_csv_and_markdown_tables_hold_the_same_numbers_in_the_unit_their_headers_name(sweep_dir, tmp_path):
+    import csv
+
+    an.analyze([sweep_dir], tmp_path, heatmaps="none", echo=lambda *a, **k: None)
+    table = list(csv.DictReader(open(tmp_path / "table.csv")))
+    assert list(table[0])[:5] == ["algorithm.name", "n_seeds", "seeds", "rounds", "final_acc_pct_mean"]
+    md = [line for line in (tmp_path / "table.md").read_text().splitlines() if line.startswith("| ")]
+    head = [c.strip() for c in md[0].strip("|").split("|")]
+    assert "final_acc_pct" in head and "final_acc" not in head
+    for line, row in zip(md[1:], table):
+        cells = dict(zip(head, (c.strip() for c in line.strip("|").split("|"))))
+        mean, std = map(float, cells["final_acc_pct"].split(" ± "))
+        assert mean == pytest.approx(float(row["final_acc_pct_mean"]), abs=0.006)
+        assert std == pytest.approx(float(row["final_acc_pct_std"]), abs=0.006)
+        assert 1 < mean <= 100  # percent, not a fraction
+    runs = list(csv.DictReader(open(tmp_path / "runs.csv")))
+    by_algo = {a: [float(r["final_acc_pct"]) for r in runs if r["algorithm.name"] == a] for a in ("fedavg", "oracle")}
+    for row in table:
+        assert float(row["final_acc_pct_mean"]) == pytest.approx(np.mean(by_algo[row["algorithm.name"]]), rel=1e-5)
+
+
 def test_figures_are_non_empty_pngs(sweep_dir, tmp_path):
-    res = an.analyze([sweep_dir], tmp_path, heatmaps="all", rounds=[0, -1], echo=lambda *a, **k: None)
+    res = an.analyze([sweep_dir], tmp_path, heatmaps="all", rounds=[1, -1], echo=lambda *a, **k: None)
     names = {p.relative_to(tmp_path).as_posix() for p in res["figures"]}
     assert {"accuracy.png", "variance.png", "ari.png"} <= names
     assert {f"heatmaps/{a}-{s}/graph_mixing.png" for a in ("fedavg", "oracle") for s in (0, 1)} <= names
@@ -203,11 +219,11 @@ def test_best_val_and_final_follow_their_definitions(tmp_path):
 def test_every_matrix_log_gets_a_heatmap_and_clusterings_an_ari(tmp_path):
     _write_log(tmp_path / "a" / "run.h5")
     run = open_run(tmp_path / "a")
-    assert set(run.matrices()) == {"graph/mixing", "federico/client_weights", "dpfl/collaborators",
+    assert set(run.matrices) == {"graph/mixing", "federico/client_weights", "dpfl/collaborators",
                                    "fedc2i/class_influence", "lia/influence"}
     s = sm.summarize(run.path)
     assert s.ari == pytest.approx({"graph.mixing": 1.0, "dpfl.collaborators": 1.0, "pfedlia.cluster": 1.0})
-    written = an.plot_heatmaps(run, tmp_path / "h", rounds=[0, -1])
+    written = an.plot_heatmaps(run, tmp_path / "h", rounds=[1, -1])
     assert {p.name for p in written} == {"graph_mixing.png", "federico_client_weights.png",
                                          "dpfl_collaborators.png", "fedc2i_class_influence.png",
                                          "lia_influence.png"}
@@ -220,7 +236,7 @@ def test_compact_mixing_reads_and_plots_like_dense(tmp_path):
     _write_log(tmp_path / "c" / "run.h5", dense_max=2, extras=False)
     dense, compact = open_run(tmp_path / "d"), open_run(tmp_path / "c")
     assert "graph/mixing" not in compact.keys()  # noqa: SIM118 - a list of dataset paths
-    assert "graph/mixing" in compact.matrices()
+    assert "graph/mixing" in compact.matrices
     for t in (0, -1):
         np.testing.assert_array_equal(dense.row("graph/mixing", t), compact.row("graph/mixing", t))
     assert sm.summarize(compact.path).ari == sm.summarize(dense.path).ari
@@ -234,7 +250,7 @@ def test_reader_cuts_to_complete_rounds_and_indexes_from_the_end(tmp_path):
         f["metrics/test_acc"].resize(R + 1, axis=0)
         f["metrics/test_acc"][R] = 7.0
     run = open_run(tmp_path / "a")
-    info = run.datasets()
+    info = run.datasets
     assert info["metrics/test_acc"].shape == (R, N) and info["metrics/test_acc"].per_round
     assert run.row("metrics/test_acc", -1) == pytest.approx(np.full(N, 0.1 * R))
     with pytest.raises(IndexError):
@@ -342,3 +358,51 @@ def test_a_sweep_over_job_files_is_grouped_by_file_and_algorithm(tmp_path):
     assert [g.key for g in an.group_runs(runs, keys)] == [("oracle", "a"), ("local", "a"), ("oracle", "b"),
                                                           ("local", "b")]
     assert sm.sweep_job(tmp_path / "elsewhere" / "run.h5") is None
+
+
+# --------------------------------------------------------------------------- figures that explain themselves
+
+
+@pytest.mark.parametrize("classes", [N, 10])  # as many classes as clients, and more
+def test_label_hist_is_drawn_as_clients_by_classes_whatever_its_shape(tmp_path, classes):
+    import matplotlib.image as mpimg
+
+    path = tmp_path / "a" / "run.h5"
+    w = _write_log(path, extras=False)
+    hist = np.arange(N * classes).reshape(N, classes)
+    with h5py.File(path, "a") as f:
+        f["clients/label_hist"] = hist
+    run = open_run(path)
+    assert "clients/label_hist" not in run.matrices  # not a client-by-client matrix even when N == classes
+    written = {p.name: p for p in an.plot_heatmaps(run, tmp_path / "h", rounds=None)}
+    assert set(written) == {"graph_mixing.png", "clients_label_hist.png"}
+    _png_ok(written["clients_label_hist.png"])
+    if classes > N:  # wider than tall: classes across, clients down
+        img = mpimg.imread(written["clients_label_hist.png"])
+        assert img.shape[1] > img.shape[0]
+    del w
+
+
+def test_group_labels_name_their_keys(tmp_path):
+    runs = [_summary(0, algorithm={"name": "oracle"}, train={"lr": 0.1}),
+            _summary(1, algorithm={"name": "local"}, train={"lr": 0.2})]
+    keys = an.varying_keys(runs)
+    assert [g.label for g in an.group_runs(runs, keys)] == ["algorithm.name=oracle, train.lr=0.1",
+                                                            "algorithm.name=local, train.lr=0.2"]
+
+
+def test_heatmap_rounds_are_numbered_from_one_and_the_missing_ones_warned_about():
+    said = []
+    assert an._rounds([1, 50, -1], np.arange(30), "run x", said.append) == [0, 29]
+    assert len(said) == 1 and "--rounds 50" in said[0] and "rounds 1-30" in said[0] and "left out" in said[0]
+    said.clear()
+    logged = np.array([1, 3, 5])  # log.every = 2: rounds 2, 4, 6
+    assert an._rounds([2, 3, -1], logged, "run x", said.append) == [0, 2]
+    assert len(said) == 1 and "--rounds 3" in said[0] and "3 of them logged" in said[0]
+    assert an._rounds(None, np.arange(30), "run x", said.append) == [0, 15, 29]
+
+
+def test_rounds_zero_is_refused_on_the_command_line(capsys):
+    with pytest.raises(SystemExit):
+        an.main(["x", "--rounds", "0,-1"])
+    assert "numbered from 1" in capsys.readouterr().err

@@ -168,6 +168,7 @@ def test_baseline_b_option_out_of_range_is_one_line(override):
     assert BASELINE_B_CASES[override] in msg
 
 
+@pytest.mark.slow
 def test_baseline_b_bad_option_exits_2_under_mpiexec(tmp_path):
     res = launch(["algorithm.name=perfedavg", "perfedavg.alpha=-1", "data.name=synthetic", "data.n_samples=200",
                   f"run.out_dir={tmp_path}"], n=2, timeout=90)

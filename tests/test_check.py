@@ -55,6 +55,7 @@ def test_local_problems_one_line_each(tmp_path):
     assert all("\n" not in p for p in few + unset + gone + ro)
 
 
+@pytest.mark.slow
 def test_launch_problems_interpreter_and_srun_plugins(tmp_path, monkeypatch):
     bad = check.launch_problems(str(tmp_path / "nope" / "python"), "pmi2", 2, REPO)
     assert len(bad) == 1 and "cannot be run here" in bad[0]
@@ -147,6 +148,7 @@ def test_a_launcher_whose_pmi_the_library_does_not_use(tmp_path):
     assert "mpiexec (PMI) started 2 tasks but MPI sees 1 rank(s) in each" in _problems(res)[0]
 
 
+@pytest.mark.slow
 def test_the_login_node_entry_points_import_neither_torch_nor_mpi():
     # a preflight and a sweep run on login nodes: importing them must not cost a torch
     # import or start MPI (a module-level `from .config import Config` would do both)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from helpers import REPO
 
 from mpifl.logging.h5 import open_run
@@ -16,6 +17,7 @@ TINY = ["data.name=synthetic", "data.n_samples=400", "data.n_clients=4", "model.
         "algorithm.name=local"]
 
 
+@pytest.mark.slow
 def test_help_is_fast_and_points_to_the_config_reference():
     # torch must not be imported for --help: it costs seconds (15 s on a loaded machine)
     code = ("import runpy, sys; sys.argv = ['mpifl.main', '--help']\n"

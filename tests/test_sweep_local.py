@@ -73,6 +73,7 @@ def test_local_gives_the_same_files_as_the_slurm_array(tmp_path):
     assert (a / "sweep.yaml").read_text() == (b / "sweep.yaml").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parallel", [1, 2])
 def test_local_runs_at_most_parallel_points_at_once_and_counts_failures(tmp_path, monkeypatch, parallel):
     path = _sweep_file(tmp_path, {"run.seed": [0, 1, 2, 3, 4]})

@@ -44,6 +44,7 @@ def _one_error_line(res: subprocess.CompletedProcess) -> str:
 # --------------------------------------------------------------------------- checkpoints
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["meta", "part", "pointer"])
 def test_a_planted_checkpoint_runs_no_code(tmp_path, where):
     args = [*TINY, f"run.out_dir={tmp_path}", "run.name=r"]
@@ -83,6 +84,7 @@ w.close()
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace to kill at a chosen write")
 def test_sigkill_at_any_write_of_the_log_loses_no_finished_round(tmp_path):
     """strace kills the writer at its k-th write call, for k across rounds (mid-flush
@@ -112,6 +114,7 @@ def test_sigkill_at_any_write_of_the_log_loses_no_finished_round(tmp_path):
 # --------------------------------------------------------------------------- command line
 
 
+@pytest.mark.slow
 def test_a_sweep_over_lr_runs_every_point_though_its_paths_hold_equals_signs(tmp_path):
     from test_sweep import _sweep_file
 
@@ -150,6 +153,7 @@ def test_strings_that_are_no_yaml_number_are_refused(text):
         config.load(None, [f"train.weight_decay={text}"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nest", ["[", "{a: "])
 def test_a_3000_deep_yaml_exits_2_in_one_line(tmp_path, nest):
     f = tmp_path / "deep.yaml"
@@ -185,6 +189,7 @@ def _tree(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["not a run", "another config"])
 def test_a_fresh_run_into_a_foreign_directory_deletes_nothing(tmp_path, kind):
     d = tmp_path / "r"
@@ -203,6 +208,7 @@ def test_a_fresh_run_into_a_foreign_directory_deletes_nothing(tmp_path, kind):
     assert _tree(d) == before
 
 
+@pytest.mark.slow
 def test_a_fresh_start_of_the_same_config_replaces_only_its_own_files(tmp_path):
     args = [*TINY, f"run.out_dir={tmp_path}", "run.name=r"]
     assert launch(args, n=0).returncode == 0
@@ -272,6 +278,7 @@ def _hostile_script(out_dir, workdir: Path) -> str:
     return sw.run_script(_cfg(out_dir, f"r {HOSTILE}"), opts, workdir)
 
 
+@pytest.mark.slow
 def test_hostile_values_render_inert_in_the_run_script(tmp_path):
     from test_sweep import _exe, _golden
 
@@ -356,6 +363,7 @@ def test_analyze_skips_a_log_whose_shapes_do_not_match_its_attributes(tmp_path, 
     assert str(N) in line
 
 
+@pytest.mark.slow
 def test_random_sigkills_under_mpiexec_then_resume_bitwise(tmp_path):
     """bench/kill_test.py with a small count (the README's run uses --count 50)."""
     res = subprocess.run([sys.executable, str(REPO / "bench" / "kill_test.py"), "--count", "2", "--seed", "3",

@@ -96,7 +96,7 @@ class Params:
 
     # max collaborators besides self: an integer, a fraction of N ("0.1N"), or inf
     budget: str = "inf"
-    tau_init: int = 10  # local epochs before the preprocessing BGGC (round 0)
+    tau_init: int = 10  # local epochs before the preprocessing BGGC (the first round)
     tau_train: int = 5  # local epochs per training round
     period: int = 1  # run GGC every `period` training rounds (collaborators kept between)
     malicious: float = 0.0  # fraction of clients whose labels go through one fixed permutation

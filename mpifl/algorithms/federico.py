@@ -104,10 +104,10 @@ class Params:
     temperature: float = 1.0  # client weights w = softmax(-Lhat / temperature)
     loss_scale: Literal["mean", "sum"] = "mean"  # sum: Lhat times n_i^train, as in the likelihood
     estep_batches: str = "1"  # local train batches of the E-step loss: a count, or all
-    # Lhat before any measurement: first = the loss a client measures in round 0 for its
+    # Lhat before any measurement: first = the loss a client measures in round 1 for its
     # own model (with init=shared that is every model's); zero = optimistic
     loss_init: Literal["first", "zero"] = "first"
-    # each client's model at round 0: per_client (default) = drawn from the client's own
+    # each client's model before round 1: per_client (default) = drawn from the client's own
     # seeded stream (the paper's clients own and initialise their models, as FedEM's
     # learners are built one by one with their own seeds); shared = the run's one init
     init: Literal["per_client", "shared"] = "per_client"

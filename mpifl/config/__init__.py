@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .load import assign, build, coerce, from_dict, load
+from .load import assign, build, coerce, from_dict, load, override
 from .reference import KeyDoc, annotated_yaml, key_docs, reference
 from .sections import (
     CORE_SECTIONS,
@@ -30,7 +30,7 @@ from .validate import CONTROL, validate
 
 __all__ = ["CONTROL", "CORE_SECTIONS", "TAIL_SECTIONS", "AlgorithmConfig", "Config", "DataConfig", "KeyDoc",
            "LogConfig", "ModelConfig", "RunConfig", "TrainConfig", "annotated_yaml", "assign", "build", "coerce",
-           "config_class", "from_dict", "key_docs", "load", "reference", "validate"]
+           "config_class", "from_dict", "key_docs", "load", "override", "reference", "validate"]
 
 
 def __getattr__(name: str) -> Any:

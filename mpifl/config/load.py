@@ -42,16 +42,23 @@ def _load(path: str | Path | None, overrides: list[str], n_ranks: int) -> Any:
         if not isinstance(raw, dict):
             raise ConfigError(f"config file {name} must hold a mapping of sections, got {type(raw).__name__}")
     for item in overrides:
-        key, sep, text = item.partition("=")
-        if not sep or not key or "." not in key:
-            raise ConfigError(f"override {shorten(repr(item))} must look like section.key=value")
-        value = parse_yaml(text, f"override {shorten(repr(item))}", invalid_ok=True) if text != "" else ""
-        if not isinstance(value, str) and _is_text(_key_hint(key)):
-            value = text  # YAML 1.1 reads off, no, 007, ~ as bool, int, null: a string key keeps the text
+        key, value = override(item)
         assign(raw, key, value, f"override {shorten(repr(item))}")
     cfg = build(config_class(), raw, "")
     validate(cfg, n_ranks)
     return cfg
+
+
+def override(item: str) -> tuple[str, Any]:
+    """``section.key=value`` -> (key, value), the value read as YAML (a string key
+    keeps the text as it is)."""
+    key, sep, text = item.partition("=")
+    if not sep or not key or "." not in key:
+        raise ConfigError(f"override {shorten(repr(item))} must look like section.key=value")
+    value = parse_yaml(text, f"override {shorten(repr(item))}", invalid_ok=True) if text != "" else ""
+    if not isinstance(value, str) and _is_text(_key_hint(key)):
+        value = text  # YAML 1.1 reads off, no, 007, ~ as bool, int, null: a string key keeps the text
+    return key, value
 
 
 def assign(raw: dict, key: str, value: Any, where: str) -> None:

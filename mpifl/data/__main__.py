@@ -45,26 +45,13 @@ def summary(data: FederatedData, max_classes: int = 20) -> str:
 
 
 def heatmap(data: FederatedData, path: str, title: str = "") -> None:
-    """Clients x classes training-label counts, one row per client, its cluster on the left."""
-    import matplotlib
+    """Clients x classes training-label counts, clients ordered by true cluster
+    (the figure ``mpifl.analyze`` draws from a log's /clients/label_hist)."""
+    from pathlib import Path
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from ..analyze import plot_label_hist
 
-    N, C = data.label_hist.shape
-    fig, (ax_c, ax) = plt.subplots(1, 2, figsize=(min(2 + 0.25 * C, 24), min(1.5 + 0.22 * N, 30)),
-                                   gridspec_kw={"width_ratios": [1, max(C, 1)]}, sharey=True)
-    ax_c.imshow(data.cluster[:, None], aspect="auto", cmap="tab20", interpolation="nearest")
-    ax_c.set_xticks([0], ["cluster"])
-    ax_c.set_ylabel("client")
-    im = ax.imshow(data.label_hist, aspect="auto", cmap="viridis", interpolation="nearest")
-    ax.set_xlabel("class")
-    fig.colorbar(im, ax=ax, label="training samples")
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    plot_label_hist(data.label_hist, data.cluster, Path(path), title)
 
 
 STORE_EPILOG = """\

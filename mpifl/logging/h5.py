@@ -21,6 +21,10 @@ length is the number of complete rounds, and readers ignore rows past it.
 
 Row i of every per-round dataset is round ``/rounds/round[i]`` (``Run.rounds``):
 with ``log.every = k`` only every k-th round (and the last) is logged.
+``/rounds/round`` holds 0-based round indices (the first round is 0); everything
+shown to a user numbers rounds from 1 (``round 1/30`` on the console, the
+``round`` column of ``mpifl.results`` frames), so round r of the console is index r - 1
+here. ``Run.row(t)`` and ``Run.mixing(t)`` take a row index, negative from the end.
 
 Above ``dense_max`` clients an N x N matrix per round stops fitting; the mixing
 matrix is then stored compactly (``/graph`` attr ``mixing_format = compact``), in
@@ -36,6 +40,7 @@ ids and weights of ``Grouped`` (``mixing_group``, ``mixing_shared``).
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import time
@@ -373,11 +378,34 @@ class Run:
             self.path = self.path / "run.h5"
         if not self.path.is_file():
             raise FileNotFoundError(f"no run log at {self.path}")
+        self._held = None  # the file kept open by reading()
+        self._held_info: dict[str, DatasetInfo] | None = None
+        self._held_attrs: dict[str, Any] | None = None
+        self._config: tuple[str, dict] | None = None
+
+    @contextmanager
+    def reading(self):
+        """Keep the log open, and its list of datasets, across the calls made
+        inside: many small reads of one log (a summary) open it once. The rounds
+        seen are those complete when it was opened."""
+        if self._held is not None:
+            yield self
+            return
+        with self._file() as f:
+            self._held = f
+            try:
+                self.datasets  # noqa: B018 - listed once, for every call inside
+                yield self
+            finally:
+                self._held, self._held_info, self._held_attrs = None, None, None
 
     @contextmanager
     def _file(self):
         """The log open for reading; with the rounds of a complete journal (a writer
         killed inside a commit) applied in memory."""
+        if self._held is not None:
+            yield self._held
+            return
         for i in range(self.open_tries):
             jf = None
             try:
@@ -402,19 +430,34 @@ class Run:
 
     @property
     def attrs(self) -> dict[str, Any]:
+        if self._held_attrs is not None:
+            return dict(self._held_attrs)
         with self._file() as f:
-            return {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
+            out = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
+        if self._held is not None:
+            self._held_attrs = dict(out)
+        return out
 
     @property
     def config(self) -> dict:
         """The run's config as stored in the log, read as any config file is
         (``mpifl.yamlio``: a hostile log cannot make the reader expand a bomb)."""
+        return copy.deepcopy(self._stored_config())
+
+    def _stored_config(self) -> Any:
+        """The parsed config, shared between calls: parsed once per text."""
         from ..yamlio import parse_yaml
 
-        return parse_yaml(self.attrs["config_yaml"], f"the config stored in {str(self.path)!r}")
+        text = self.attrs["config_yaml"]
+        if self._config is None or self._config[0] != text:
+            self._config = (text, parse_yaml(text, f"the config stored in {str(self.path)!r}"))
+        return self._config[1]
 
     @property
     def n_rounds(self) -> int:
+        """Complete rounds in the log (the length of ``/rounds/round``)."""
+        if self._held_info is not None:
+            return self._held_info[ROUND_KEY].shape[0] if ROUND_KEY in self._held_info else 0
         with self._file() as f:
             return f[ROUND_KEY].shape[0] if ROUND_KEY in f else 0
 
@@ -422,7 +465,7 @@ class Run:
     def planned_rounds(self) -> int | None:
         """run.rounds of the config, when the log holds one."""
         try:
-            return int(self.config["run"]["rounds"])
+            return int(self._stored_config()["run"]["rounds"])
         except (KeyError, TypeError, ValueError):
             return None
 
@@ -431,8 +474,12 @@ class Run:
         planned = self.planned_rounds
         return planned is not None and self.n_rounds >= planned
 
+    @property
     def datasets(self) -> dict[str, DatasetInfo]:
-        """Every dataset of the log by path, with shapes cut to the complete rounds."""
+        """Every dataset of the log by path (``"metrics/test_acc"``), with shapes cut
+        to the complete rounds; nothing is read but the file's metadata."""
+        if self._held_info is not None:
+            return dict(self._held_info)
         out: dict[str, DatasetInfo] = {}
         with self._file() as f:
             n = f[ROUND_KEY].shape[0] if ROUND_KEY in f else 0
@@ -446,18 +493,21 @@ class Run:
                 out[name] = DatasetInfo(name, shape, obj.dtype, per_round, None if rnd is None else int(rnd))
 
             f.visititems(visit)
+        if self._held is not None:
+            self._held_info = dict(out)
         return out
 
+    @property
     def matrices(self) -> dict[str, DatasetInfo]:
         """The [N, N, ...] datasets (per round or once), ``graph/mixing`` whatever its storage."""
         n = self.attrs.get("n_clients")
-        info = self.datasets()
+        info = self.datasets
         if n is None and "clients/cluster" in info:
             n = info["clients/cluster"].shape[0]
         out = {}
         for k, d in info.items():
             tail = d.shape[1:] if d.per_round else d.shape
-            if k.startswith("graph/mixing"):
+            if k.startswith(("graph/mixing", "clients/")):  # clients/label_hist is [N, classes]
                 continue
             if len(tail) >= 2 and tail[0] == n and tail[1] == n:
                 out[k] = d
@@ -471,7 +521,7 @@ class Run:
         ``graph/mixing`` in either storage."""
         n = self.n_rounds
         if not -n <= t < n:
-            raise IndexError(f"round {t} of {path}: the log holds {n} complete round(s)")
+            raise IndexError(f"row {t} of {path}: the log holds {n} complete round(s)")
         t = t % n
         if path == "graph/mixing":
             return self.mixing(t)
@@ -494,6 +544,10 @@ class Run:
             return ds[:n]
 
     def metric(self, name: str) -> np.ndarray:
+        """``/metrics/<name>`` as ``[logged rounds, clients]``: ``train_loss``,
+        ``val_loss``, ``val_acc``, ``test_loss``, ``test_acc`` (accuracies as fractions
+        in [0, 1]), ``skipped``; nan where a round was not evaluated
+        (``run.eval_every``). Row i is round ``rounds[i]`` (0-based)."""
         return self.get(f"metrics/{name}")
 
     @property

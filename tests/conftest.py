@@ -1,0 +1,40 @@
+"""The fast tier (``pytest -m "not slow"``) starts no Python interpreter, MPI
+launcher or shell script: a test that does (mpiexec, ``python -m ...``, a
+stand-in ``sbatch``) is marked ``@pytest.mark.slow``, and one that is not fails
+here at that start with a line that says so. Libraries' own probes at import
+(``uname -p``, ``ldconfig``) are let through; a test may still replace
+``subprocess.Popen`` with a stand-in of its own."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+HEAVY = re.compile(r"(python[0-9.]*|mpiexec|mpirun|hydra_pmi_proxy|srun|sbatch|bash|sh|dash)")
+
+
+def _heavy(args) -> bool:
+    first = str(args if isinstance(args, (str, bytes, os.PathLike)) else args[0])
+    first = first.split()[0] if isinstance(args, str) else first
+    return (first == sys.executable or HEAVY.fullmatch(os.path.basename(first)) is not None
+            or first.startswith(tempfile.gettempdir()))
+
+
+class _FastTierPopen(subprocess.Popen):
+    def __init__(self, args, *a, **k):
+        if _heavy(args):
+            raise AssertionError(f"this test starts {str(args)[:80]}; mark it @pytest.mark.slow: the fast tier "
+                                 f"(pytest -m 'not slow') starts no interpreter, launcher or script")
+        super().__init__(args, *a, **k)
+
+
+@pytest.fixture(autouse=True)
+def _fast_tier_starts_no_process(request, monkeypatch):
+    if request.node.get_closest_marker("slow") is None:
+        monkeypatch.setattr(subprocess, "Popen", _FastTierPopen)
+    yield
