@@ -58,7 +58,6 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
-from sklearn.cluster import AgglomerativeClustering
 
 from ..errors import check
 from ..mixing import Grouped
@@ -114,6 +113,8 @@ def norms(G: np.ndarray, a: np.ndarray) -> tuple[float, float]:
 def bipartition(U: torch.Tensor, linkage: str = "single") -> np.ndarray:
     """0/1 labels of the rows of ``U`` [m, P] (m >= 2): agglomerative clustering
     into two groups on 1 - cosine similarity, label 0 on the group holding row 0."""
+    from sklearn.cluster import AgglomerativeClustering  # here: every run imports this module (its Params)
+
     u = U.double()
     u = u / u.norm(dim=1, keepdim=True).clamp_min(1e-12)
     dist = np.clip(1.0 - (u @ u.T).cpu().numpy(), 0.0, None)

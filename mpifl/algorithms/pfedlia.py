@@ -60,8 +60,6 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
-from sklearn.cluster import OPTICS, KMeans
-from sklearn.metrics import adjusted_rand_score
 
 from ..errors import ConfigError, check
 from ..mixing import Dense
@@ -202,6 +200,8 @@ def optics_clusters(I: np.ndarray, min_samples: int, xi: float, metric: str) -> 
     """OPTICS on the rows of the influence matrix (distance ``metric`` between rows)
     -> labels 0..K-1, OPTICS's noise points as singletons; labels numbered by first
     appearance (deterministic)."""
+    from sklearn.cluster import OPTICS
+
     n = len(I)
     if n < 2:
         return np.zeros(n, np.int64)
@@ -216,6 +216,8 @@ def optics_clusters(I: np.ndarray, min_samples: int, xi: float, metric: str) -> 
 def two_means(row: np.ndarray, i: int, seed: int) -> tuple[np.ndarray, bool]:
     """Client i's collaborators: the 2-means cluster of its influence row with the
     higher mean, plus i itself. Returns (mask [N], whether i was already in it)."""
+    from sklearn.cluster import KMeans
+
     if np.ptp(row) == 0:  # nobody stands out: 2-means has nothing to split
         return np.ones(len(row), bool), True
     km = KMeans(n_clusters=2, n_init=10, random_state=seed).fit(row[:, None])
@@ -227,6 +229,11 @@ def two_means(row: np.ndarray, i: int, seed: int) -> tuple[np.ndarray, bool]:
 
 def cluster(ctx: Context, state: State, t: int) -> tuple[dict, dict]:
     """The one-off LIA + clustering step; returns (Round.once, Round.attrs)."""
+    # scikit-learn loads here, not with the module (every run imports each algorithm's
+    # Params), and before the clock starts: lia_seconds is the step's own cost
+    from sklearn.cluster import OPTICS, KMeans  # noqa: F401
+    from sklearn.metrics import adjusted_rand_score
+
     comm, c, cfg = ctx.comm, ctx.clients, ctx.cfg.pfedlia
     sent0, recv0 = comm.bytes_sent.copy(), comm.bytes_recv.copy()
     t0 = time.perf_counter()

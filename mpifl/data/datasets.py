@@ -50,6 +50,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..rng import GLOBAL, rng
+from . import cache
 
 if TYPE_CHECKING:  # a type hint only: the config package sits above this module
     from ..config import DataConfig
@@ -115,30 +116,49 @@ def _image_pool(x: np.ndarray, y: np.ndarray, n_classes: int, **kw) -> Pool:
 # --------------------------------------------------------------------------- built-in
 
 
-def digits(cfg: DataConfig) -> Pool:
-    from sklearn.datasets import load_digits
+def _version(package: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
 
-    d = load_digits()
-    x = (d.images.astype(np.float32) / 16.0)[:, None]  # [n, 1, 8, 8], pixels in [0, 1]
-    return Pool(x, d.target.astype(np.int64), 10)
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
+def digits(cfg: DataConfig) -> Pool:
+    def make() -> dict[str, np.ndarray]:
+        from sklearn.datasets import load_digits
+
+        d = load_digits()
+        x = (d.images.astype(np.float32) / 16.0)[:, None]  # [n, 1, 8, 8], pixels in [0, 1]
+        return {"x": x, "y": d.target.astype(np.int64)}
+
+    a = cache.cached("digits", {"scikit-learn": _version("scikit-learn"), "numpy": np.__version__},
+                     ("x", "y"), make)
+    return Pool(a["x"], a["y"], 10)
 
 
 def mnist1d(cfg: DataConfig) -> Pool:
-    from mnist1d.data import get_dataset_args, make_dataset
+    def make() -> dict[str, np.ndarray]:
+        from mnist1d.data import get_dataset_args, make_dataset
 
-    args = get_dataset_args()
-    args.num_samples = cfg.n_samples
-    # mnist1d seeds numpy's global generator; keep the caller's state intact
-    state = np.random.get_state()
-    try:
-        d = make_dataset(args)
-    finally:
-        np.random.set_state(state)
-    x = np.concatenate([d["x"], d["x_test"]]).astype(np.float32)
-    y = np.concatenate([d["y"], d["y_test"]]).astype(np.int64)
-    test = np.r_[np.zeros(len(d["y"]), bool), np.ones(len(d["y_test"]), bool)]
-    x = (x - x.mean()) / x.std()
-    return Pool(x, y, 10, test=test)
+        args = get_dataset_args()
+        args.num_samples = cfg.n_samples
+        # mnist1d seeds numpy's global generator; keep the caller's state intact
+        state = np.random.get_state()
+        try:
+            d = make_dataset(args)
+        finally:
+            np.random.set_state(state)
+        x = np.concatenate([d["x"], d["x_test"]]).astype(np.float32)
+        y = np.concatenate([d["y"], d["y_test"]]).astype(np.int64)
+        test = np.r_[np.zeros(len(d["y"]), bool), np.ones(len(d["y_test"]), bool)]
+        return {"x": (x - x.mean()) / x.std(), "y": y, "test": test}
+
+    key = {"n_samples": cfg.n_samples, "mnist1d": _version("mnist1d"), "numpy": np.__version__,
+           "scipy": _version("scipy")}
+    a = cache.cached("mnist1d", key, ("x", "y", "test"), make)
+    return Pool(a["x"], a["y"], 10, test=a["test"])
 
 
 def synthetic(cfg: DataConfig, seed: int = 0) -> Pool:
