@@ -186,19 +186,24 @@ def _root(cfg: DataConfig) -> Path:
 
 
 def _read_idx(path: str) -> np.ndarray:
-    """An IDX file (MNIST format), raw or gzipped."""
-    from torchvision.datasets.mnist import read_sn3_pascalvincent_tensor
-
+    """An IDX file (MNIST format) of uint8, raw or gzipped. Read here rather than by
+    torchvision's reader: importing torchvision costs more than reading the file."""
     if os.path.isfile(path):
-        return read_sn3_pascalvincent_tensor(path, strict=False).numpy()
-    with gzip.open(path + ".gz", "rb") as f:
-        data = f.read()
+        with open(path, "rb") as f:
+            data = f.read()
+    else:
+        path += ".gz"
+        with gzip.open(path, "rb") as f:
+            data = f.read()
     magic = int.from_bytes(data[0:4], "big")
     nd, ty = magic % 256, magic // 256
     if ty != 8 or not 1 <= nd <= 3:  # MNIST-family files are uint8
-        raise ValueError(f"{path}.gz is not an uint8 IDX file (type {ty}, {nd} dims)")
+        raise ValueError(f"{path} is not an uint8 IDX file (type {ty}, {nd} dims)")
     dims = [int.from_bytes(data[4 * (i + 1):4 * (i + 2)], "big") for i in range(nd)]
-    return np.frombuffer(data, np.uint8, offset=4 * (nd + 1))[:int(np.prod(dims))].reshape(dims)
+    n = int(np.prod(dims))
+    if len(data) < 4 * (nd + 1) + n:
+        raise ValueError(f"{path} is shorter than its header's {dims}")
+    return np.frombuffer(data, np.uint8, offset=4 * (nd + 1), count=n).reshape(dims)
 
 
 def _idx_exists(path: str) -> bool:
@@ -233,8 +238,6 @@ def _flat_folder(cfg: DataConfig) -> Path | None:
 
 
 def _mnist_family(cfg: DataConfig) -> Pool:
-    from torchvision import datasets as tvd
-
     flat = _flat_folder(cfg)
     if flat is not None:
         try:
@@ -247,6 +250,8 @@ def _mnist_family(cfg: DataConfig) -> Pool:
             raise _missing(cfg.name, flat, "Fashion-MNIST's IDX files", "images and labels disagree")
         test = np.r_[np.zeros(len(ys[0]), bool), np.ones(len(ys[1]), bool)]
         return _image_pool(np.concatenate(xs)[:, None], np.concatenate(ys), 10, test=test)
+    from torchvision import datasets as tvd
+
     root = _root(cfg)
     if cfg.name == "emnist":
         base, split = tvd.EMNIST, cfg.emnist_split
