@@ -19,17 +19,27 @@ never renumber them.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-from scipy import sparse
+
+if TYPE_CHECKING:  # imported where a sparse matrix is made or stored: not every run makes one
+    from scipy import sparse
 
 # the per-round datasets under /graph of the compact format; COO_* are flat, every
 # round's non-zeros concatenated (row i's in [end[i-1], end[i]) of COO_END)
 KIND, SHARED, GROUP = "mixing_kind", "mixing_shared", "mixing_group"
 COO_ROW, COO_COL, COO_VAL, COO_END = "mixing_coo/row", "mixing_coo/col", "mixing_coo/val", "mixing_coo/end"
+
+
+def issparse(m: Any) -> bool:
+    """A scipy.sparse matrix? Answered without importing scipy.sparse (a tenth of a
+    second at every start): a process that never imported it cannot hold one."""
+    mod = sys.modules.get("scipy.sparse")
+    return mod is not None and mod.issparse(m)
 
 
 class Mixing:
@@ -63,9 +73,11 @@ class Dense(Mixing):
 
     def densify(self) -> np.ndarray:
         m = self.rows
-        return np.asarray(m.toarray() if sparse.issparse(m) else m, np.float32)
+        return np.asarray(m.toarray() if issparse(m) else m, np.float32)
 
     def encode(self) -> dict[str, np.ndarray]:
+        from scipy import sparse
+
         coo = sparse.coo_matrix(self.rows)
         keep = coo.data != 0
         return {KIND: np.int8(self.KIND), COO_ROW: coo.row[keep].astype(np.int32),

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from scipy import sparse
 
 from . import __version__, algorithms, checkpoint, models
 from .algorithms.base import Algorithm, Context, Round, evaluates
@@ -21,7 +20,7 @@ from .config import Config
 from .data import build as build_data
 from .errors import ConfigError
 from .logging.h5 import Writer, open_run
-from .mixing import Dense, Mixing
+from .mixing import Dense, Mixing, issparse
 from .paths import RunDir, atomic_write_text
 from .yamlio import read_yaml
 
@@ -170,9 +169,11 @@ def _gather_mixing(ctx: Context, m: Mixing | None) -> Mixing | None:
     if not isinstance(m, Dense):
         return m
     comm, N = ctx.comm, ctx.N
-    if not sparse.issparse(m.rows) and N <= ctx.cfg.log.dense_max:
+    if not issparse(m.rows) and N <= ctx.cfg.log.dense_max:
         rows = comm.gather_rows(np.asarray(m.rows, np.float32))
         return None if rows is None else Dense(rows)
+    from scipy import sparse
+
     coo = sparse.coo_matrix(m.rows)
     rows = comm.gather_concat((coo.row + comm.first).astype(np.int64))
     cols = comm.gather_concat(coo.col.astype(np.int64))

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
-from scipy import sparse
 
 from ..clients import Clients
 from ..data import FederatedData
@@ -153,5 +152,7 @@ def own_rows_metrics(ctx: Context, params: torch.Tensor | None = None) -> dict[s
 def identity_rows(ctx: Context) -> Dense:
     """This rank's rows of the identity, sparse ``[n_local, N]`` (no dense
     ``n_local x N`` array at large N; ``.densify()`` gives the dense one)."""
+    from scipy import sparse  # here: a run whose algorithm makes no sparse rows never loads it
+
     n = ctx.comm.n_local
     return Dense(sparse.csr_matrix((np.ones(n, np.float32), (np.arange(n), ctx.comm.local_ids)), shape=(n, ctx.N)))
