@@ -27,6 +27,9 @@ re-running the sweep leaves existing identical configs alone, ``--submit`` and
 ``--local`` skip runs whose log is complete, and a resubmitted point continues in
 the same directory. ``--local --parallel N`` runs N points at once (each with
 ``--ranks`` ranks): on a workstation, N x ranks x ``run.threads`` up to the cores.
+One-rank points run on N warm workers (``mpifl.worker``) that import torch and
+mpifl once and fork a child per point, which skips each run's start-up;
+``--mpiexec`` starts every point as its own ``mpiexec`` process instead.
 
 ``--set section.key=value`` (or ``section.key=value`` after the file) applies to
 every point, after the file's ``set:``, and is recorded in each point's config:
@@ -52,6 +55,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -486,10 +490,12 @@ def local_command(cfg: Config, ranks: int, python: str | None = None) -> list[st
     return [launcher, "-n", str(ranks), *cmd]
 
 
-def run_local(sweep: Sweep, ranks: int, workdir: Path, parallel: int = 1) -> int:
+def run_local(sweep: Sweep, ranks: int, workdir: Path, parallel: int = 1, warm: bool = True) -> int:
     """Run the unfinished points here, ``parallel`` at a time in index order;
     returns the number that failed. Each run has its own directory and log, so
-    runs at once share nothing but the machine."""
+    runs at once share nothing but the machine. One-rank points run on
+    ``parallel`` warm workers (:mod:`mpifl.worker`: torch and mpifl imported once,
+    a forked child per point) unless ``warm`` is off; others through mpiexec."""
     from concurrent.futures import ThreadPoolExecutor
 
     from . import sweep_status
@@ -503,25 +509,51 @@ def run_local(sweep: Sweep, ranks: int, workdir: Path, parallel: int = 1) -> int
     print(f"sweep {sweep.name}: running {len(todo)} of {len(sweep.points)} point(s), {parallel} at a time; "
           f"each one's output in {sweep.log_dir}/local_<i>.out; `--status` in another shell shows progress",
           flush=True)
+    python = sweep.slurm.python or None
+    pool = None
+    if warm and ranks == 1 and todo:
+        from .worker import Pool
+
+        pool = Pool(min(parallel, len(todo)), python, workdir)
 
     def one(p: Point) -> int:
         log = sweep_status.local_log(sweep, p.index)
-        cmd = local_command(p.config, ranks, sweep.slurm.python or None)
         t0 = time.monotonic()
-        with open(log, "a") as out:
-            out.write(f"mpifl.sweep: {shlex.join(cmd)}\n")
-            out.flush()
-            proc = subprocess.Popen(cmd, cwd=workdir, stdout=out, stderr=subprocess.STDOUT)
-            sweep_status.mark_started(sweep, p.index, proc.pid)
-            rc = proc.wait()
+        rc = run_point(p.config, ranks, workdir, log, python, pool,
+                       started=lambda pid: sweep_status.mark_started(sweep, p.index, pid))
         sweep_status.mark_finished(sweep, p.index, rc)
         print(finished_line(p, rc, time.monotonic() - t0, log), flush=True)
         return rc
 
-    with ThreadPoolExecutor(parallel) as pool:  # threads only wait on the runs' processes
-        codes = dict(zip((p.index for p in todo), pool.map(one, todo)))
+    try:
+        with ThreadPoolExecutor(parallel) as ex:  # threads only wait on the runs' processes
+            codes = dict(zip((p.index for p in todo), ex.map(one, todo)))
+    finally:
+        if pool is not None:
+            pool.close()
     print(local_summary(sweep, codes), flush=True)
     return sum(rc != 0 for rc in codes.values())
+
+
+def run_point(cfg: Config, ranks: int, workdir: Path, log: Path, python: str | None = None, pool: Any = None,
+              started: Callable[[int], None] | None = None) -> int:
+    """One point's run, its output appended to ``log`` after a line saying how it
+    runs; returns its exit status. On a warm worker of ``pool`` (an
+    :class:`mpifl.worker.Pool`) when given, else ``mpiexec -n ranks``
+    (:func:`local_command`). ``started(pid)``: the process running it has begun."""
+    config = RunDir(cfg.run_dir).config
+    with open(log, "a") as out:
+        if pool is not None:
+            out.write(f"mpifl.sweep: python -m mpifl.main {shlex.quote(str(config))} (warm worker)\n")
+            out.flush()
+            return pool.run(config, log, started)
+        cmd = local_command(cfg, ranks, python)
+        out.write(f"mpifl.sweep: {shlex.join(cmd)}\n")
+        out.flush()
+        proc = subprocess.Popen(cmd, cwd=workdir, stdout=out, stderr=subprocess.STDOUT)
+        if started is not None:
+            started(proc.pid)
+        return proc.wait()
 
 
 def finished_line(p: Point, rc: int, seconds: float, log: Path) -> str:
@@ -607,6 +639,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--ranks", type=int, help="--local: MPI ranks per run (default slurm.ntasks)")
     ap.add_argument("--parallel", type=int, default=1, metavar="N",
                     help="--local: runs at once (default 1); N x ranks x run.threads should fit the cores")
+    ap.add_argument("--mpiexec", action="store_true",
+                    help="--local: start one-rank points with mpiexec too, each a fresh process (default: N warm "
+                         "workers import torch and mpifl once and fork a child per point)")
     ap.add_argument("--force", action="store_true", help="overwrite point configs that differ from this sweep")
     g = ap.add_argument_group("SLURM options (override the sweep file's slurm section)")
     g.add_argument("--ntasks", type=int)
@@ -687,7 +722,7 @@ def main(argv: list[str] | None = None) -> int:
             print("nothing to submit: every run is complete" if job is None else f"submitted array job {job}")
         elif a.local:
             ranks = a.ranks or sweep.slurm.ntasks
-            if run_local(sweep, ranks, workdir, a.parallel):  # the failed ones are listed
+            if run_local(sweep, ranks, workdir, a.parallel, warm=not a.mpiexec):  # the failed ones are listed
                 return 1
         else:
             print(f"submit with: python -m mpifl.sweep {a.file} --submit   (or: sbatch {sweep.script})")

@@ -184,7 +184,7 @@ def test_local_marks_each_point_for_status(sweep, monkeypatch, tmp_path):
 
     monkeypatch.setattr(sw, "local_command", lambda cfg, ranks, python=None: ["run", str(cfg.run.seed)])
     monkeypatch.setattr(sw.subprocess, "Popen", Proc)
-    assert sw.run_local(sweep, 1, Path(tmp_path)) == 1
+    assert sw.run_local(sweep, 1, Path(tmp_path), warm=False) == 1  # the mpiexec path
     assert all("running" in line for line in seen) and len(seen) == 7
     lines, _, counts = _lines(sweep)
     assert "failed" in lines[2] and counts["failed"] == 1 and counts["waiting"] == 6  # the others logged nothing
