@@ -3,7 +3,8 @@ launcher or shell script: a test that does (mpiexec, ``python -m ...``, a
 stand-in ``sbatch``) is marked ``@pytest.mark.slow``, and one that is not fails
 here at that start with a line that says so. Libraries' own probes at import
 (``uname -p``, ``ldconfig``) are let through; a test may still replace
-``subprocess.Popen`` with a stand-in of its own."""
+``subprocess.Popen`` with a stand-in of its own. Built-in datasets are cached
+for the session only (``MPIFL_CACHE``)."""
 
 from __future__ import annotations
 
@@ -38,3 +39,13 @@ def _fast_tier_starts_no_process(request, monkeypatch):
     if request.node.get_closest_marker("slow") is None:
         monkeypatch.setattr(subprocess, "Popen", _FastTierPopen)
     yield
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _dataset_cache(tmp_path_factory):
+    """Built-in datasets cached for this session only (runs started by tests inherit
+    it): the suite neither reads nor fills the user's ~/.cache/mpifl."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("MPIFL_CACHE", str(tmp_path_factory.mktemp("dataset-cache")))
+    yield
+    mp.undo()

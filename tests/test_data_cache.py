@@ -80,3 +80,22 @@ def test_builtin_dataset_from_cache_is_bitwise_the_made_one(tmp_path, monkeypatc
         for k in ("x", "y", "test"):
             a, b = getattr(made, k), getattr(pool, k)
             assert (a is None and b is None) or (a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b))
+
+
+def test_flat_fashionmnist_is_read_back_until_its_files_change(tmp_path, monkeypatch):
+    from test_datasets import _write_flat_fashion
+
+    flat = tmp_path / "flat"
+    _write_flat_fashion(flat, np.random.default_rng(1))
+    cfg = config.load(None, ["data.name=fashionmnist", f"data.root={flat}"]).data
+    monkeypatch.setenv(cache.ENV, "")
+    made = datasets.load(cfg, 0)
+    monkeypatch.setenv(cache.ENV, str(tmp_path / "cache"))
+    for _ in range(2):  # made and stored, then read back
+        pool = datasets.load(cfg, 0)
+        for k in ("x", "y", "test", "mean", "std"):
+            a, b = getattr(made, k), getattr(pool, k)
+            assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), k
+    assert len(list((tmp_path / "cache").glob("fashionmnist-*.npz"))) == 1
+    x, _ = _write_flat_fashion(flat, np.random.default_rng(2))  # other images in the same files
+    assert np.array_equal(datasets.load(cfg, 0).x[:, 0], x)

@@ -237,19 +237,41 @@ def _flat_folder(cfg: DataConfig) -> Path | None:
     return None
 
 
-def _mnist_family(cfg: DataConfig) -> Pool:
-    flat = _flat_folder(cfg)
-    if flat is not None:
+def _flat_pool(cfg: DataConfig, flat: Path) -> Pool:
+    """The four IDX files of ``flat``, decoded once and then read back from the
+    cache (keyed by the files' inode, size and modification time)."""
+    expected = f"{flat}/{{{','.join(_FLAT)}}}[.gz]"
+
+    def make() -> dict[str, np.ndarray]:
         try:
             xs = [_read_idx(str(flat / f)) for f in _FLAT[0::2]]
             ys = [_read_idx(str(flat / f)).astype(np.int64).reshape(-1) for f in _FLAT[1::2]]
         except (OSError, ValueError, EOFError) as e:
-            raise _missing(cfg.name, flat, f"{flat}/{{{','.join(_FLAT)}}}[.gz]", f"unreadable: {e}") from e
+            raise _missing(cfg.name, flat, expected, f"unreadable: {e}") from e
         if any(len(x) != len(y) or x.ndim != 3 for x, y in zip(xs, ys)) or min(y.min() for y in ys) < 0 \
                 or max(y.max() for y in ys) > 9:
             raise _missing(cfg.name, flat, "Fashion-MNIST's IDX files", "images and labels disagree")
         test = np.r_[np.zeros(len(ys[0]), bool), np.ones(len(ys[1]), bool)]
-        return _image_pool(np.concatenate(xs)[:, None], np.concatenate(ys), 10, test=test)
+        pool = _image_pool(np.concatenate(xs)[:, None], np.concatenate(ys), 10, test=test)
+        return {"x": pool.x, "y": pool.y, "test": pool.test, "mean": pool.mean, "std": pool.std}
+
+    files = []
+    for f in _FLAT:
+        path = flat / f if (flat / f).is_file() else flat / f"{f}.gz"
+        try:
+            st = path.stat()
+        except OSError as e:
+            raise _missing(cfg.name, flat, expected, f"unreadable: {e}") from e
+        files.append([str(path.resolve()), st.st_ino, st.st_size, st.st_mtime_ns])
+    a = cache.cached(cfg.name, {"files": files, "numpy": np.__version__}, ("x", "y", "test", "mean", "std"), make,
+                     rows=("x", "y", "test"))
+    return Pool(a["x"], a["y"], 10, test=a["test"], mean=a["mean"], std=a["std"])
+
+
+def _mnist_family(cfg: DataConfig) -> Pool:
+    flat = _flat_folder(cfg)
+    if flat is not None:
+        return _flat_pool(cfg, flat)
     from torchvision import datasets as tvd
 
     root = _root(cfg)
