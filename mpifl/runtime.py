@@ -84,11 +84,12 @@ def _writer(cfg: Config, s: Setup, keep_rounds: int | None) -> Writer | None:
     if keep_rounds is None:
         _check_fresh(cfg, rd)
         checkpoint.forget(rd)  # a fresh start forgets the earlier run's checkpoints
-    atomic_write_text(rd.config, cfg.to_yaml())
+    text = cfg.to_yaml()
+    atomic_write_text(rd.config, text)
     d = ctx.data
     attrs = {
         "mpifl_version": __version__, "algorithm": cfg.algorithm.name, "seed": cfg.run.seed,
-        "n_clients": d.n_clients, "n_ranks": ctx.comm.size, "config_yaml": cfg.to_yaml(),
+        "n_clients": d.n_clients, "n_ranks": ctx.comm.size, "config_yaml": text,
         "versions": versions(), "hostname": socket.gethostname(),
         "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "threads_per_rank": s.threads, "device": str(ctx.clients.device), "n_params": ctx.clients.P,
