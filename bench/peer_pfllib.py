@@ -20,7 +20,10 @@ PFLlib, mpifl, ...), so machine load hits them alike.
 Reported per side and seed: final test accuracy after ``--rounds`` rounds, as the
 mean over clients of each client's accuracy (mpifl's tables) and as PFLlib's
 ``sum(correct) / sum(samples)`` (its "Averaged Test Accuracy"), and the wall time
-of the whole process. PFLlib evaluates at the start of each of its rounds 0..R,
+of the whole process. Both sides start with their Python modules byte-compiled
+(mpifl's package and PFLlib's scratch copy, ``compileall``): with
+PYTHONDONTWRITEBYTECODE set, each process would otherwise compile them again, a
+cost no installed package pays. PFLlib evaluates at the start of each of its rounds 0..R,
 so its evaluation at round R follows R rounds of training, as mpifl's last does.
 
 Mapped hyper-parameters (``BASE`` and each method's row of ``METHODS``): rounds,
@@ -33,6 +36,7 @@ only here, as a measuring stick.
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import shutil
@@ -166,6 +170,7 @@ def run_pfllib(pfllib: Path, method: str, cfg, work: Path, keep_last: bool = Fal
         assert text.count("drop_last=True") == 1, "PFLlib's clientbase.py changed: update --pfllib-keep-last"
         base.write_text(text.replace("drop_last=True", "drop_last=False"))
     n_classes = write_clients(cfg, work, name)
+    compileall.compile_dir(str(work / "system"), quiet=1)  # as mpifl's (run_mpifl): bytecode ready
     args = pfllib_args(method, cfg, name)
     args[args.index("-ncl") + 1] = str(n_classes)
     out = work / "stats.json"
@@ -253,6 +258,7 @@ def run_mpifl(method: str, cfg, overrides: list[str], work: Path, ranks: int, th
 
     args = [f"{k}={v}" for k, v in {**DEFAULTS, "algorithm.name": method, "run.seed": cfg.run.seed}.items()]
     args += [*overrides, f"run.out_dir={work}", "run.name=mpifl", f"run.threads={threads}", "run.checkpoint_every=0"]
+    compileall.compile_dir(str(REPO / "mpifl"), quiet=1)  # a second run's state, as PFLlib's scratch copy
     cmd = [sys.executable, "-m", "mpifl.main", *args]
     if ranks > 1:
         cmd = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(ranks), sys.executable, "-m", "mpi4py",
