@@ -170,4 +170,7 @@ class Pool:
 
 
 if __name__ == "__main__":
-    sys.exit(serve())
+    code = serve()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # no teardown of torch's modules: nothing is left to write
