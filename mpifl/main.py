@@ -54,7 +54,9 @@ if __name__ == "__main__":
     # past the interpreter: `python -m mpi4py` would turn a non-zero exit into an
     # MPI_Abort with its own lines, and tearing the interpreter down (torch's modules)
     # costs a third of a second of every run; the run has closed its files, and
-    # every rank is leaving together anyway
-    from .comm import exit_all
+    # every rank is leaving together anyway. A profiler or tracer (cProfile,
+    # coverage) writes its results at exit: then a success leaves the usual way.
+    if code or (sys.getprofile() is None and sys.gettrace() is None):
+        from .comm import exit_all
 
-    exit_all(code)
+        exit_all(code)
