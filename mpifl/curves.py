@@ -66,8 +66,7 @@ class Crossover:
 
     def sentence(self, key: str, scale: float = 100.0) -> str:
         xs = [x for x, _, _ in self.signs]
-        pattern = ", ".join(f"{_num(x)}: {'+' if s == 'above' else '-' if s == 'below' else '='}"
-                            f"{scale * d:+.2f}" for x, s, d in self.signs)
+        pattern = ", ".join(f"{_num(x)}: {scale * d:+.2f} {s}" for x, s, d in self.signs)
         if not xs:
             return f"{self.method} vs {self.baseline}: no common value of {key}"
         if self.last_above is None:
@@ -189,7 +188,7 @@ def write_csv(path: Path, key: str, metric: str, cs: list[Curve]) -> None:
 def markdown(key: str, metric: str, cs: list[Curve], ddof: int) -> str:
     """Methods as rows, values of the key as columns, mean ± std in percent."""
     xs = sorted({x for c in cs for x in c.x})
-    lines = ["| method | " + " | ".join(f"{key}={_num(x)}" for x in xs) + " |", "|---|" + "---|" * len(xs)]
+    lines = [f"| method \\ {key} | " + " | ".join(_num(x) for x in xs) + " |", "|---|" + "---|" * len(xs)]
     for c in cs:
         cells = []
         for x in xs:
