@@ -535,12 +535,13 @@ def main(argv: list[str] | None = None) -> int:
     if out is None:
         one = Path(a.paths[0])
         out = one / "analysis" if len(a.paths) == 1 and one.is_dir() else Path("analysis")
-    from .curves import CurveError, report
+    from .curves import CurveError, Grouping, report
 
     try:
         res = analyze(a.paths, out, a.heatmaps, a.rounds, a.ddof, window=max(1, a.window), layouts=a.layout)
         if a.x:
-            report(res["runs"], a.x, out, a.metric, a.versus, a.method, a.ddof)
+            report(res["runs"], a.x, Grouping(res["keys"], setting, NOT_APPLICABLE), out, a.metric, a.versus,
+                   a.method, a.ddof)
     except (FileNotFoundError, LayoutError, CurveError) as e:
         print(f"mpifl.analyze: error: {e}", file=sys.stderr)
         return 2

@@ -28,6 +28,7 @@ from __future__ import annotations
 import csv
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,19 +97,29 @@ def _stats(values: list[float], ddof: int) -> tuple[float, float]:
     return float(x.mean()), float(x.std(ddof=ddof)) if len(x) > ddof else math.nan
 
 
-def curves(runs: list[Summary], key: str, metric: str = "final_acc", ddof: int = 1) -> tuple[list[str], list[Curve]]:
-    """The grouping keys (algorithm.name first) and one curve per method, x ascending."""
-    from .analyze import NOT_APPLICABLE, setting, varying_keys
+@dataclass
+class Grouping:
+    """How the analysis groups runs (``mpifl.analyze`` passes its own, so both
+    group alike): the keys that vary (``algorithm.name`` first), a run's value of
+    a key as a label, and the label of a key the run's algorithm never reads."""
 
+    keys: list[str]
+    setting: Callable[[Summary, str], str]
+    not_applicable: str = "–"
+
+
+def curves(runs: list[Summary], key: str, grouping: Grouping, metric: str = "final_acc",
+           ddof: int = 1) -> tuple[list[str], list[Curve]]:
+    """The grouping keys without ``key`` and one curve per method, x ascending."""
     if not any(key in r.config for r in runs):
         raise CurveError(f"--x {key}: no run's config has that key")
-    keys = [k for k in varying_keys(runs) if k != key]
+    keys = [k for k in grouping.keys if k != key]
     by: dict[tuple[str, ...], dict[float, list[Summary]]] = {}
     for r in runs:
-        by.setdefault(tuple(setting(r, k) for k in keys), {}).setdefault(_value(r, key), []).append(r)
+        by.setdefault(tuple(grouping.setting(r, k) for k in keys), {}).setdefault(_value(r, key), []).append(r)
     out = []
     for method, points in by.items():
-        parts = [method[0]] + [f"{k}={v}" for k, v in zip(keys[1:], method[1:]) if v != NOT_APPLICABLE]
+        parts = [method[0]] + [f"{k}={v}" for k, v in zip(keys[1:], method[1:]) if v != grouping.not_applicable]
         c = Curve(method, ", ".join(parts))
         for x in sorted(points):
             rs = sorted(points[x], key=lambda r: r.seed)
@@ -210,9 +221,11 @@ def log_x(xs: list[float]) -> bool:
 
 
 def plot(path: Path, key: str, metric: str, cs: list[Curve]) -> Path:
-    from .analyze import _plt
+    import matplotlib
 
-    plt = _plt()
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for c in cs:
         x, m = np.array(c.x), 100 * np.array(c.mean)
@@ -236,11 +249,11 @@ def plot(path: Path, key: str, metric: str, cs: list[Curve]) -> Path:
     return path
 
 
-def report(runs: list[Summary], key: str, out: Path, metric: str = "final_acc", versus: str | None = None,
-           methods: list[str] = (), ddof: int = 1, echo=print) -> dict[str, Any]:
+def report(runs: list[Summary], key: str, grouping: Grouping, out: Path, metric: str = "final_acc",
+           versus: str | None = None, methods: list[str] = (), ddof: int = 1, echo=print) -> dict[str, Any]:
     """Curves of ``metric`` over ``key``: files under ``out``, the table and the
     crossovers echoed; returns what was made."""
-    keys, cs = curves(runs, key, metric, ddof)
+    keys, cs = curves(runs, key, grouping, metric, ddof)
     cross = crossovers(keys, cs, versus, list(methods)) if versus else []
     out.mkdir(parents=True, exist_ok=True)
     base = out / stem(key)

@@ -61,8 +61,12 @@ def quiet(*a, **k) -> None:
     pass
 
 
+def grouping(runs: list) -> cv.Grouping:
+    return cv.Grouping(an.varying_keys(runs), an.setting, an.NOT_APPLICABLE)
+
+
 def test_one_curve_per_method_with_mean_and_std_over_seeds(runs):
-    keys, cs = cv.curves(runs, "data.train_per_client")
+    keys, cs = cv.curves(runs, "data.train_per_client", grouping(runs))
     assert keys == ["algorithm.name"]
     by = {c.label: c for c in cs}
     assert set(by) == {"local", "oracle", "fedavg", "fedprox"}
@@ -74,7 +78,7 @@ def test_one_curve_per_method_with_mean_and_std_over_seeds(runs):
 
 
 def test_crossover_is_the_last_size_above_and_the_first_after_it_not(runs):
-    keys, cs = cv.curves(runs, "data.train_per_client")
+    keys, cs = cv.curves(runs, "data.train_per_client", grouping(runs))
     got = {c.method: c for c in cv.crossovers(keys, cs, "local")}
     assert set(got) == {"oracle", "fedavg", "fedprox"}
     assert [s for _, s, _ in got["oracle"].signs] == ["above", "above", "above", "level", "below"]
@@ -104,7 +108,7 @@ def test_the_baseline_is_taken_from_the_same_setting_of_other_keys(tmp_path):
                     write(tmp_path / "runs" / f"{algo}-{lr}-{n}-{s}" / "run.h5", algo, n, s, lr,
                           shift if algo == "local" else 0.0)
     res = an.analyze([tmp_path / "runs"], tmp_path / "out", heatmaps="none", echo=quiet)
-    keys, cs = cv.curves(res["runs"], "data.train_per_client")
+    keys, cs = cv.curves(res["runs"], "data.train_per_client", grouping(res["runs"]))
     assert keys == ["algorithm.name", "train.lr"]
     got = {c.method: c for c in cv.crossovers(keys, cs, "local")}
     assert set(got) == {"oracle, train.lr=0.05", "oracle, train.lr=0.5"}
