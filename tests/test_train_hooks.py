@@ -11,8 +11,8 @@ from serial_ref import sgd
 from torch.func import functional_call
 
 from mpifl import config, models
-from mpifl.clients import Clients, Objective
 from mpifl.data import build
+from mpifl.train import Clients, Objective
 
 PATHS = {"stacked": "on", "vmap": "on", "loop": "off"}
 
@@ -59,7 +59,7 @@ def test_prox_with_zero_mu_is_plain_training(threads):
 @pytest.mark.parametrize("path", list(PATHS))
 def test_frozen_parameters_do_not_move_and_the_rest_trains_as_alone(path):
     c = make(path)
-    names = [n for n, _, _ in c.layout.params]
+    names = c.layout.names
     frozen = names[:-2]  # the body: only the last layer trains
     start = c.params.clone()
     c.train(np.arange(c.n), 1, 1, objective=Objective(frozen=frozen))

@@ -15,9 +15,9 @@ import numpy as np
 import torch
 from scipy import sparse
 
-from ..clients import Clients
 from ..data import FederatedData
 from ..rng import GLOBAL, rng
+from ..train import Clients
 
 if TYPE_CHECKING:  # algorithms are imported by the config (their Params) before MPI is wanted
     from ..comm import Comm

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..clients import Objective
+from ..train import Objective
 from .base import Context, Round, own_rows_metrics
 
 

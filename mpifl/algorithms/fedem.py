@@ -51,10 +51,10 @@ import torch
 import torch.nn.functional as F
 
 from .. import models
-from ..clients import Objective, loss_acc_from_probs
 from ..errors import check
 from ..rng import GLOBAL, rng
 from ..state import per_client
+from ..train import Objective, loss_acc_from_probs
 from .base import Context, Round
 
 if TYPE_CHECKING:

@@ -75,9 +75,9 @@ import numpy as np
 import torch
 
 from .. import models
-from ..clients import loss_acc_from_probs
 from ..errors import check
 from ..state import per_client, transient
+from ..train import loss_acc_from_probs
 from .base import Context, Round
 
 if TYPE_CHECKING:
