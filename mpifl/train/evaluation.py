@@ -27,8 +27,9 @@ def split_index(c: Clients, local: np.ndarray, split: str) -> np.ndarray:
     return idx
 
 
-def _chunk(c: Clients, n_max: int) -> int:
-    """Clients per chunk: bound the gathered inputs to ~32M floats per forward."""
+def clients_per_chunk(c: Clients, n_max: int) -> int:
+    """Clients evaluated together when each holds up to ``n_max`` samples: the
+    gathered inputs are bounded to ~32M floats per forward."""
     feat = int(np.prod(c.x.shape[1:])) if c.x.dim() > 1 else 1
     return max(1, (32 << 20) // max(1, n_max * feat))
 
@@ -41,7 +42,7 @@ def split_batches(c: Clients, split: str, local: np.ndarray | None = None
     idx_all = split_index(c, local, split)
     if len(local) == 0 or idx_all.shape[1] == 0:
         return
-    step = _chunk(c, idx_all.shape[1])
+    step = clients_per_chunk(c, idx_all.shape[1])
     for a in range(0, len(local), step):
         sl = slice(a, min(a + step, len(local)))
         yield (sl, idx_all[sl], *gather(c, idx_all[sl]))
@@ -79,7 +80,7 @@ def evaluate(c: Clients, split: str, params: torch.Tensor | None = None,
     idx_all = split_index(c, local, split)
     if idx_all.shape[1] == 0:
         return loss, acc
-    step = _chunk(c, idx_all.shape[1])
+    step = clients_per_chunk(c, idx_all.shape[1])
     for a in range(0, len(local), step):
         sl = slice(a, a + step)
         x, y, w = gather(c, idx_all[sl])
