@@ -41,21 +41,25 @@ class RowModel:
         self.vlogits = vmap(self.logits, in_dims=(0, 0))
         self.vlogits_bufs = vmap(self.logits, in_dims=(0, 0, 0))
 
+    def _state(self, params: dict[str, torch.Tensor],
+               bufs: torch.Tensor | dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+        """The module state: per-parameter tensors and, for a model with float
+        buffers, a flat buffer row's views (or per-buffer tensors as given)."""
+        if bufs is None or not self.layout.B:
+            return params
+        return {**params, **(bufs if isinstance(bufs, dict) else self.layout.unflatten_buffers(bufs))}
+
     def logits(self, flat: torch.Tensor, x: torch.Tensor, bufs: torch.Tensor | None = None) -> torch.Tensor:
         """Outputs of the model with parameter row ``flat [P]`` (and buffer row ``bufs``) on ``x``."""
-        state = self.layout.unflatten(flat)
-        if bufs is not None and self.layout.B:
-            state = {**state, **self.layout.unflatten_buffers(bufs)}
-        return functional_call(self.model, state, (x,))
+        return functional_call(self.model, self._state(self.layout.unflatten(flat), bufs), (x,))
 
-    def loss(self, state: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
+    def loss(self, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
              bufs: torch.Tensor | dict[str, torch.Tensor] | None = None,
              bias: torch.Tensor | None = None) -> torch.Tensor:
-        """The weighted loss of the model with per-parameter tensors ``state`` on one
-        batch; ``bufs``: a flat buffer row or its per-buffer views."""
-        if bufs is not None and self.layout.B:
-            state = {**state, **(bufs if isinstance(bufs, dict) else self.layout.unflatten_buffers(bufs))}
-        return cross_entropy(functional_call(self.model, state, (x,)), y, w, bias=bias)
+        """The weighted loss (:func:`~mpifl.train.loss.cross_entropy`) of the model with
+        per-parameter tensors ``params`` on one batch; ``bufs``: a flat buffer row or
+        per-buffer tensors."""
+        return cross_entropy(functional_call(self.model, self._state(params, bufs), (x,)), y, w, bias=bias)
 
 
 def grads(c: Clients, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
