@@ -15,7 +15,6 @@ from scipy import sparse
 
 from . import __version__, algorithms, checkpoint, models
 from .algorithms.base import Algorithm, Context, Round, evaluates
-from .clients import Clients
 from .comm import Comm, agree, pick_device, set_threads, versions
 from .config import Config
 from .data import build as build_data
@@ -23,6 +22,7 @@ from .errors import ConfigError
 from .logging.h5 import Writer, open_run
 from .mixing import Dense, Mixing
 from .paths import RunDir, atomic_write_text
+from .train import Clients
 from .yamlio import read_yaml
 
 METRICS = ("val_loss", "val_acc", "test_loss", "test_acc")

@@ -6,11 +6,11 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from mpifl import clients as clients_mod
 from mpifl import config, models
-from mpifl.clients import Clients, Layout
 from mpifl.data import build
 from mpifl.rng import rng
+from mpifl.train import Clients, Layout, mlp
+from mpifl.train import batched as batched_path
 
 
 def make(batched: str, **over) -> Clients:
@@ -29,13 +29,13 @@ def threads(request, monkeypatch):
     before = torch.get_num_threads()
     torch.set_num_threads(request.param)
     fused: list[bool] = []
-    inner = clients_mod._stacked_grads
+    inner = mlp.stacked_grads
 
     def spy(*a, **k):
         fused.append(len(a) > 6 and a[6] is not None)
         return inner(*a, **k)
 
-    monkeypatch.setattr(clients_mod, "_stacked_grads", spy)
+    monkeypatch.setattr(mlp, "stacked_grads", spy)
     yield request.param, fused
     torch.set_num_threads(before)
 
@@ -107,8 +107,8 @@ def test_chunked_training_equals_sequential(monkeypatch, threads, momentum):
     (one thread, no momentum) and the optimizer's own update."""
     opt = {"data.partition": "dirichlet", "data.dirichlet_alpha": 0.3, "data.n_clients": 7, "train.momentum": momentum}
     a, b = make("on", **opt), make("off", **opt)
-    monkeypatch.setattr(clients_mod, "_CHUNK_BYTES", 2 * 4 * a.P)
-    assert len(a._chunks(5)) == 3
+    monkeypatch.setattr(batched_path, "CHUNK_BYTES", 2 * 4 * a.P)
+    assert len(batched_path.chunks(a, 5)) == 3
     has = (a.plan(np.arange(7), 2, 0).idx >= 0).any(2)  # [client, step]
     assert has[:, 0].all() and not has.all()  # some clients stop early
     local = np.array([0, 1, 3, 4, 6])

@@ -17,10 +17,10 @@ import numpy as np
 import torch
 from scipy import sparse
 
-from ..clients import Clients
 from ..data import FederatedData
 from ..mixing import Dense, Mixing
 from ..rng import GLOBAL, rng
+from ..train import Clients
 
 if TYPE_CHECKING:  # algorithms are imported by the config (their Params) before MPI is wanted
     from ..comm import Comm
