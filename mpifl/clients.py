@@ -319,7 +319,7 @@ class Clients:
         if bias is not None:
             out = out + bias
         losses = F.cross_entropy(out, y, reduction="none")
-        return (losses * w).sum() / w.sum().clamp_min(1.0)
+        return padded_sum(losses * w, 0) / w.sum().clamp_min(1.0)
 
     def parts(self, params: torch.Tensor) -> dict[str, torch.Tensor]:
         """Per-parameter views ``[m, *shape]`` of rows ``[m, P]`` (no copy)."""
@@ -865,7 +865,7 @@ def _stacked_grads(ops: list[tuple[str, ...]], p: dict[str, torch.Tensor], x: to
     wn = (w / w.sum(1, keepdim=True).clamp_min(1.0)).unsqueeze(-1)  # [m, b, 1]: each sample's share
     logp = torch.log_softmax(logits, -1)
     yi = y.unsqueeze(-1)
-    loss = -(logp.gather(-1, yi) * wn).sum((1, 2))
+    loss = -padded_sum((logp.gather(-1, yi) * wn).squeeze(-1), 1)
     # d(sum of row losses)/dlogits = (softmax - onehot(y)) * w / n
     dz = logp.exp_()
     dz.scatter_add_(-1, yi, torch.full_like(yi, -1.0, dtype=dz.dtype))
@@ -891,12 +891,23 @@ def _stacked_grads(ops: list[tuple[str, ...]], p: dict[str, torch.Tensor], x: to
     return list(grad.values()), loss
 
 
+def padded_sum(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sum over the sample dimension ``dim``, whose padding (weight 0) is trailing
+    zeros, to the same bits however wide the padding is. torch's sum vectorises
+    along a contiguous dimension and its order of additions changes with the
+    length, so a client's loss depended on the clients sharing its batch, hence on
+    how many clients its rank hosts. cumsum adds left to right (in double on the
+    CPU), and trailing zeros add nothing. Integer-valued sums (counts) are exact
+    with ``sum`` and need no such care."""
+    return t.cumsum(dim).select(dim, -1)
+
+
 def _loss_acc(logits: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     """Per-row mean CE and accuracy of ``[m, b, C]`` logits over weighted samples."""
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none").view_as(w)
     n = w.sum(1).clamp_min(1.0)
     correct = (logits.argmax(-1) == y).float()
-    return ((ce * w).sum(1) / n).cpu().numpy(), ((correct * w).sum(1) / n).cpu().numpy()
+    return (padded_sum(ce * w, 1) / n).cpu().numpy(), ((correct * w).sum(1) / n).cpu().numpy()
 
 
 def loss_acc_from_probs(probs: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
@@ -904,7 +915,7 @@ def loss_acc_from_probs(probs: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -
     nll = -torch.log(probs.clamp_min(1e-12)).gather(-1, y[..., None]).squeeze(-1)
     n = w.sum(1).clamp_min(1.0)
     correct = (probs.argmax(-1) == y).float()
-    return ((nll * w).sum(1) / n).cpu().numpy(), ((correct * w).sum(1) / n).cpu().numpy()
+    return (padded_sum(nll * w, 1) / n).cpu().numpy(), ((correct * w).sum(1) / n).cpu().numpy()
 
 
 def _rows_selector(rows: np.ndarray, device) -> slice | torch.Tensor:
