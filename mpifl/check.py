@@ -64,8 +64,15 @@ def node_local(path: str | Path) -> str | None:
     return None
 
 
+def _data_path(cfg: Config) -> Path | None:
+    """Where the run reads its data (None: built-in data, or no root where one is needed)."""
+    from .data.datasets import data_path  # imports torch: only when asked
+
+    return data_path(cfg.data)
+
+
 def _needs_root(cfg: Config) -> bool:
-    from .data.datasets import BUILTIN  # imports torch: only when asked
+    from .data.datasets import BUILTIN
 
     return cfg.data.name not in BUILTIN
 
@@ -92,13 +99,23 @@ def _placement(cfg: Config, n_ranks: int) -> str | None:
 
 
 def _root_unset(cfg: Config) -> str | None:
-    if cfg.data.root or not _needs_root(cfg):
+    if cfg.data.root or not _needs_root(cfg) or _data_path(cfg) is not None:
         return None
     return (f"data.name={cfg.data.name!r} is read from disk but data.root is empty; set data.root=PATH of the "
             f"folder holding it, {SHARED}")
 
 
+def _root_text(cfg: Config) -> str:
+    if cfg.data.root:
+        return f"data.root={cfg.data.root!r}"
+    return f"{str(_data_path(cfg))!r} (data.name={cfg.data.name!r} with no data.root)"
+
+
 def _root_missing(cfg: Config, where: str) -> str:
+    if not cfg.data.root:  # the dataset's own fallback folder (Debian's Fashion-MNIST)
+        return (f"data.name={cfg.data.name!r} with no data.root is read from {str(_data_path(cfg))!r}, which does "
+                f"not exist on {where}; install Debian's package dataset-fashion-mnist on every node, or set "
+                f"data.root=PATH of a copy {SHARED}")
     return f"data.root={cfg.data.root!r} does not exist on {where}; point data.root at the dataset, {SHARED}"
 
 
@@ -106,7 +123,8 @@ def local_problems(cfg: Config, n_ranks: int) -> list[str]:
     """What this process can tell without launching MPI: the placement of the
     clients on ``n_ranks`` ranks, the data root, and the run directory's parent."""
     out = [_placement(cfg, n_ranks), _root_unset(cfg)]
-    if cfg.data.root and _needs_root(cfg) and not Path(cfg.data.root).expanduser().exists():
+    where = _data_path(cfg)
+    if where is not None and not where.exists():
         out.append(_root_missing(cfg, socket.gethostname()))
     why = _unwritable(Path(cfg.run.out_dir))
     if why:
@@ -267,7 +285,7 @@ def _facts(cfg: Config, mpi_comm, torch_s: float) -> dict:
         "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0,
         "env": {k: v for k, v in os.environ.items() if k in LAUNCHER_VARS or k.startswith("PMIX_SERVER_URI")},
         "versions": versions(), "torch_s": torch_s,
-        "data": _fingerprint(cfg.data.root) if cfg.data.root and _needs_root(cfg) else "",
+        "data": _fingerprint(str(_data_path(cfg))) if _data_path(cfg) is not None else "",
     }
 
 
@@ -389,11 +407,11 @@ def _judge(cfg: Config, facts: list[dict], seen: dict, mismatch: bool) -> list[s
         out.append(_root_missing(cfg, _where(facts, missing)))
     locked = [r for r, f in enumerate(facts) if f["data"] == UNREADABLE]
     if locked:
-        out.append(f"data.root={cfg.data.root!r} cannot be listed on {_where(facts, locked)}; give your user read "
+        out.append(f"{_root_text(cfg)} cannot be listed on {_where(facts, locked)}; give your user read "
                    f"access there, or point data.root at a copy you can read")
     differ = [r for r, f in enumerate(facts) if f["data"] not in (None, UNREADABLE, f0["data"])]
     if differ and f0["data"] not in (None, UNREADABLE):
-        out.append(f"data.root={cfg.data.root!r} holds other files on {_where(facts, differ)} than on rank 0 "
+        out.append(f"{_root_text(cfg)} holds other files on {_where(facts, differ)} than on rank 0 "
                    f"({f0['host']}); use one copy {SHARED}")
     vs = f0["versions"]
     for key in ("python", "torch", "mpi4py", "mpi", "numpy"):
