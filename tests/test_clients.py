@@ -162,12 +162,15 @@ def test_batches_depend_on_client_not_position():
     assert not np.array_equal(a.plan(np.array([4]), 1, 4).idx, p2)
 
 
-def test_a_clients_results_do_not_depend_on_the_clients_sharing_its_rank(threads):
-    """Client 0 hosted alone, with one neighbour or with five (as 20, 10 or 4 ranks
-    place the quickstart's clients) trains and evaluates to the same bits: its
-    batches are padded to the widest of the clients stepping with it, and padding
-    changes no sum."""
-    cfg = config.load("jobs/quickstart.yaml", [])
+@pytest.mark.parametrize("job", [["jobs/quickstart.yaml"],  # plain SGD: the fused step on one thread
+                                 # momentum and weight decay; client 0's last batch of an epoch holds 1 sample
+                                 ["jobs/dpfl-mnist1d-patho.yaml", "data.n_clients=8"]], ids=["sgd", "momentum"])
+def test_a_clients_results_do_not_depend_on_the_clients_sharing_its_rank(threads, job):
+    """Client 0 hosted alone, with one neighbour or with five (as one client per
+    rank, or a few, place it) trains and evaluates to the same bits: the clients
+    stepping together have batches of other lengths, padded, and padding changes
+    no sum."""
+    cfg = config.load(job[0], job[1:])
 
     def hosted_with(ids: list[int]):
         data = build(cfg.data, 0, np.asarray(ids))
