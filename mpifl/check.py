@@ -280,7 +280,8 @@ def _facts(cfg: Config, mpi_comm, torch_s: float) -> dict:
 
     local, per_node = node_local_rank(mpi_comm)
     return {
-        "host": socket.gethostname(), "local": local, "per_node": per_node,
+        # SLURM's name for the node (several slurmd on one host have one hostname)
+        "host": os.environ.get("SLURMD_NODENAME") or socket.gethostname(), "local": local, "per_node": per_node,
         "cpus": os.cpu_count() or 1, "cores": cores_for_rank(mpi_comm),
         "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0,
         "env": {k: v for k, v in os.environ.items() if k in LAUNCHER_VARS or k.startswith("PMIX_SERVER_URI")},

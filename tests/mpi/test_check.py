@@ -123,3 +123,12 @@ def test_the_report_gives_nodes_ranks_per_node_and_devices_per_rank(mpi, shared_
             assert any(f"{k} rank(s) use {k} of its {gpus} GPUs" in w for w in warnings)
         elif gpus and k % gpus:
             assert any(f"{k} ranks share its {gpus} GPUs unevenly" in w for w in warnings)
+
+
+def test_nodes_are_named_as_slurm_names_them(mpi, shared_tmp, monkeypatch):
+    # several slurmd on one host share a hostname; SLURM's node name tells them apart
+    monkeypatch.setenv("SLURMD_NODENAME", f"n{node_of_ranks(mpi)[mpi.Get_rank()] + 1}")
+    report, problems = _run(mpi, f"run.out_dir={shared_tmp}")
+    assert problems == []
+    for k in range(node_of_ranks(mpi).max() + 1):
+        assert f"  node       n{k + 1}: rank(s) " in report
