@@ -901,6 +901,8 @@ def padded_sum(t: torch.Tensor, dim: int) -> torch.Tensor:
     how many clients its rank hosts. cumsum adds left to right (in double on the
     CPU), and trailing zeros add nothing. Integer-valued sums (counts) are exact
     with ``sum`` and need no such care."""
+    if t.shape[dim] == 0:  # no sample at all: the empty sum
+        return t.sum(dim)
     return t.cumsum(dim).select(dim, -1)
 
 
