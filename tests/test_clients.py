@@ -162,6 +162,34 @@ def test_batches_depend_on_client_not_position():
     assert not np.array_equal(a.plan(np.array([4]), 1, 4).idx, p2)
 
 
+@pytest.mark.parametrize("job", [["jobs/quickstart.yaml"],  # plain SGD: the fused step on one thread
+                                 # momentum and weight decay; client 0's last batch of an epoch holds 1 sample
+                                 ["jobs/dpfl-mnist1d-patho.yaml", "data.n_clients=8"]], ids=["sgd", "momentum"])
+def test_a_clients_results_do_not_depend_on_the_clients_sharing_its_rank(threads, job):
+    """Client 0 hosted alone, with one neighbour or with five (as one client per
+    rank, or a few, place it) trains and evaluates to the same bits: the clients
+    stepping together have batches of other lengths, padded, and padding changes
+    no sum."""
+    cfg = config.load(job[0], job[1:])
+
+    def hosted_with(ids: list[int]):
+        data = build(cfg.data, 0, np.asarray(ids))
+        c = Clients(models.build(cfg.model, data.in_shape, data.n_classes, 0), data, cfg.train,
+                    torch.device("cpu"), 0)
+        train_loss = c.train(np.arange(len(ids)), 2, 0)[0]
+        loss, acc = c.evaluate("test")
+        return data.sizes, train_loss, c.params[0].clone(), loss[0], acc[0]
+
+    sizes, *ref = hosted_with(list(range(6)))
+    assert len(set(sizes[:6, 0] % cfg.train.batch_size)) > 1 and len(set(sizes[:6, 2])) > 1  # padding happens
+    # alone on several threads, a client's matrix products are single GEMMs that MKL
+    # may split along the summed dimension, where a batch of them runs each on one
+    # thread: one thread per rank, or two clients per rank, for the same bits
+    for ids in ([0], [0, 1]) if threads[0] == 1 else ([0, 1],):
+        _, train_loss, params, loss, acc = hosted_with(ids)
+        assert train_loss == ref[0] and torch.equal(params, ref[1]) and loss == ref[2] and acc == ref[3], ids
+
+
 def make_conv(batched: str, bn: bool = False, **over) -> Clients:
     """A small conv net (conv, pool, optionally BatchNorm) on digits: trained through
     vmap, not the stacked-MLP path."""

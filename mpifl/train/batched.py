@@ -52,16 +52,18 @@ def train_steps(c: Clients, local: np.ndarray, plan: BatchPlan, objective: Objec
             act = a + np.flatnonzero(has[a:b, s])
             if len(act) == 0:
                 continue
+            # every step is the full batch width, padding included (weight 0), even
+            # where no client stepping uses the last columns: trimmed to the widest
+            # batch present, a client's short last batch had another width (and MKL
+            # other GEMM kernels, with another order of additions) depending on the
+            # clients sharing its rank, so its results depended on the placement
             idx = plan.idx[act, s]
-            # drop the padding columns no client uses (the short last batch of
-            # an epoch): padded samples have weight 0, so this saves compute only
-            width = int(np.flatnonzero((idx >= 0).any(0)).max()) + 1
             rows = local[act]
-            x, y, w = gather(c, idx[:, :width])
+            x, y, w = gather(c, idx)
             sel = rows_selector(rows, c.device)
             v = None
             if objective is not None and objective.sample_weight is not None:
-                at = torch.as_tensor(np.maximum(idx[:, :width], 0), device=c.device)
+                at = torch.as_tensor(np.maximum(idx, 0), device=c.device)
                 v = objective.sample_weight.take(at) * w
             loss = step(c, sel, rows, x, y, w) if step else _step(c, sel, rows, x, y, w, objective, v)
             nw = w.sum(1).cpu().numpy()
