@@ -1,10 +1,18 @@
 #!/usr/bin/env bash
-# A real SLURM test on a one-node cluster on this machine:
+# A real SLURM test on a two-node cluster on this machine (two slurmd daemons,
+# `slurmd -N NAME`, which Debian's SLURM supports; where the second one does not
+# come up, the one-node parts still run and the two-node part says SKIPPED):
 # - `srun -n 2 python -m mpifl.check jobs/quickstart.yaml` reports and exits 0,
 #   and under `srun --mpi=none` (a PMI MPICH does not use) names the mismatch;
+# - two nodes: `srun -N 2 -n 4` mpifl.check reports 2 nodes of 2 ranks, and the
+#   quickstart over them logs /clients/node and equals `srun -N 1 -n 2` bitwise;
 # - a 2 x 2 sweep (.ci/slurm-sweep.yaml: two algorithms x two seeds of
 #   jobs/quickstart.yaml) submitted with `python -m mpifl.sweep --submit`, then
 #   `python -m mpifl.analyze` must give a 2-row table with mean +- std over 2 seeds;
+# - a seed table's slice (.ci/slurm-table.yaml: FedC2I's table on Fashion-MNIST,
+#   shortened by that file) submitted as written with `--submit` (its preflight
+#   included), then analysed with the table's layout; without Debian's
+#   dataset-fashion-mnist the preflight must refuse it in one line;
 # - preemption: `scancel --signal=USR1 --batch` -> checkpoint -> exit 75 ->
 #   requeue -> resume, and the final log equals an uninterrupted run's bitwise.
 #
@@ -13,7 +21,8 @@
 # Needs root (apt-get install of Debian's slurmctld slurmd slurm-client munge,
 # daemons started here). Where SLURM cannot start it prints a SKIPPED line and
 # exits 0; once it has started, any failure exits 1. The daemons are stopped at
-# the end whatever happens. Runs in 4 to 8 minutes on 2 cores (busy: 7m45s).
+# the end whatever happens. Runs in 4 to 8 minutes on 2 cores (busy: 7m45s) without
+# the two-node and seed-table parts.
 set -euo pipefail
 
 PY=${1:-${MPIFL_PYTHON:-python3}}
@@ -43,6 +52,7 @@ fi
 WORK=$(mktemp -d /tmp/mpifl-slurm.XXXXXX)
 chmod 755 "$WORK"
 HOST=$(hostname -s)
+NODE2="$HOST-b"  # the second node's name (same host)
 CPUS=$(nproc)
 MEM_MB=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 - 1024 ))
 mkdir -p "$WORK"/{state,spool,munge,log}
@@ -59,7 +69,7 @@ cleanup() {
         for _ in $(seq 20); do [ -z "$(squeue -h 2>/dev/null)" ] && break; sleep 1; done
         for pid in $pids; do kill "$pid" 2>/dev/null || true; done
     fi
-    for f in "$WORK"/slurmd.pid "$WORK"/slurmctld.pid "$WORK"/munge/munged.pid; do
+    for f in "$WORK"/slurmd-*.pid "$WORK"/slurmctld.pid "$WORK"/munge/munged.pid; do
         [ -f "$f" ] && kill "$(cat "$f")" 2>/dev/null || true
     done
     sleep 1
@@ -91,13 +101,12 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket=$SOCK
 StateSaveLocation=$WORK/state
-SlurmdSpoolDir=$WORK/spool
+SlurmdSpoolDir=$WORK/spool/%n
 SlurmctldPidFile=$WORK/slurmctld.pid
-SlurmdPidFile=$WORK/slurmd.pid
+SlurmdPidFile=$WORK/slurmd-%n.pid
 SlurmctldLogFile=$WORK/log/slurmctld.log
-SlurmdLogFile=$WORK/log/slurmd.log
+SlurmdLogFile=$WORK/log/slurmd-%n.log
 SlurmctldPort=16817
-SlurmdPort=16818
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
@@ -112,20 +121,36 @@ ReturnToService=2
 # /dev/shm and fail in MPI_Init, so each cluster starts at its own job id
 FirstJobId=$FIRST_JOB
 SlurmdTimeout=60
-NodeName=$HOST NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=$MEM_MB State=UNKNOWN
-PartitionName=ci Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
+# two nodes on this host, each with its own slurmd (port, spool, log): the same
+# CPUs counted twice, so jobs on both share the cores
+NodeName=$HOST NodeHostname=$HOST NodeAddr=127.0.0.1 Port=16818 CPUs=$CPUS RealMemory=$MEM_MB State=UNKNOWN
+NodeName=$NODE2 NodeHostname=$HOST NodeAddr=127.0.0.1 Port=16819 CPUs=$CPUS RealMemory=$MEM_MB State=UNKNOWN
+PartitionName=ci Nodes=$HOST,$NODE2 Default=YES MaxTime=INFINITE State=UP
 EOF
 
+node_up() {  # node_up NAME SECONDS: the node reaches idle within SECONDS, else says its state
+    local state=""
+    for _ in $(seq "$2"); do
+        state=$(sinfo -h -N -n "$1" -o %T 2>/dev/null | head -n 1 || true)
+        [ "$state" = idle ] && return 0
+        sleep 1
+    done
+    echo "state '${state:-none}'"
+    return 1
+}
 slurmctld -f "$SLURM_CONF" || skip "slurmctld did not start: $(tail -n 3 "$WORK/log/slurmctld.log" 2>/dev/null)"
-slurmd -f "$SLURM_CONF" || skip "slurmd did not start: $(tail -n 3 "$WORK/log/slurmd.log" 2>/dev/null)"
-
-for _ in $(seq 60); do
-    state=$(sinfo -h -N -o %T 2>/dev/null | head -n 1 || true)
-    [ "$state" = idle ] && break
-    sleep 1
-done
-[ "$state" = idle ] || skip "the SLURM node did not come up (state '${state:-none}'); $(tail -n 2 "$WORK/log/slurmd.log" 2>/dev/null)"
-say "one-node cluster up: $HOST, $CPUS CPUs, ${MEM_MB} MB"
+slurmd -f "$SLURM_CONF" -N "$HOST" || skip "slurmd did not start: $(tail -n 3 "$WORK/log/slurmd-$HOST.log" 2>/dev/null)"
+why=$(node_up "$HOST" 60) \
+    || skip "the SLURM node did not come up ($why); $(tail -n 2 "$WORK/log/slurmd-$HOST.log" 2>/dev/null)"
+# a second slurmd on the same host needs SLURM built with --enable-multiple-slurmd
+TWO_NODES=1
+why=""
+if ! slurmd -f "$SLURM_CONF" -N "$NODE2" >"$WORK/log/slurmd-start-$NODE2.out" 2>&1 || ! why=$(node_up "$NODE2" 30); then
+    TWO_NODES=0
+    say "a second slurmd (slurmd -N $NODE2) did not come up (${why:-$(tail -n 1 "$WORK/log/slurmd-start-$NODE2.out")})"
+    scontrol update NodeName="$NODE2" State=DOWN Reason="no second slurmd" 2>/dev/null || true
+fi
+say "cluster up: $HOST$([ "$TWO_NODES" = 1 ] && echo " and $NODE2 (two slurmd on one host)"), $CPUS CPUs, ${MEM_MB} MB each"
 
 # the srun MPI plugin must start the MPI library's ranks; check it on a tiny step first
 if ! timeout 60 srun -n 2 --mpi=pmi2 "$PY" -m mpi4py -c \
@@ -147,6 +172,34 @@ fi
 grep "problem:" "$WORK/check-none.out" || true
 [ "$(grep -c "problem: srun --mpi=none started 2 tasks but MPI sees 1 rank(s) in each" "$WORK/check-none.out")" = 1 ] \
     || { cat "$WORK/check-none.out"; echo "error: no one-line PMI diagnosis" >&2; exit 1; }
+
+if [ "$TWO_NODES" = 1 ]; then
+    say "two nodes: srun -N 2 -n 4, the preflight and the quickstart against srun -N 1 -n 2"
+    timeout 300 srun -N 2 -n 4 --mpi=pmi2 "$PY" -m mpi4py -m mpifl.check jobs/quickstart.yaml \
+        run.out_dir="$WORK/check" | tee "$WORK/check-nodes.out"
+    grep -q "4 rank(s) on 2 node(s)" "$WORK/check-nodes.out" && grep -q "2 rank(s) per node" "$WORK/check-nodes.out" \
+        && grep -q "mpifl.check: ok, no problems" "$WORK/check-nodes.out" \
+        || { echo "error: mpifl.check did not see 2 nodes of 2 ranks" >&2; exit 1; }
+    NODES_RUN=(jobs/quickstart.yaml run.out_dir="$WORK/nodes" run.threads=1)
+    timeout 300 srun -N 2 -n 4 --mpi=pmi2 "$PY" -m mpi4py -m mpifl.main "${NODES_RUN[@]}" run.name=n4 | tail -n 1
+    timeout 300 srun -N 1 -n 2 --mpi=pmi2 "$PY" -m mpi4py -m mpifl.main "${NODES_RUN[@]}" run.name=n2 | tail -n 1
+    "$PY" - "$WORK/nodes/n2" "$WORK/nodes/n4" <<'EOF'
+import sys
+import numpy as np
+from mpifl.logging.h5 import open_run
+a, b = open_run(sys.argv[1]), open_run(sys.argv[2])
+assert b.attrs["n_nodes"] == 2 and b.attrs["n_ranks"] == 4, dict(b.attrs)
+assert np.array_equal(b.get("clients/node"), np.repeat([0, 1], 10)), b.get("clients/node")  # srun's block layout
+placement = {"clients/rank", "clients/node", "rounds/wall_s", "rounds/comm_s", "rounds/compute_s"}
+keys = set(a.keys()) - placement
+assert keys == set(b.keys()) - placement and a.n_rounds == b.n_rounds == 30
+for k in sorted(keys):
+    assert np.array_equal(a.get(k), b.get(k), equal_nan=True), k
+print(f"srun -N 2 -n 4 == srun -N 1 -n 2: {len(keys)} datasets, {a.n_rounds} rounds, bitwise")
+EOF
+else
+    echo "SKIPPED: .ci/slurm.sh: two nodes (this SLURM starts one slurmd per host); the simulated nodes of tests/test_nodes.py stand in"
+fi
 
 OUT="$WORK/results"
 say "submitting the sweep"
@@ -178,6 +231,35 @@ for r in rows:
 print("table: 2 rows x 2 seeds, mean +- std present")
 EOF
 
+# a seed table as written: a slice of FedC2I's table on Fashion-MNIST (shortened by
+# .ci/slurm-table.yaml, nothing by hand), submitted with its preflight, then analysed
+# with the table's own layout
+TABLE_OUT="$WORK/table"
+if [ -d /usr/share/datasets/fashion-mnist ]; then
+    say "a seed table's slice: .ci/slurm-table.yaml --submit"
+    "$PY" -m mpifl.sweep .ci/slurm-table.yaml --out-dir "$TABLE_OUT" --submit | tee "$WORK/table-submit.out"
+    JOB=$(awk '/submitted array job/ {print $4}' "$WORK/table-submit.out")
+    [ -n "$JOB" ] || { echo "error: no job id from the table's --submit" >&2; exit 1; }
+    DEADLINE=$((SECONDS + 600))
+    while [ -n "$(squeue -h -j "$JOB" 2>/dev/null)" ] && [ "$SECONDS" -lt "$DEADLINE" ]; do sleep 2; done
+    [ -z "$(squeue -h -j "$JOB" 2>/dev/null)" ] || { squeue -j "$JOB"; echo "error: array $JOB still running" >&2; exit 1; }
+    tail -q -n 1 "$TABLE_OUT"/ci-fedc2i-table1/logs/*.out
+    "$PY" -m mpifl.analyze "$TABLE_OUT/ci-fedc2i-table1" --out "$WORK/table-analysis" --heatmaps none \
+        --layout jobs/tables/fedc2i-table1.layout.yaml | tee "$WORK/table-analysis.out"
+    for row in Local FedC2I; do
+        grep -qE "^\| $row \| [0-9.]+ ± [0-9.]+ \[2\] \|" "$WORK/table-analysis/fedc2i-table1.md" \
+            || { echo "error: the table's row $row has no mean ± std over 2 seeds" >&2; exit 1; }
+    done
+else
+    say "no Debian dataset-fashion-mnist: the table's preflight must refuse it in one line"
+    if "$PY" -m mpifl.sweep .ci/slurm-table.yaml --out-dir "$TABLE_OUT" --submit 2>"$WORK/table-refused.err"; then
+        echo "error: a sweep whose data is missing was submitted" >&2; exit 1
+    fi
+    cat "$WORK/table-refused.err"
+    grep -q "install Debian's package dataset-fashion-mnist" "$WORK/table-refused.err" \
+        || { echo "error: the refusal does not say what is missing" >&2; exit 1; }
+fi
+
 # preemption as SLURM does it near the time limit: USR1 to the batch shell, which
 # passes it to the ranks; they checkpoint and exit 75, the script requeues the job
 say "preemption: USR1 -> checkpoint -> exit 75 -> requeue -> resume"
@@ -204,7 +286,7 @@ scancel --signal=USR1 --batch "$JOB"
 DEADLINE=$((SECONDS + 300))
 while [ -n "$(squeue -h -j "$JOB" 2>/dev/null)" ] && [ "$SECONDS" -lt "$DEADLINE" ]; do
     if [ "$(squeue -h -j "$JOB" -o '%T %r' 2>/dev/null)" = "PENDING BeginTime" ] \
-            && grep -q "\[$JOB.0\] done with job" "$WORK/log/slurmd.log"; then
+            && cat "$WORK"/log/slurmd-*.log | grep -q "\[$JOB.0\] done with job"; then
         say "job $JOB requeued and held: $(squeue -h -j "$JOB" -o '%T (%r)'); scontrol update StartTime=now"
         scontrol update JobId="$JOB" StartTime=now
     fi

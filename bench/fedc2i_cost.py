@@ -29,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mpifl import config, models
 from mpifl.algorithms import fedc2i
-from mpifl.clients import Clients, stacked_forward
 from mpifl.data import FederatedData
 from mpifl.head import find_head
+from mpifl.train import Clients, stacked_forward
 
 
 def lenet(n_classes: int) -> tuple[nn.Module, str]:

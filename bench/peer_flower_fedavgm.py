@@ -66,9 +66,9 @@ def mpifl_side(method: str, config_path: str, overrides: list[str], rounds: int)
     """(x_0, [x_1..x_R], per round (sampled clients' models, their n_train), hyper-parameters)."""
     from mpifl import algorithms, config, models
     from mpifl.algorithms.base import Context
-    from mpifl.clients import Clients
     from mpifl.comm import Comm, solo
     from mpifl.data import build
+    from mpifl.train import Clients
 
     cfg = config.load(REPO / config_path, [f"algorithm.name={method}", f"run.rounds={rounds}", *overrides])
     comm = Comm(cfg.data.n_clients, solo())

@@ -44,8 +44,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from mpifl import config, models
-from mpifl.clients import Clients
 from mpifl.data import build
+from mpifl.train import Clients
 
 
 def lenet5(n_classes: int = 10, channels: int = 3) -> nn.Module:

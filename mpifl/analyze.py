@@ -41,6 +41,10 @@ mean, DPFL Fig. 1), ``ari.png``, and ``heatmaps/<run>/<dataset>.png`` for every
 console) with clients ordered by true cluster, beside
 ``heatmaps/<run>/clients_label_hist.png`` (clients x classes). Legends and labels
 name each group by its keys and values (``algorithm.name=oracle, train.lr=0.1``).
+
+``--x KEY [--versus NAME] [--method NAME] [--metric M]``: curves of a summary
+metric over a swept numeric key per method, and where each method stops beating
+a baseline (``mpifl/curves.py``).
 """
 
 from __future__ import annotations
@@ -513,14 +517,32 @@ def main(argv: list[str] | None = None) -> int:
                          "ours; see mpifl/paper_table.py); may be repeated")
     ap.add_argument("--window", type=int, default=WINDOW, help="last evaluated rounds averaged by tail_acc "
                                                                "and joined for graph ARI (default 10)")
+    c = ap.add_argument_group("curves over a swept key (mpifl/curves.py)")
+    c.add_argument("--x", metavar="KEY", help="per method, the metric's mean ± std over seeds against this config "
+                                              "key (a PNG, a CSV and a Markdown table)")
+    c.add_argument("--metric", choices=ACC, default="final_acc",
+                   help="with --x: the summary metric (default final_acc)")
+    c.add_argument("--versus", metavar="NAME", help="with --x: for each method, where it stops beating this "
+                                                    "algorithm.name by more than the seeds' std")
+    c.add_argument("--method", action="append", default=[], metavar="NAME",
+                   help="with --versus: report this algorithm.name only (may be repeated; default all others)")
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    if (a.versus or a.method) and not a.x:
+        ap.error("--versus and --method need --x KEY")
+    if a.method and not a.versus:
+        ap.error("--method needs --versus NAME")
     out = a.out
     if out is None:
         one = Path(a.paths[0])
         out = one / "analysis" if len(a.paths) == 1 and one.is_dir() else Path("analysis")
+    from .curves import CurveError, Grouping, report
+
     try:
-        analyze(a.paths, out, a.heatmaps, a.rounds, a.ddof, window=max(1, a.window), layouts=a.layout)
-    except (FileNotFoundError, LayoutError) as e:
+        res = analyze(a.paths, out, a.heatmaps, a.rounds, a.ddof, window=max(1, a.window), layouts=a.layout)
+        if a.x:
+            report(res["runs"], a.x, Grouping(res["keys"], setting, NOT_APPLICABLE), out, a.metric, a.versus,
+                   a.method, a.ddof)
+    except (FileNotFoundError, LayoutError, CurveError) as e:
         print(f"mpifl.analyze: error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -64,8 +64,15 @@ def node_local(path: str | Path) -> str | None:
     return None
 
 
+def _data_path(cfg: Config) -> Path | None:
+    """Where the run reads its data (None: built-in data, or no root where one is needed)."""
+    from .data.datasets import data_path  # imports torch: only when asked
+
+    return data_path(cfg.data)
+
+
 def _needs_root(cfg: Config) -> bool:
-    from .data.datasets import BUILTIN  # imports torch: only when asked
+    from .data.datasets import BUILTIN
 
     return cfg.data.name not in BUILTIN
 
@@ -92,13 +99,23 @@ def _placement(cfg: Config, n_ranks: int) -> str | None:
 
 
 def _root_unset(cfg: Config) -> str | None:
-    if cfg.data.root or not _needs_root(cfg):
+    if cfg.data.root or not _needs_root(cfg) or _data_path(cfg) is not None:
         return None
     return (f"data.name={cfg.data.name!r} is read from disk but data.root is empty; set data.root=PATH of the "
             f"folder holding it, {SHARED}")
 
 
+def _root_text(cfg: Config) -> str:
+    if cfg.data.root:
+        return f"data.root={cfg.data.root!r}"
+    return f"{str(_data_path(cfg))!r} (data.name={cfg.data.name!r} with no data.root)"
+
+
 def _root_missing(cfg: Config, where: str) -> str:
+    if not cfg.data.root:  # the dataset's own fallback folder (Debian's Fashion-MNIST)
+        return (f"data.name={cfg.data.name!r} with no data.root is read from {str(_data_path(cfg))!r}, which does "
+                f"not exist on {where}; install Debian's package dataset-fashion-mnist on every node, or set "
+                f"data.root=PATH of a copy {SHARED}")
     return f"data.root={cfg.data.root!r} does not exist on {where}; point data.root at the dataset, {SHARED}"
 
 
@@ -106,7 +123,8 @@ def local_problems(cfg: Config, n_ranks: int) -> list[str]:
     """What this process can tell without launching MPI: the placement of the
     clients on ``n_ranks`` ranks, the data root, and the run directory's parent."""
     out = [_placement(cfg, n_ranks), _root_unset(cfg)]
-    if cfg.data.root and _needs_root(cfg) and not Path(cfg.data.root).expanduser().exists():
+    where = _data_path(cfg)
+    if where is not None and not where.exists():
         out.append(_root_missing(cfg, socket.gethostname()))
     why = _unwritable(Path(cfg.run.out_dir))
     if why:
@@ -262,12 +280,13 @@ def _facts(cfg: Config, mpi_comm, torch_s: float) -> dict:
 
     local, per_node = node_local_rank(mpi_comm)
     return {
-        "host": socket.gethostname(), "local": local, "per_node": per_node,
+        # SLURM's name for the node (several slurmd on one host have one hostname)
+        "host": os.environ.get("SLURMD_NODENAME") or socket.gethostname(), "local": local, "per_node": per_node,
         "cpus": os.cpu_count() or 1, "cores": cores_for_rank(mpi_comm),
         "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0,
         "env": {k: v for k, v in os.environ.items() if k in LAUNCHER_VARS or k.startswith("PMIX_SERVER_URI")},
         "versions": versions(), "torch_s": torch_s,
-        "data": _fingerprint(cfg.data.root) if cfg.data.root and _needs_root(cfg) else "",
+        "data": _fingerprint(str(_data_path(cfg))) if _data_path(cfg) is not None else "",
     }
 
 
@@ -302,7 +321,7 @@ def _pmi_mismatch(size: int) -> str | None:
 def run(path: str | None, overrides: list[str], mpi_comm, torch_s: float = 0.0) -> tuple[list[str], list[str]]:
     """The whole check on every rank of ``mpi_comm`` (collective). Returns the
     report's lines and the problems, rank 0's, on every rank."""
-    from .comm import exchange_timing
+    from .comm import exchange_timing, node_of_ranks
 
     mismatch = _pmi_mismatch(mpi_comm.Get_size())
     problems = [mismatch] if mismatch else []
@@ -319,7 +338,7 @@ def run(path: str | None, overrides: list[str], mpi_comm, torch_s: float = 0.0) 
 
     facts = mpi_comm.allgather(_facts(cfg, mpi_comm, torch_s))
     device, dev_problem = _device(cfg, mpi_comm, facts)
-    seen = {"devices": mpi_comm.allgather(device)}
+    seen = {"devices": mpi_comm.allgather(device), "nodes": node_of_ranks(mpi_comm).tolist()}
     out_failed, probe_seen = _probe_run_dir(cfg, mpi_comm)
     seen.update(probe=mpi_comm.allgather(probe_seen), out_failed=out_failed, timing=exchange_timing(mpi_comm))
     lines += _report(cfg, facts, seen)
@@ -333,20 +352,17 @@ def _report(cfg: Config, facts: list[dict], seen: dict) -> list[str]:
 
     size, f0 = len(facts), facts[0]
     who = launcher(f0["env"])[0]
-    hosts = list(dict.fromkeys(f["host"] for f in facts))
     pmi = " ".join(sorted({k for f in facts for k in f["env"]})) or "none"
-    lines = [f"  launch     {who}, {size} rank(s) on {len(hosts)} node(s); PMI variables: {pmi}"]
-    for h in hosts:
-        rs = [r for r, f in enumerate(facts) if f["host"] == h]
+    nodes = _nodes(facts, seen["nodes"])
+    lines = [f"  launch     {who}, {size} rank(s) on {len(nodes)} node(s); PMI variables: {pmi}"]
+    for name, rs in nodes.items():
         fh, local = facts[rs[0]], _ranks(sorted(facts[r]["local"] for r in rs))
-        lines.append(f"  node       {h}: rank(s) {_ranks(rs)} (node-local {local}), {fh['cpus']} CPU(s), "
+        lines.append(f"  node       {name}: rank(s) {_ranks(rs)} (node-local {local}), {fh['cpus']} CPU(s), "
                      f"{fh['gpus']} GPU(s)")
         if len(rs) > fh["cpus"]:
-            lines.append(f"  note       {h} runs {len(rs)} ranks on {fh['cpus']} CPU(s): they share cores; fine for "
-                         f"tests, slow for real runs (fewer ranks per node, or more CPUs)")
-        if fh["gpus"] and len(rs) > fh["gpus"] and cfg.run.device != "cpu":
-            lines.append(f"  note       {h}: {len(rs)} ranks share {fh['gpus']} GPU(s) (GPU = node-local rank % "
-                         f"{fh['gpus']}); fine for small models")
+            lines.append(f"  note       {name} runs {len(rs)} ranks on {fh['cpus']} CPU(s): they share cores; fine "
+                         f"for tests, slow for real runs (fewer ranks per node, or more CPUs)")
+    lines += _layout(cfg, facts, seen["devices"], nodes)
     counts = sorted({int(c) for c in Placement(cfg.data.n_clients, size).counts()})
     cores = sorted({f["cores"] for f in facts})
     threads = f"{cfg.run.threads}" if cfg.run.threads else f"{_span(cores)} (run.threads=0: the cores)"
@@ -370,7 +386,62 @@ def _report(cfg: Config, facts: list[dict], seen: dict) -> list[str]:
         lines.append(f"  data root  none used (data.name={cfg.data.name})")
     else:
         same = len({f["data"] for f in facts}) == 1 and f0["data"] not in (None, UNREADABLE)
-        lines.append(f"  data root  {cfg.data.root}: {'the same listing on every rank' if same else 'see problems'}")
+        lines.append(f"  data root  {_data_path(cfg)}: {'the same listing on every rank' if same else 'see problems'}")
+    return lines
+
+
+def _nodes(facts: list[dict], node_of_rank: list[int]) -> dict[str, list[int]]:
+    """{node's name: its ranks}, nodes as MPI groups them (MPI_COMM_TYPE_SHARED), in
+    the order of their lowest rank; a host name that names several nodes (nodes
+    simulated on one machine) gets the node's number."""
+    groups: dict[int, list[int]] = {}
+    for r, k in enumerate(node_of_rank):
+        groups.setdefault(k, []).append(r)
+    hosts = [facts[rs[0]]["host"] for rs in groups.values()]
+    return {(h if hosts.count(h) == 1 else f"{h} (node {k})"): rs for h, (k, rs) in zip(hosts, groups.items())}
+
+
+def _layout(cfg: Config, facts: list[dict], devices: list[str], nodes: dict[str, list[int]]) -> list[str]:
+    """The layout line (ranks per node, devices per rank) and a warning for each
+    uneven part of it: nodes with different numbers of ranks or GPUs, GPUs that
+    some ranks share and others do not, GPUs no rank uses."""
+    per_node = [len(rs) for rs in nodes.values()]
+    gpus = [facts[rs[0]]["gpus"] for rs in nodes.values()]
+    on_gpu = [d for d in devices if d.startswith("cuda")]
+    if not on_gpu:
+        per_rank = f"{devices[0]} (run.device={cfg.run.device})" if len(set(devices)) == 1 else ", ".join(
+            sorted(set(devices)))
+    else:
+        sharing = set()
+        for rs in nodes.values():
+            used = [devices[r] for r in rs]
+            sharing |= {used.count(d) for d in set(used)}
+        per_rank = (f"1 GPU each, cuda:<node-local rank % {_span(sorted(set(gpus)))}>, "
+                    f"{_span(sorted(sharing))} rank(s) per GPU")
+    lines = [f"  layout     {len(nodes)} node(s), {_span(sorted(set(per_node)))} rank(s) per node; "
+             f"devices per rank: {per_rank}"]
+    warn = "  warning    "
+    if len(set(per_node)) > 1:
+        lines.append(f"{warn}uneven layout: {', '.join(map(str, per_node))} rank(s) on the {len(nodes)} nodes; "
+                     f"the ranks of fuller nodes get fewer cores (threads are divided per node) and set the pace; "
+                     f"ask for the same number on every node (srun -N {len(nodes)} --ntasks-per-node=R)")
+    if len({g for g in gpus if g}) > 1:
+        lines.append(f"{warn}the nodes see different numbers of GPUs ({', '.join(map(str, gpus))}); GPU = node-local "
+                     f"rank % the node's GPUs, so ranks share GPUs on some nodes and not on others")
+    if not on_gpu:
+        return lines
+    for name, rs in nodes.items():
+        g = facts[rs[0]]["gpus"]
+        load = [sum(devices[r] == f"cuda:{i}" for r in rs) for i in range(g)]
+        if len(rs) < g:
+            lines.append(f"{warn}{name}: {len(rs)} rank(s) use {len(rs)} of its {g} GPUs; launch {g} ranks on it "
+                         f"(one per GPU), or ask for {len(rs)} GPU(s) (--gpus-per-task=1)")
+        elif len(set(load)) > 1:
+            lines.append(f"{warn}{name}: {len(rs)} ranks share its {g} GPUs unevenly ({', '.join(map(str, load))} "
+                         f"rank(s) on cuda:0-{g - 1}); launch a multiple of {g} ranks per node")
+        elif len(rs) > g:
+            lines.append(f"  note       {name}: {len(rs)} ranks share {g} GPU(s) (GPU = node-local rank % {g}); "
+                         f"fine for small models")
     return lines
 
 
@@ -389,11 +460,11 @@ def _judge(cfg: Config, facts: list[dict], seen: dict, mismatch: bool) -> list[s
         out.append(_root_missing(cfg, _where(facts, missing)))
     locked = [r for r, f in enumerate(facts) if f["data"] == UNREADABLE]
     if locked:
-        out.append(f"data.root={cfg.data.root!r} cannot be listed on {_where(facts, locked)}; give your user read "
+        out.append(f"{_root_text(cfg)} cannot be listed on {_where(facts, locked)}; give your user read "
                    f"access there, or point data.root at a copy you can read")
     differ = [r for r, f in enumerate(facts) if f["data"] not in (None, UNREADABLE, f0["data"])]
     if differ and f0["data"] not in (None, UNREADABLE):
-        out.append(f"data.root={cfg.data.root!r} holds other files on {_where(facts, differ)} than on rank 0 "
+        out.append(f"{_root_text(cfg)} holds other files on {_where(facts, differ)} than on rank 0 "
                    f"({f0['host']}); use one copy {SHARED}")
     vs = f0["versions"]
     for key in ("python", "torch", "mpi4py", "mpi", "numpy"):

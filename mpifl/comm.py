@@ -26,6 +26,8 @@ from mpi4py import MPI
 
 F32 = 4  # bytes per model coordinate on the wire
 _SMALL = 32  # below this many ids a plain Python loop beats numpy's per-call cost
+# floats per chunk of an ordered sum's pipeline (Comm._ordered_sum): 256 KiB messages
+_CHAIN_FLOATS = 1 << 16
 
 
 def _timed(fn):
@@ -175,52 +177,88 @@ class Comm:
     # ------------------------------------------------------------------ collectives
     @_timed
     def weighted_sum(self, rows: torch.Tensor, weights: torch.Tensor | np.ndarray) -> torch.Tensor:
-        """sum_i w_i * rows_i over every client of every rank: one Allreduce of P floats.
+        """sum_i w_i * rows_i over every client of every rank, the same bits for any
+        placement (see :meth:`_ordered_sum`).
 
         ``rows`` is this rank's ``[n_local, P]`` block, ``weights`` its ``[n_local]``
         weights. Clients with non-zero weight are charged one model sent.
         """
-        w = torch.as_tensor(weights, dtype=rows.dtype, device=rows.device)
-        if rows.device.type == "cpu" and rows.dtype == torch.float32:
-            # sum straight into a pooled buffer and reduce in place: no fresh [P]
-            # allocations and no second buffer for the result
-            buf = self.pool.get(1, rows.shape[1])[0]
-            local = torch.from_numpy(buf)
-            if rows.shape[0]:
-                torch.mv(rows.t(), w, out=local)
-            else:
-                local.zero_()
-            del local
-            self.mpi.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
-            self.wire_sent += buf.nbytes
-            self.wire_recv += buf.nbytes
-            out = torch.from_numpy(buf)
-        else:
-            local = (w @ rows) if rows.shape[0] else torch.zeros(rows.shape[1], dtype=rows.dtype, device=rows.device)
-            out = self._allreduce(local)
-        nz = np.flatnonzero(w.cpu().numpy())
-        self.count(nz, sent=rows.shape[1] * F32)
+        out = self._ordered_sum(rows, weights, None, 1)[0]
+        self._charge_senders(weights, rows.shape[1])
         return out
 
     @_timed
     def grouped_sum(self, rows: torch.Tensor, weights, groups, n_groups: int) -> torch.Tensor:
         """Per-group weighted sums ``[n_groups, P]``: sum over clients i with groups[i] == g."""
-        w = torch.as_tensor(weights, dtype=rows.dtype, device=rows.device)
-        g = torch.as_tensor(np.asarray(groups), dtype=torch.long, device=rows.device)
-        local = torch.zeros(n_groups, rows.shape[1], dtype=rows.dtype, device=rows.device)
-        local.index_add_(0, g, rows * w[:, None])
-        out = self._allreduce(local)
-        nz = np.flatnonzero(w.cpu().numpy())
-        self.count(nz, sent=rows.shape[1] * F32)
+        out = self._ordered_sum(rows, weights, np.asarray(groups), n_groups)
+        self._charge_senders(weights, rows.shape[1])
         return out
 
-    def _allreduce(self, t: torch.Tensor) -> torch.Tensor:
-        buf = _host(t)
-        res = np.empty_like(buf)
-        self.mpi.Allreduce(buf, res, op=MPI.SUM)
-        self.wire_sent += buf.nbytes
-        self.wire_recv += buf.nbytes
-        return torch.from_numpy(res).to(t.device)
+    def _charge_senders(self, weights, P: int) -> None:
+        w = weights.detach().cpu().numpy() if torch.is_tensor(weights) else np.asarray(weights)
+        self.count(np.flatnonzero(w), sent=P * F32)
+
+    def _ordered_sum(self, rows: torch.Tensor, weights, groups: np.ndarray | None, K: int) -> torch.Tensor:
+        """``[K, P]``: for every client i in order 0..N-1 with w_i != 0,
+        ``acc[g_i] = acc[g_i] + fl(w_i * row_i)``, whatever the placement.
+
+        Not an Allreduce: float addition is not associative and MPI leaves the order
+        of a reduction to the library, which picks it by rank count and node layout
+        (MPICH reduces inside each node first when the ranks span nodes), so the
+        same run gave other bits on other layouts. Here the partial sum travels
+        along the ranks in rank order, which is client order (contiguous blocks):
+        rank r receives the sum over the clients before its block, adds its own one
+        at a time and passes it on; the last rank broadcasts the total. It goes in
+        chunks of columns, so neighbouring ranks work on different chunks at once (a
+        pipeline): each rank receives and sends the ``[K, P]`` once on the chain and
+        once in the broadcast, as a reduce-scatter + allgather Allreduce does; it
+        costs more latency (R - 1 hops in a row), which only small models notice.
+        Each term is rounded before it is added (two IEEE operations, never a fused
+        multiply-add), so threads, SIMD width and the device change no bit.
+        """
+        P, dev = rows.shape[1], rows.device
+        w = (weights.detach().cpu().numpy() if torch.is_tensor(weights) else np.asarray(weights)).astype(np.float32)
+        g = np.zeros(len(w), np.int64) if groups is None else np.asarray(groups, np.int64)
+        terms = np.flatnonzero(w).tolist()
+        n_chunks = max(1, -(-K * P // _CHAIN_FLOATS))
+        L = -(-P // n_chunks)  # columns per chunk, the last one padded
+        buf = self.pool.get(n_chunks * K, L).reshape(n_chunks, K, L)
+        left = self.rank - 1 if self.rank > 0 else None
+        right = self.rank + 1 if self.rank < self.size - 1 else None
+        recvs = [self.mpi.Irecv([buf[k], MPI.FLOAT], source=left, tag=15) for k in range(n_chunks)] \
+            if left is not None else []
+        if left is None:
+            buf[:] = 0
+        sends = []
+        tmp = torch.empty(L, dtype=torch.float32, device=dev)
+        for k in range(n_chunks):
+            a, b = k * L, min(P, (k + 1) * L)
+            if recvs:
+                recvs[k].Wait()
+                self.wire_recv += buf[k].nbytes
+            if terms and b > a:
+                acc = torch.from_numpy(buf[k]).to(dev)  # a view on the CPU
+                t = tmp[:b - a]
+                for i in terms:
+                    torch.mul(rows[i, a:b], float(w[i]), out=t)
+                    acc[g[i], :b - a].add_(t)
+                if dev.type != "cpu":
+                    buf[k] = acc.cpu().numpy()
+            if right is not None:
+                sends.append(self.mpi.Isend([buf[k], MPI.FLOAT], dest=right, tag=15))
+                self.wire_sent += buf[k].nbytes
+        MPI.Request.Waitall(sends)
+        if self.size > 1:
+            self.mpi.Bcast([buf, MPI.FLOAT], root=self.size - 1)
+            if right is None:
+                self.wire_sent += buf.nbytes
+            else:
+                self.wire_recv += buf.nbytes
+        if n_chunks == 1:  # [1, K, P]: the buffer itself, no copy
+            out = torch.from_numpy(buf[0][:, :P])
+        else:
+            out = torch.from_numpy(np.ascontiguousarray(buf.transpose(1, 0, 2).reshape(K, n_chunks * L)[:, :P]))
+        return out.to(dev)
 
     @_timed
     def gather_rows(self, local: np.ndarray | torch.Tensor, root: int = 0) -> np.ndarray | None:
@@ -525,6 +563,17 @@ def node_local_rank(mpi_comm: MPI.Comm) -> tuple[int, int]:
         return node.Get_rank(), node.Get_size()
     finally:
         node.Free()
+
+
+def node_of_ranks(mpi_comm: MPI.Comm) -> np.ndarray:
+    """``[R]``: the node of every rank (collective). Nodes are the groups of
+    ``MPI_COMM_TYPE_SHARED``, numbered 0, 1, ... in the order of their lowest rank."""
+    node = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        lowest = node.allreduce(mpi_comm.Get_rank(), op=MPI.MIN)
+    finally:
+        node.Free()
+    return np.unique(mpi_comm.allgather(lowest), return_inverse=True)[1].astype(np.int64)
 
 
 def pick_device(choice: str, mpi_comm: MPI.Comm) -> torch.device:

@@ -19,8 +19,8 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from .clients import Clients, stacked_forward
 from .errors import ConfigError
+from .train import Clients, stacked_forward
 
 
 @dataclass
@@ -136,4 +136,4 @@ def _mlp_body(ops: list[tuple[str, ...]] | None, head_weight: str) -> list[tuple
 
 def body_slices(c: Clients, head: Head) -> list[slice]:
     """Row slices of every parameter outside the head."""
-    return c.layout.slices([n for n, _, _ in c.layout.params if n not in head.names])
+    return c.layout.slices([n for n in c.layout.names if n not in head.names])

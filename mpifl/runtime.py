@@ -14,14 +14,14 @@ import numpy as np
 
 from . import __version__, algorithms, checkpoint, models
 from .algorithms.base import Algorithm, Context, Round, evaluates
-from .clients import Clients
-from .comm import Comm, agree, pick_device, set_threads, versions
+from .comm import Comm, agree, node_of_ranks, pick_device, set_threads, versions
 from .config import Config
 from .data import build as build_data
 from .errors import ConfigError
 from .logging.h5 import Writer, open_run
 from .mixing import Dense, Mixing, issparse
 from .paths import RunDir, atomic_write_text
+from .train import Clients
 from .yamlio import read_yaml
 
 METRICS = ("val_loss", "val_acc", "test_loss", "test_acc")
@@ -38,6 +38,7 @@ class Setup:
     ctx: Context
     algo: Algorithm
     threads: int
+    nodes: np.ndarray  # [R] node index of every rank (comm.node_of_ranks)
 
 
 def setup(cfg: Config, mpi_comm) -> Setup:
@@ -45,6 +46,7 @@ def setup(cfg: Config, mpi_comm) -> Setup:
 
     def build() -> Setup:
         comm = Comm(cfg.data.n_clients, mpi_comm)
+        nodes = node_of_ranks(mpi_comm)
         threads = set_threads(mpi_comm, cfg.run.threads)
         device = pick_device(cfg.run.device, mpi_comm)
         data = build_data(cfg.data, cfg.run.seed, comm.local_ids)
@@ -55,7 +57,7 @@ def setup(cfg: Config, mpi_comm) -> Setup:
             clients.path_times = comm.allreduce_sum(tb), comm.allreduce_sum(tl)
             clients.batched = clients.path_times[0] < clients.path_times[1]
         ctx = Context(cfg, comm, clients, data)
-        return Setup(ctx, algorithms.get(cfg.algorithm.name), threads)
+        return Setup(ctx, algorithms.get(cfg.algorithm.name), threads, nodes)
 
     return agree(mpi_comm, build)
 
@@ -89,7 +91,8 @@ def _writer(cfg: Config, s: Setup, keep_rounds: int | None) -> Writer | None:
     d = ctx.data
     attrs = {
         "mpifl_version": __version__, "algorithm": cfg.algorithm.name, "seed": cfg.run.seed,
-        "n_clients": d.n_clients, "n_ranks": ctx.comm.size, "config_yaml": text,
+        "n_clients": d.n_clients, "n_ranks": ctx.comm.size, "n_nodes": int(s.nodes.max()) + 1,
+        "config_yaml": text,
         "versions": versions(), "hostname": socket.gethostname(),
         "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "threads_per_rank": s.threads, "device": str(ctx.clients.device), "n_params": ctx.clients.P,
@@ -97,8 +100,9 @@ def _writer(cfg: Config, s: Setup, keep_rounds: int | None) -> Writer | None:
     }
     if ctx.clients.path_times is not None:  # train.batched=auto's timing (s, summed over ranks)
         attrs["train_path_times"] = list(ctx.clients.path_times)
+    rank = ctx.comm.placement.owner(np.arange(d.n_clients))
     clients = {
-        "cluster": d.cluster, "rank": ctx.comm.placement.owner(np.arange(d.n_clients)),
+        "cluster": d.cluster, "rank": rank, "node": s.nodes[rank],
         "n_train": d.sizes[:, 0], "n_val": d.sizes[:, 1], "n_test": d.sizes[:, 2], "label_hist": d.label_hist,
     }
     return Writer(rd.log, attrs, clients, d.n_clients, dense_max=cfg.log.dense_max, flush_s=cfg.log.flush_s,

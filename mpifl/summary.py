@@ -6,6 +6,7 @@ refused before anything large is read (:func:`check_shapes`)."""
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -72,6 +73,16 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
         else:
             out[key] = v
     return out
+
+
+@functools.cache
+def defaults() -> dict[str, Any]:
+    """Every config key's default, flattened: a log written before a key existed
+    ran as its default says, so it reads as that (``local.sampled_only`` is false
+    in a Local run logged before the key was added)."""
+    from . import config
+
+    return flatten(config.from_dict({}).to_dict())
 
 
 def _wmean(x: np.ndarray, w: np.ndarray) -> float:
@@ -241,7 +252,7 @@ def summarize(path: Path, window: int = WINDOW, ari: bool = True, points: dict[s
 
 def _summarize(run: Run, window: int, ari: bool, points: dict[str, dict] | None) -> Summary:
     check_shapes(run)
-    cfg = flatten(run.config)
+    cfg = {**defaults(), **flatten(run.config)}
     job = sweep_job(run.path, points)
     if job is not None:
         cfg[JOB] = job

@@ -73,15 +73,20 @@ def parse_yaml(text: str, what: str, invalid_ok: bool = False) -> Any:
     if "*" not in text and FAST is not None:
         # without an alias (always spelled with "*") a document cannot expand past its
         # size: libyaml reads it, ten times faster (a sweep's hundred stored configs),
-        # and the depth is measured on what it built; what it refuses is read again
-        # below, for the bounded reader's message
+        # and the depth is measured on what it built; what it refuses as YAML is read
+        # again below, for the bounded reader's message
         try:
             out = yaml.load(text, Loader=FAST)  # noqa: S506 - CSafeLoader: the safe loader, in C
-        except (yaml.YAMLError, RecursionError):
+        except yaml.YAMLError as e:
+            if "nesting depth" in str(getattr(e, "problem", "")):  # libyaml's own limit (1000): seconds saved
+                raise ConfigError(f"{what} nests values more than {MAX_DEPTH} levels deep; "
+                                  f"that many are not allowed") from None
+        except RecursionError:
             pass
         else:
-            if _depth(out) <= MAX_DEPTH:
-                return out
+            if _depth(out) > MAX_DEPTH:
+                raise ConfigError(f"{what} nests values more than {MAX_DEPTH} levels deep; that many are not allowed")
+            return out
     loader = _BoundedLoader(text)
     try:
         return loader.get_single_data()

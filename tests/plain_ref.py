@@ -11,8 +11,8 @@ from torch.func import functional_call
 
 from mpifl import config
 from mpifl.algorithms.base import Context
-from mpifl.clients import Clients
 from mpifl.comm import solo
+from mpifl.train import Clients
 
 N = 3
 ROUNDS = 2

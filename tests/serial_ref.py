@@ -14,10 +14,10 @@ from torch.func import functional_call
 from mpifl import config, models
 from mpifl.algorithms.base import Context
 from mpifl.algorithms.dpfl import Choice, Reward, _pair, _shuffled, take
-from mpifl.clients import Clients
 from mpifl.comm import Comm, solo
 from mpifl.data import build
 from mpifl.rng import rng
+from mpifl.train import Clients
 
 
 def make_ctx(cfg, mpi_comm) -> Context:

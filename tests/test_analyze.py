@@ -406,3 +406,20 @@ def test_rounds_zero_is_refused_on_the_command_line(capsys):
     with pytest.raises(SystemExit):
         an.main(["x", "--rounds", "0,-1"])
     assert "numbered from 1" in capsys.readouterr().err
+
+
+def test_a_log_older_than_a_key_reads_as_its_default(tmp_path):
+    """A run logged before ``local.sampled_only`` and ``data.train_per_client``
+    existed ran as their defaults say, and is grouped and matched as such."""
+    cfg = _cfg(run={"name": "old"}, algorithm={"name": "local"}).to_dict()
+    del cfg["local"], cfg["data"]["train_per_client"]
+    path = tmp_path / "old" / "run.h5"
+    path.parent.mkdir()
+    w = Writer(path, {"algorithm": "local", "seed": 0, "n_clients": N, "config_yaml": yaml.safe_dump(cfg)},
+               {"cluster": CLUSTER, "n_test": np.full(N, 10)}, N)
+    w.write_round(0, {"wall_s": 1.0}, {"metrics/test_acc": np.full(N, 0.5), "metrics/val_acc": np.full(N, 0.5)})
+    w.close()
+    s = sm.summarize(path)
+    assert s.config["local.sampled_only"] is False and s.config["data.train_per_client"] == 0
+    new = _summary(0, algorithm={"name": "local"}, local={"sampled_only": True})
+    assert an.varying_keys([s, new]) == ["algorithm.name", "local.sampled_only"]

@@ -7,10 +7,10 @@ import torch
 from mpifl import checkpoint, config, models
 from mpifl.algorithms import fedavg_ft
 from mpifl.algorithms.base import Context
-from mpifl.clients import Clients
 from mpifl.comm import Comm, solo
 from mpifl.data import build
 from mpifl.paths import RunDir
+from mpifl.train import Clients
 
 
 def test_state_field_missing_from_an_older_checkpoint_keeps_its_initial_value(tmp_path):

@@ -6,11 +6,11 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from mpifl import clients as clients_mod
 from mpifl import config, models
-from mpifl.clients import Clients, Layout
 from mpifl.data import build
 from mpifl.rng import rng
+from mpifl.train import Clients, Layout, mlp
+from mpifl.train import batched as batched_path
 
 
 def make(batched: str, **over) -> Clients:
@@ -29,13 +29,13 @@ def threads(request, monkeypatch):
     before = torch.get_num_threads()
     torch.set_num_threads(request.param)
     fused: list[bool] = []
-    inner = clients_mod._stacked_grads
+    inner = mlp.stacked_grads
 
     def spy(*a, **k):
         fused.append(len(a) > 6 and a[6] is not None)
         return inner(*a, **k)
 
-    monkeypatch.setattr(clients_mod, "_stacked_grads", spy)
+    monkeypatch.setattr(mlp, "stacked_grads", spy)
     yield request.param, fused
     torch.set_num_threads(before)
 
@@ -107,8 +107,8 @@ def test_chunked_training_equals_sequential(monkeypatch, threads, momentum):
     (one thread, no momentum) and the optimizer's own update."""
     opt = {"data.partition": "dirichlet", "data.dirichlet_alpha": 0.3, "data.n_clients": 7, "train.momentum": momentum}
     a, b = make("on", **opt), make("off", **opt)
-    monkeypatch.setattr(clients_mod, "_CHUNK_BYTES", 2 * 4 * a.P)
-    assert len(a._chunks(5)) == 3
+    monkeypatch.setattr(batched_path, "CHUNK_BYTES", 2 * 4 * a.P)
+    assert len(batched_path.chunks(a, 5)) == 3
     has = (a.plan(np.arange(7), 2, 0).idx >= 0).any(2)  # [client, step]
     assert has[:, 0].all() and not has.all()  # some clients stop early
     local = np.array([0, 1, 3, 4, 6])
@@ -160,6 +160,34 @@ def test_batches_depend_on_client_not_position():
     p2 = a.plan(np.array([4]), 1, 3).idx
     assert np.array_equal(p1[1, :p2.shape[1]], p2[0])
     assert not np.array_equal(a.plan(np.array([4]), 1, 4).idx, p2)
+
+
+@pytest.mark.parametrize("job", [["jobs/quickstart.yaml"],  # plain SGD: the fused step on one thread
+                                 # momentum and weight decay; client 0's last batch of an epoch holds 1 sample
+                                 ["jobs/dpfl-mnist1d-patho.yaml", "data.n_clients=8"]], ids=["sgd", "momentum"])
+def test_a_clients_results_do_not_depend_on_the_clients_sharing_its_rank(threads, job):
+    """Client 0 hosted alone, with one neighbour or with five (as one client per
+    rank, or a few, place it) trains and evaluates to the same bits: the clients
+    stepping together have batches of other lengths, padded, and padding changes
+    no sum."""
+    cfg = config.load(job[0], job[1:])
+
+    def hosted_with(ids: list[int]):
+        data = build(cfg.data, 0, np.asarray(ids))
+        c = Clients(models.build(cfg.model, data.in_shape, data.n_classes, 0), data, cfg.train,
+                    torch.device("cpu"), 0)
+        train_loss = c.train(np.arange(len(ids)), 2, 0)[0]
+        loss, acc = c.evaluate("test")
+        return data.sizes, train_loss, c.params[0].clone(), loss[0], acc[0]
+
+    sizes, *ref = hosted_with(list(range(6)))
+    assert len(set(sizes[:6, 0] % cfg.train.batch_size)) > 1 and len(set(sizes[:6, 2])) > 1  # padding happens
+    # alone on several threads, a client's matrix products are single GEMMs that MKL
+    # may split along the summed dimension, where a batch of them runs each on one
+    # thread: one thread per rank, or two clients per rank, for the same bits
+    for ids in ([0], [0, 1]) if threads[0] == 1 else ([0, 1],):
+        _, train_loss, params, loss, acc = hosted_with(ids)
+        assert train_loss == ref[0] and torch.equal(params, ref[1]) and loss == ref[2] and acc == ref[3], ids
 
 
 def make_conv(batched: str, bn: bool = False, **over) -> Clients:

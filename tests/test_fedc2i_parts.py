@@ -12,10 +12,10 @@ from torch import nn
 
 from mpifl import config
 from mpifl.algorithms import fedc2i
-from mpifl.clients import Clients
 from mpifl.data import FederatedData
 from mpifl.errors import ConfigError
 from mpifl.head import find_head
+from mpifl.train import Clients
 
 
 class TinyLeNet(nn.Module):

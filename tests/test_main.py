@@ -70,7 +70,7 @@ def test_log_readable_during_and_after_run(tmp_path):
     run = open_run(log)
     assert run.n_rounds == 400
     keys = set(run.keys())
-    for k in ("clients/cluster", "clients/rank", "clients/n_train", "clients/n_val", "clients/n_test",
+    for k in ("clients/cluster", "clients/rank", "clients/node", "clients/n_train", "clients/n_val", "clients/n_test",
               "clients/label_hist", "rounds/round", "rounds/wall_s", "rounds/comm_s", "rounds/compute_s",
               "metrics/train_loss", "metrics/val_loss", "metrics/val_acc", "metrics/test_loss",
               "metrics/test_acc", "comm/bytes_sent", "comm/bytes_recv", "comm/models_recv", "graph/mixing"):

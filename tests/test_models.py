@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from mpifl import config, models
-from mpifl.clients import Clients
 from mpifl.config import ModelConfig
 from mpifl.data import build
 from mpifl.errors import ConfigError
+from mpifl.train import Clients
 
 # input shapes of the datasets (pool.shape): 28x28 gray (MNIST family), 32x32 RGB
 # (CIFAR, CINIC-10, Digit-5), 64x64 RGB (Office-10), 8x8 gray (digits), vectors

@@ -107,8 +107,8 @@ def test_same_seed_same_results_on_1_and_4_ranks(tmp_path, algo):
     args = [*BASE, f"algorithm.name={algo.split('-')[0]}", *PERSONAL.get(algo, []), "run.checkpoint_every=0",
             f"run.out_dir={tmp_path}"]
     a, b = _on_1_and_4_ranks(tmp_path, args)
-    keys = set(a.keys()) - TIMING - {"clients/rank"}
-    assert keys == set(b.keys()) - TIMING - {"clients/rank"} and a.n_rounds == b.n_rounds == 6
+    keys = set(a.keys()) - TIMING - {"clients/rank", "clients/node"}
+    assert keys == set(b.keys()) - TIMING - {"clients/rank", "clients/node"} and a.n_rounds == b.n_rounds == 6
     assert any(k.startswith(f"{algo.split('-')[0]}/") for k in keys) or algo == "knn_per"
     for k in sorted(keys):
         x, y = a.get(k), b.get(k)
@@ -203,7 +203,7 @@ def test_same_seed_on_1_and_4_ranks(tmp_path, algo):
         assert res.returncode == 0, res.stderr
     a, b = open_run(tmp_path / "n1"), open_run(tmp_path / "n4")
     assert b.attrs["n_ranks"] == 4 and a.n_rounds == b.n_rounds == 6
-    for k in sorted(set(a.keys()) - TIMING - {"clients/rank"}):
+    for k in sorted(set(a.keys()) - TIMING - {"clients/rank", "clients/node"}):
         x, y = a.get(k), b.get(k)
         if k.startswith(("clients/", f"{algo}/cluster", f"{algo}/candidates")) or x.dtype.kind in "iub":
             assert np.array_equal(x, y), k

@@ -244,7 +244,8 @@ def test_submit_runs_the_local_preflight_first(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("path", sorted([*(ROOT / "jobs" / "sweeps").glob("*.yaml"),
-                                         *(ROOT / "jobs" / "tables").glob("*.sweep.yaml")]), ids=lambda p: p.name)
+                                         *(ROOT / "jobs" / "tables").glob("*.sweep.yaml"),
+                                         *(ROOT / "jobs" / "regimes").glob("*.sweep.yaml")]), ids=lambda p: p.name)
 def test_shipped_sweeps_validate_where_their_base_exists(path, tmp_path):
     base = yaml.safe_load(path.read_text()).get("base")
     if base and not (path.parent / base).is_file():

@@ -11,8 +11,8 @@ from serial_ref import sgd
 from torch.func import functional_call
 
 from mpifl import config, models
-from mpifl.clients import Clients, Objective
 from mpifl.data import build
+from mpifl.train import Clients, Objective
 
 PATHS = {"stacked": "on", "vmap": "on", "loop": "off"}
 
@@ -59,7 +59,7 @@ def test_prox_with_zero_mu_is_plain_training(threads):
 @pytest.mark.parametrize("path", list(PATHS))
 def test_frozen_parameters_do_not_move_and_the_rest_trains_as_alone(path):
     c = make(path)
-    names = [n for n, _, _ in c.layout.params]
+    names = c.layout.names
     frozen = names[:-2]  # the body: only the last layer trains
     start = c.params.clone()
     c.train(np.arange(c.n), 1, 1, objective=Objective(frozen=frozen))
@@ -149,7 +149,7 @@ def test_sample_weights_scale_each_sample_and_the_batch_mean_stays_over_samples(
             lk = (v[idx] * F.cross_entropy(out, c.y[idx], reduction="none")).sum() / len(idx)
             (g,) = torch.autograd.grad(lk, leaf)
             w = w - c.cfg.lr * g
-            seen.append((float(lk), len(idx)))
+            seen.append((float(lk.detach()), len(idx)))
         torch.testing.assert_close(c.params[k], w, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(loss[k], sum(a * n for a, n in seen) / sum(n for _, n in seen), rtol=1e-5)
 

@@ -50,10 +50,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from ..clients import Clients, RowOptimizer
 from ..errors import check
 from ..mixing import Shared
 from ..state import per_client
+from ..train import Clients, RowOptimizer, write_back
 from . import fedavg
 from .base import Context, Round, own_rows_metrics, sampled_weights
 
@@ -125,7 +125,7 @@ def _step(ctx: Context, state: State):
     c = ctx.clients
     lr = ctx.cfg.train.lr
     adaptive = ctx.cfg.apfl.adaptive
-    v_opt = RowOptimizer(c.cfg, 0, c.P, c.device, [k for _, _, k in c.layout.params])
+    v_opt = RowOptimizer(c.cfg, 0, c.P, c.device, c.layout.cols)
     v_opt.state = state.v_opt
 
     def step(cl: Clients, sel, rows: np.ndarray, x: torch.Tensor, y: torch.Tensor, wt: torch.Tensor) -> torch.Tensor:
@@ -140,8 +140,8 @@ def _step(ctx: Context, state: State):
         v_opt.step_(sel, v, g_bar.mul_(a))
         if adaptive:
             state.alpha[sel] = (a[:, 0] - lr * grad_a).clamp_(0.0, 1.0)
-        if not isinstance(sel, slice):
-            cl.params[sel], state.v[sel] = w, v
+        write_back(cl.params, sel, w)
+        write_back(state.v, sel, v)
         return loss
 
     return step

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 
-from ..clients import Clients
 from ..data import FederatedData
 from ..mixing import Dense, Mixing
 from ..rng import GLOBAL, rng
+from ..train import Clients
 
 if TYPE_CHECKING:  # algorithms are imported by the config (their Params) before MPI is wanted
     from ..comm import Comm

@@ -48,9 +48,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..clients import Objective
 from ..errors import check
 from ..state import per_client
+from ..train import Objective
 from . import fedavg
 from .base import Context, Round, own_rows_metrics
 

@@ -16,8 +16,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from ..clients import Objective
 from ..mixing import Shared
+from ..train import Objective
 from .base import Context, Round, own_rows_metrics, sampled_weights
 
 # one line each for the README's algorithm table (python -m mpifl.docs)

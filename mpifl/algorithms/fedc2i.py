@@ -56,11 +56,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..clients import Clients
 from ..errors import check
 from ..head import Head, find_head
 from ..mixing import Dense
 from ..state import transient
+from ..train import Clients
 from .base import Context, Round, identity_rows, own_rows_metrics
 
 if TYPE_CHECKING:

@@ -28,7 +28,7 @@ Choices where the paper left room (taken from its authors' code where it shows o
   training), over the client's whole training split, in eval mode.
 - the batch loss divides by the batch size, not by the sum of its
   responsibilities (authors' ``(loss_vec @ weights) / batch size``): a component a
-  client's data hardly belongs to moves little; ``clients.Objective.sample_weight``.
+  client's data hardly belongs to moves little; ``mpifl.train.Objective.sample_weight``.
 - every component of a client sees the same shuffled batches in a round, and each
   starts from a fresh optimizer state (as FedAvg's clients do here).
 - only sampled clients update pi_i; the others keep theirs for prediction.
@@ -51,11 +51,11 @@ import torch
 import torch.nn.functional as F
 
 from .. import models
-from ..clients import Objective, loss_acc_from_probs
 from ..errors import check
 from ..mixing import Shared
 from ..rng import GLOBAL, rng
 from ..state import per_client
+from ..train import Objective, loss_acc_from_probs
 from .base import Context, Round, sampled_weights
 
 if TYPE_CHECKING:

@@ -75,10 +75,11 @@ import numpy as np
 import torch
 
 from .. import models
-from ..clients import loss_acc_from_probs
 from ..errors import check
 from ..mixing import Dense
 from ..state import per_client, transient
+from ..train import loss_acc_from_probs
+from ..train.evaluation import clients_per_chunk
 from .base import Context, Round
 
 if TYPE_CHECKING:
@@ -288,7 +289,7 @@ def evaluate(ctx: Context, state: State, t: int) -> dict[str, np.ndarray]:
         loss, acc = np.full(n, np.nan), np.full(n, np.nan)
         idx_all = c.split_index(np.arange(n), split)
         if idx_all.shape[1]:
-            step = max(1, c._chunk(idx_all.shape[1]) // (k + 1))
+            step = max(1, clients_per_chunk(c, idx_all.shape[1]) // (k + 1))
             for a in range(0, n, step):
                 rs = np.arange(a, min(n, a + step))
                 x, y, w = c.batch(idx_all[rs])

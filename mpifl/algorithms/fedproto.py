@@ -59,10 +59,10 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, vmap
 
-from ..clients import Clients, loss_acc_from_probs
 from ..errors import check
 from ..head import Head, find_head
 from ..state import transient
+from ..train import Clients, loss_acc_from_probs, write_back
 from .base import Context, Round, identity_rows
 
 if TYPE_CHECKING:
@@ -136,13 +136,12 @@ def make_step(head: Head, protos: torch.Tensor, counts: torch.Tensor, lam: float
                     bufs = c.layout.unflatten_buffers(c.buffers[rows[i]]) if c.layout.B else None
                     li = one(leaves, x[i][keep], y[i][keep], w[i][keep], bufs)
                     gi = torch.autograd.grad(li, list(leaves.values()))
-                    c._write_flat(g[i:i + 1], dict(zip(leaves, (t[None] for t in gi))))
+                    c.layout.write(g[i:i + 1], dict(zip(leaves, (t[None] for t in gi))))
                     ls.append(li.detach())
                 loss = torch.stack(ls)
         head.module.eval()
         c.opt.step_(sel, p, g)
-        if not isinstance(sel, slice):
-            c.params[sel] = p
+        write_back(c.params, sel, p)
         return loss.detach()
 
     return step

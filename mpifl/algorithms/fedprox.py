@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from ..clients import Objective
 from ..errors import check
+from ..train import Objective
 from . import fedavg
 from .base import Context, Round
 

@@ -42,11 +42,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..clients import Objective
 from ..errors import check
 from ..head import Head, body_slices, find_head
 from ..mixing import Shared
 from ..state import transient
+from ..train import Objective
 from .base import Context, Round, own_rows_metrics, sampled_weights
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
@@ -88,7 +88,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
         c.params[idx[:, None], body[None, :]] = state.model[body]
         c.opt.reset(idx)
         comm.count(mine, recv=len(body) * comm.itemsize, models=1)
-    body_names = [n for n, _, _ in c.layout.params if n not in state.head.names]
+    body_names = [n for n in c.layout.names if n not in state.head.names]
     head_loss = np.full(comm.n_local, np.nan)
     with c.using(c.params):  # the head's own optimizer, fresh: same rows
         head_loss[mine] = c.train(mine, ctx.cfg.fedrep.head_epochs, t, purpose="head",

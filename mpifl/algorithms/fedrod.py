@@ -43,10 +43,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..clients import Clients, RowOptimizer
 from ..head import Head, find_head
 from ..mixing import Shared
 from ..state import per_client
+from ..train import Clients, RowOptimizer, write_back
 from . import fedavg
 from .base import Context, Round, evaluates, own_rows_metrics, sampled_weights
 
@@ -135,8 +135,8 @@ def _step(ctx: Context, state: State, bsm: np.ndarray):
         if head.bias is not None:
             g_head = torch.cat([g_head, dz.sum(1).unsqueeze(-1)], dim=2)
         h_opt.step_(sel, hp, g_head.reshape(m, -1))
-        if not isinstance(sel, slice):
-            cl.params[sel], state.head[sel] = p, hp
+        write_back(cl.params, sel, p)
+        write_back(state.head, sel, hp)
         nw = wt.sum(1).cpu().numpy()
         bsm[rows] += loss_g.detach().cpu().numpy() * nw
         step.seen[rows] += nw

@@ -44,10 +44,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from ..clients import loss_acc_from_probs
 from ..errors import check
 from ..head import Head, find_head
 from ..state import transient
+from ..train import loss_acc_from_probs
 from . import fedavg
 from .base import Context, Round
 

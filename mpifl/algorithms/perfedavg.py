@@ -50,9 +50,9 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import torch
 
-from ..clients import Clients
 from ..errors import check
 from ..mixing import Shared
+from ..train import Clients, write_back
 from . import fedavg
 from .base import Context, Round, evaluates, own_rows_metrics, sampled_weights
 
@@ -133,8 +133,7 @@ def _step(ctx: Context):
         if hf:
             g = g - alpha * (grads(w + delta * g, 2)[0] - grads(w - delta * g, 2)[0]) / (2 * delta)
         cl.opt.step_(sel, w, g, lr=beta)
-        if not isinstance(sel, slice):
-            cl.params[sel] = w
+        write_back(cl.params, sel, w)
         return loss
 
     return step

@@ -55,6 +55,7 @@ import torch
 from ..errors import check
 from ..mixing import Dense
 from ..state import per_client
+from ..train import write_back
 from .base import Context, Round, own_rows_metrics
 
 if TYPE_CHECKING:
@@ -135,8 +136,7 @@ def regulariser_step(target: torch.Tensor, lam: float, on: np.ndarray):
             gr = c / n - (c * p).sum(1, keepdim=True) * p / n ** 3
             g = g - lam * torch.where(use[:, None], gr, torch.zeros_like(gr))
         cl.opt.step_(sel, p, g)
-        if not isinstance(sel, slice):
-            cl.params[sel] = p
+        write_back(cl.params, sel, p)
         return loss
 
     return step

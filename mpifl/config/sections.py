@@ -53,6 +53,12 @@ class DataConfig:
     test_frac: float = 0.2  # of each client's samples (split only)
     subsample: float = 1.0  # fraction kept of every class (per domain, per train/test part), seeded
     per_class: int = 0  # at most this many samples per class (per domain and part); 0 = all
+    # every client's training set is exactly this many samples, drawn (seeded per client) from
+    # the training part of its share; val and test are what train_per_client=0 gives (split:
+    # val_frac/test_frac of the whole share; test_set: val_frac of the share, the test set shared
+    # by the share's label mix), so they do not change with it. Smaller sizes are subsets of larger
+    # ones. 0 = the whole training part
+    train_per_client: int = 0
     synthetic_dim: int = 20  # input dimension of `synthetic`
     synthetic_classes: int = 10
     emnist_split: Literal["byclass", "bymerge", "balanced", "letters", "digits", "mnist"] = "byclass"

@@ -53,6 +53,8 @@ def validate(cfg: Any, n_ranks: int = 1) -> None:
            f"data.val_frac + data.test_frac must be < 1 (val_frac is {d.val_frac})")
     check(0 < d.subsample <= 1, "data.subsample", d.subsample, "must be in (0, 1]")
     check(d.per_class >= 0, "data.per_class", d.per_class, "must be >= 0 (0 = all)")
+    check(d.train_per_client >= 0, "data.train_per_client", d.train_per_client,
+           "must be >= 0 (0 = every client's whole training part)")
     check(d.image_size >= 0, "data.image_size", d.image_size, "must be >= 0 (0 = the dataset's default)")
     check(d.dirichlet_alpha > 0 and math.isfinite(d.dirichlet_alpha), "data.dirichlet_alpha",
            d.dirichlet_alpha, "must be a finite number > 0")

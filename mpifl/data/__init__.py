@@ -104,10 +104,30 @@ def federate(pool: datasets.Pool, cfg: DataConfig, seed: int) -> tuple[Partition
     part = partition(pool.y[train_idx], pool.n_classes, cfg, seed, info)
     part.parts = [train_idx[p] for p in part.parts]
     if test_idx is None:
-        return part, [client_splits(p, cfg, seed, c) for c, p in enumerate(part.parts)]
-    strata = pool.domain if pool.domain is not None else np.zeros(len(pool.y), np.int64)
-    tests = share_test_set(part.parts, test_idx, pool.y, strata, seed)
-    return part, [train_val(p, cfg, seed, c) + [tests[c]] for c, p in enumerate(part.parts)]
+        splits = [client_splits(p, cfg, seed, c) for c, p in enumerate(part.parts)]
+    else:
+        strata = pool.domain if pool.domain is not None else np.zeros(len(pool.y), np.int64)
+        tests = share_test_set(part.parts, test_idx, pool.y, strata, seed)
+        splits = [train_val(p, cfg, seed, c) + [tests[c]] for c, p in enumerate(part.parts)]
+    if cfg.train_per_client:
+        fixed_train_size(splits, cfg, seed)
+    return part, splits
+
+
+def fixed_train_size(splits: list[list[np.ndarray]], cfg: DataConfig, seed: int) -> None:
+    """data.train_per_client = n: each client keeps n of its training samples, the
+    first n of a permutation drawn for (seed, client) alone, so a smaller n keeps a
+    subset of a larger one's samples and no rank count changes the draw. Its val
+    and test splits were made from the whole share and stay as they are."""
+    n = cfg.train_per_client
+    have = np.array([len(s[0]) for s in splits])
+    if have.min() < n:
+        c = int(np.argmin(have))
+        raise ConfigError(f"data.train_per_client={n} is not allowed with data.name={cfg.name!r}, "
+                          f"data.partition={cfg.partition!r} and data.n_clients={cfg.n_clients}: client {c} "
+                          f"has {have[c]} training samples; at most {have.min()}")
+    for c, s in enumerate(splits):
+        s[0] = rng(seed, -1, c, "train_per_client").permutation(s[0])[:n]
 
 
 def build(cfg: DataConfig, seed: int, local_ids: np.ndarray) -> FederatedData:

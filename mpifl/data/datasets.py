@@ -215,21 +215,28 @@ DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 _FLAT = [f"{p}-{k}-ubyte" for p in ("train", "t10k") for k in ("images-idx3", "labels-idx1")]
 
 
+def data_path(cfg: DataConfig) -> Path | None:
+    """Where the run reads its dataset: ``data.root``; with none, the folder a
+    dataset falls back to (Debian's Fashion-MNIST for fashionmnist); None for
+    built-in data, or for an on-disk dataset with no root and no fallback. The one
+    rule for what the preflight (``mpifl.check``, ``sweep --submit``) checks."""
+    if cfg.name in BUILTIN:
+        return None
+    if cfg.root:
+        return Path(cfg.root).expanduser()
+    return DEBIAN_FASHION_MNIST if cfg.name == "fashionmnist" else None
+
+
 def _flat_folder(cfg: DataConfig) -> Path | None:
     """A folder holding the four MNIST-style IDX files themselves (Debian's layout),
     used for fashionmnist when ``data.root`` has no torchvision layout."""
     if cfg.name != "fashionmnist":
         return None
-    if cfg.root:
-        root = Path(cfg.root).expanduser()
-        if (root / "FashionMNIST" / "raw").is_dir():
-            return None
-        candidates = [root]
-    else:
-        candidates = [DEBIAN_FASHION_MNIST]
-    for d in candidates:
-        if all(_idx_exists(str(d / f)) for f in _FLAT):
-            return d
+    d = data_path(cfg)
+    if cfg.root and (d / "FashionMNIST" / "raw").is_dir():
+        return None
+    if all(_idx_exists(str(d / f)) for f in _FLAT):
+        return d
     if not cfg.root:
         raise ConfigError("data.name='fashionmnist' needs its files: install Debian's package dataset-fashion-mnist "
                           f"(read in place from {str(DEBIAN_FASHION_MNIST)!r}) or set data.root=PATH "

@@ -2,9 +2,11 @@
 
 Layout (rows are rounds, columns clients)::
 
-    attrs: mpifl_version, algorithm, seed, n_clients, n_ranks, config_yaml,
-           versions, hostname, started_at
-    /clients/{cluster, rank, n_train, n_val, n_test, label_hist}
+    attrs: mpifl_version, algorithm, seed, n_clients, n_ranks, n_nodes,
+           config_yaml, versions, hostname, started_at
+    /clients/{cluster, rank, node, n_train, n_val, n_test, label_hist}
+               (rank: the MPI rank hosting the client; node: that rank's node,
+                numbered in the order of each node's lowest rank)
     /rounds/{round, wall_s, comm_s, compute_s}
     /metrics/{train_loss, val_loss, val_acc, test_loss, test_acc}   [R, N]
     /comm/{bytes_sent, bytes_recv, models_recv}                     [R, N]

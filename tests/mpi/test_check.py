@@ -5,8 +5,12 @@ cluster the same string would lead to different filesystems)."""
 import math
 import os
 
+import numpy as np
+import pytest
+import torch
+
 from mpifl import check
-from mpifl.comm import exchange_timing
+from mpifl.comm import exchange_timing, node_of_ranks
 
 QUICK = "jobs/quickstart.yaml"
 
@@ -21,7 +25,7 @@ def test_the_quickstart_passes_and_the_report_names_ranks_nodes_and_probe(mpi, s
     size = mpi.Get_size()
     report, problems = _run(mpi, f"run.out_dir={shared_tmp}")
     assert problems == []
-    assert f"{size} rank(s) on 1 node(s)" in report
+    assert f"{size} rank(s) on {node_of_ranks(mpi).max() + 1} node(s)" in report
     assert f"read back by {size} of {size} rank(s)" in report
     assert "Allreduce" in report and "torch" in report and "MPICH" in report
     mpi.Barrier()
@@ -88,3 +92,43 @@ def test_a_config_file_some_ranks_cannot_read_is_named_by_rank(mpi, shared_tmp):
     else:
         assert len(problems) == 1 and problems[0].startswith(f"rank(s) {'1' if size == 2 else f'1-{size - 1}'} ")
         assert "elsewhere.yaml' not found" in problems[0]
+
+
+@pytest.mark.parametrize("gpus", [0, 1, 2, 4])
+def test_the_report_gives_nodes_ranks_per_node_and_devices_per_rank(mpi, shared_tmp, monkeypatch, gpus):
+    """With the node's GPUs mocked (0, 1, 2, 4 per node); run under simulated nodes
+    (MPIR_CVAR_NUM_CLIQUES) the layouts are even or not."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    nodes = node_of_ranks(mpi)
+    per_node = np.bincount(nodes)
+    report, problems = _run(mpi, f"run.out_dir={shared_tmp}")
+    assert problems == []
+    lines = report.splitlines()
+    assert f"{mpi.Get_size()} rank(s) on {len(per_node)} node(s)" in report
+    assert sum(line.startswith("  node ") for line in lines) == len(per_node)
+    span = f"{per_node.min()}" if per_node.min() == per_node.max() else f"{per_node.min()}-{per_node.max()}"
+    layout = next(line for line in lines if line.startswith("  layout"))
+    assert layout.startswith(f"  layout     {len(per_node)} node(s), {span} rank(s) per node; devices per rank: ")
+    assert ("cpu" in layout) == (gpus == 0) and ("1 GPU each" in layout) == (gpus > 0)
+    warnings = [line for line in lines if line.startswith("  warning")]
+    expect = int(per_node.min() != per_node.max())  # uneven ranks per node
+    if gpus:
+        expect += sum(1 for k in per_node if k < gpus or k % gpus)  # idle or unevenly shared GPUs
+    assert len(warnings) == expect, report
+    if per_node.min() != per_node.max():
+        assert any("uneven layout: " + ", ".join(map(str, per_node)) in w for w in warnings)
+    for k in per_node:
+        if gpus and k < gpus:
+            assert any(f"{k} rank(s) use {k} of its {gpus} GPUs" in w for w in warnings)
+        elif gpus and k % gpus:
+            assert any(f"{k} ranks share its {gpus} GPUs unevenly" in w for w in warnings)
+
+
+def test_nodes_are_named_as_slurm_names_them(mpi, shared_tmp, monkeypatch):
+    # several slurmd on one host share a hostname; SLURM's node name tells them apart
+    monkeypatch.setenv("SLURMD_NODENAME", f"n{node_of_ranks(mpi)[mpi.Get_rank()] + 1}")
+    report, problems = _run(mpi, f"run.out_dir={shared_tmp}")
+    assert problems == []
+    for k in range(node_of_ranks(mpi).max() + 1):
+        assert f"  node       n{k + 1}: rank(s) " in report

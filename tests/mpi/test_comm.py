@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from mpifl import comm as comm_mod
 from mpifl.comm import F32, Comm, Placement
 
 P = 37
@@ -55,6 +56,38 @@ def test_grouped_sum_matches_serial(mpi):
                        for g in range(k)])
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     assert np.array_equal(comm.bytes_sent, np.full(comm.n_local, P * F32))
+
+
+def left_fold(rows: torch.Tensor, w: np.ndarray, groups: np.ndarray, k: int) -> torch.Tensor:
+    """acc[g_i] = acc[g_i] + fl(w_i * row_i) for i = 0, 1, ..., N-1: the one order."""
+    acc = torch.zeros(k, rows.shape[1])
+    for i in range(len(rows)):
+        if w[i] != 0:
+            acc[groups[i]] = acc[groups[i]] + rows[i] * float(np.float32(w[i]))
+    return acc
+
+
+@pytest.mark.parametrize("chunk", [None, 16])  # 16 floats: several chunks in the pipeline, the last one short
+def test_sums_add_the_clients_in_client_order_on_any_placement(mpi, monkeypatch, chunk):
+    """Bit for bit one left-to-right fold over the clients, so the same on any number
+    of ranks and nodes (run under 1, 2, 3, 4 ranks and simulated nodes)."""
+    if chunk:
+        monkeypatch.setattr(comm_mod, "_CHAIN_FLOATS", chunk)
+    n, k = 13, 3
+    comm = Comm(n, mpi)
+    g = torch.Generator().manual_seed(7)
+    # magnitudes over six decades: any other order of additions rounds differently
+    rows = torch.randn(n, P, generator=g) * 10.0 ** torch.randint(-3, 3, (n, 1), generator=g)
+    w = np.random.default_rng(3).random(n)
+    w[[2, 5]] = 0  # unsampled clients
+    groups = np.arange(n) % k
+    mine = comm.local_ids
+    out = comm.weighted_sum(local_block(comm, rows), w[mine])
+    assert torch.equal(out, left_fold(rows, w, np.zeros(n, np.int64), 1)[0])
+    assert not torch.equal(out, left_fold(rows.flip(0), w[::-1], np.zeros(n, np.int64), 1)[0])  # order matters
+    grouped = comm.grouped_sum(local_block(comm, rows), w[mine], groups[mine], k)
+    assert torch.equal(grouped, left_fold(rows, w, groups, k))
+    assert mpi.allgather(out.numpy().tobytes()) == [out.numpy().tobytes()] * mpi.Get_size()
 
 
 def wanted_for(ids: np.ndarray, n: int) -> dict[int, list[int]]:

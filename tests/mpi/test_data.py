@@ -31,3 +31,26 @@ def test_local_clients_match_a_serial_build(mpi, partition):
     # and every rank agrees on what it computed for all clients
     sig = (ref.sizes.tobytes(), ref.cluster.tobytes(), ref.label_hist.tobytes())
     assert all(s == sig for s in mpi.allgather(sig))
+
+
+@pytest.mark.parametrize("source", ["split", "test_set"])
+def test_fixed_train_size_draws_the_same_samples_on_any_number_of_ranks(mpi, source):
+    """data.train_per_client: a client's draw depends on (seed, client) alone, so
+    each rank's clients hold what a one-process build gives them."""
+    n = 8
+    data = ["data.name=mnist1d", "data.n_samples=1000"] if source == "test_set" else ["data.name=digits"]
+    cfg = config.load(None, [*data, f"data.test_source={source}", "data.partition=clusters",
+                             f"data.n_clients={n}", "data.n_clusters=2", "data.train_per_client=17"],
+                      n_ranks=mpi.Get_size()).data
+    comm = Comm(n, mpi)
+    mine = build(cfg, 5, comm.local_ids)
+    ref = build(cfg, 5, np.arange(n))
+    assert (ref.sizes[:, 0] == 17).all()
+    np.testing.assert_array_equal(mine.sizes, ref.sizes)
+    np.testing.assert_array_equal(mine.label_hist, ref.label_hist)
+    for k, c in enumerate(comm.local_ids):
+        for s in range(3):
+            a, b, m = mine.offsets[k, s], ref.offsets[c, s], ref.sizes[c, s]
+            np.testing.assert_array_equal(mine.x[a:a + m], ref.x[b:b + m])
+            np.testing.assert_array_equal(mine.y[a:a + m], ref.y[b:b + m])
+    assert len(set(mpi.allgather(ref.label_hist.tobytes()))) == 1

@@ -15,11 +15,11 @@ from torch.func import functional_call
 
 from mpifl import config, runtime
 from mpifl.algorithms import federico
-from mpifl.clients import Clients
 from mpifl.comm import F32
 from mpifl.data import build as build_data
 from mpifl.logging.h5 import open_run
 from mpifl.rng import rng
+from mpifl.train import Clients
 
 N, K = 8, 3
 
@@ -126,7 +126,7 @@ class Reference:
         probs = 0
         for j, a in zip(held, mix):
             theta = self.params[j] if j == i else self.before[j]  # neighbours as pulled
-            probs = probs + float(a) * torch.softmax(self.c._logits_one(theta, x), -1)
+            probs = probs + float(a) * torch.softmax(self.c.functional.logits(theta, x), -1)
         nll = -torch.log(probs.gather(1, y[:, None])).mean()
         return float(nll), float((probs.argmax(1) == y).float().mean())
 

@@ -14,12 +14,12 @@ from torch.func import functional_call
 from mpifl import models
 from mpifl.algorithms import pfedlia
 from mpifl.algorithms.base import Context
-from mpifl.clients import Clients
 from mpifl.comm import F32, Comm
 from mpifl.config import from_dict
 from mpifl.data import build as build_data
 from mpifl.rng import torch_gen
 from mpifl.runtime import run
+from mpifl.train import Clients
 
 N = 7  # under -n 3 the blocks are 2, 2, 3
 

@@ -2,11 +2,47 @@
 
 import os
 
+import numpy as np
 import pytest
 import torch
 
-from mpifl.comm import agree, cores_for_rank, node_local_rank, pick_device
+from mpifl.comm import agree, cores_for_rank, node_local_rank, node_of_ranks, pick_device
 from mpifl.errors import ConfigError
+
+
+def _on_my_node(mpi) -> tuple[int, int]:
+    """(ranks before this one on its node, ranks on its node), from the node numbers."""
+    nodes, rank = node_of_ranks(mpi), mpi.Get_rank()
+    return int(np.sum(nodes[:rank] == nodes[rank])), int(np.sum(nodes == nodes[rank]))
+
+
+def test_nodes_are_numbered_by_their_lowest_rank(mpi):
+    nodes = node_of_ranks(mpi)
+    local, per_node = node_local_rank(mpi)
+    assert len(nodes) == mpi.Get_size() and nodes[0] == 0
+    assert (local, per_node) == _on_my_node(mpi)
+    assert all(nodes[r] <= max(nodes[:r], default=0) + 1 for r in range(len(nodes)))  # 0, 1, ... in order
+    assert mpi.allgather(nodes.tolist()) == [nodes.tolist()] * mpi.Get_size()
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 4])
+def test_the_gpu_is_the_node_local_rank_modulo_the_nodes_gpus(mpi, monkeypatch, gpus):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    local, _ = _on_my_node(mpi)
+    assert pick_device("auto", mpi) == torch.device("cuda", local % gpus)
+    assert pick_device("cuda", mpi) == torch.device("cuda", local % gpus)
+    assert pick_device("cpu", mpi).type == "cpu"
+
+
+def test_threads_divide_each_nodes_cores_among_its_own_ranks(mpi, monkeypatch):
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))  # an unbound 8-core node
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    _, per_node = _on_my_node(mpi)
+    assert cores_for_rank(mpi) == max(1, 8 // per_node)  # not 8 // the job's ranks
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {2, 3})  # a launcher that bound us to 2 cores
+    assert cores_for_rank(mpi) == 2
 
 
 def test_threads_split_the_node_among_its_ranks(mpi, monkeypatch):

@@ -1,0 +1,224 @@
+"""The clients a rank hosts: their parameter rows, optimizer state and data,
+and the entry points that train and evaluate them.
+
+A model is only a template here: weights live in the rows of one ``[n_local,
+P]`` matrix, so exchanging a client's model is sending a contiguous row. The
+work is done by the package's other modules; this class holds the state they
+share and chooses the training path (``train.batched``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..data import FederatedData
+from ..models import has_batchnorm
+from . import batched, evaluation, loop, rowmodel
+from .layout import Layout
+from .mlp import stacked_mlp
+from .objective import Objective, StepFn
+from .optimizer import RowOptimizer
+from .plan import SPLIT_INDEX, BatchPlan, gather, make_plan
+from .rows import rows_selector
+
+if TYPE_CHECKING:  # a type hint only: the config package sits above this package
+    from ..config import TrainConfig
+
+
+class NonFiniteError(RuntimeError):
+    """A client's loss or parameters became NaN/inf."""
+
+    one_line = True
+
+
+class Clients:
+    """This rank's clients: parameters, optimizer state, data, train/eval."""
+
+    def __init__(self, model: nn.Module, data: FederatedData, cfg: TrainConfig, device: torch.device, seed: int):
+        self.cfg = cfg
+        self.seed = seed
+        self.device = device
+        self.model = model.to(device)
+        self.layout = Layout(model)
+        self.functional = rowmodel.RowModel(self.model, self.layout)
+        self.ids = np.asarray(data.local_ids)
+        self.n = len(self.ids)
+        self.P = self.layout.P
+        self.data = data
+        self.x = torch.from_numpy(data.x).to(device)
+        self.y = torch.from_numpy(data.y).to(device)
+        self.sizes = data.sizes[self.ids] if self.n else np.zeros((0, 3), np.int64)
+        self.offsets = data.offsets
+        self.n_classes = data.n_classes
+        init = self.layout.flatten(model).to(device)
+        self.init = init
+        self.params = init.repeat(self.n, 1)
+        self.buffers = self.layout.flatten_buffers(model).to(device).repeat(self.n, 1)
+        self.opt = RowOptimizer(cfg, self.n, self.P, device, self.layout.cols)
+        self.skipped = np.zeros(self.n, np.int64)  # updates dropped as non-finite (reset per round)
+        self.bn = has_batchnorm(model)
+        self.stacked = stacked_mlp(model) if self.layout.B == 0 else None
+        # Which path trains: "on" / "off" as asked. Under "auto" a plain MLP is batched
+        # (stacked bmm: 6-10x the loop in bench/README.md, at every size measured);
+        # any other model is timed on both paths at the start of a run
+        # (measure_paths, which runtime.setup calls on every rank), because vmap
+        # makes a conv net's convolutions grouped ones, whose speed against the loop
+        # depends on the layer sizes and the machine (bench/README.md).
+        self.batched = cfg.batched == "on" or (cfg.batched == "auto" and self.stacked is not None)
+        self.needs_measuring = cfg.batched == "auto" and self.stacked is None
+        self.path_times: tuple[float, float] | None = None  # (batched, loop) s, when measured
+        self.grad_cache: list[torch.Tensor] | None = None  # rowmodel.grad_blocks' reused blocks
+
+    @contextmanager
+    def using(self, params: torch.Tensor, opt_state: dict[str, torch.Tensor] | None = None) -> Iterator[None]:
+        """Train and evaluate other rows (``[n_local, P]``: personal models, a copy
+        for fine-tuning) through these clients: ``params`` and ``opt_state`` (default:
+        a fresh one) stand in for the clients' own for the block, in place (no copy),
+        and the clients' own are back after it, whatever happened."""
+        saved = self.params, self.opt.state
+        self.params = params
+        self.opt.state = self.opt.fresh_state(len(params)) if opt_state is None else opt_state
+        try:
+            yield
+        finally:
+            self.params, self.opt.state = saved
+
+    # ------------------------------------------------------------------ rows and data
+    def parts(self, params: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Per-parameter views ``[m, *shape]`` of rows ``[m, P]`` (no copy)."""
+        return self.layout.parts(params)
+
+    def split_range(self, k: int, split: str) -> tuple[int, int]:
+        """Local client ``k``'s samples of ``split``: ``x[lo:hi]``."""
+        s = SPLIT_INDEX[split]
+        o = int(self.offsets[k, s])
+        return o, o + int(self.sizes[k, s])
+
+    def plan(self, local: np.ndarray, epochs: int, round: int, purpose: str = "train",
+             batch_size: int | None = None, max_batches: int | None = None,
+             subsets: list[np.ndarray] | None = None) -> BatchPlan:
+        """Each client's shuffled batches (:func:`mpifl.train.plan.make_plan`)."""
+        return make_plan(self, local, epochs, round, purpose, batch_size, max_batches, subsets)
+
+    def batch(self, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Gather a padded index array -> (x, y, w) with w = 0 on padding."""
+        return gather(self, idx)
+
+    # ------------------------------------------------------------------ the model on rows
+    def grads(self, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
+              local: np.ndarray | None = None, bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-row gradient ``[m, P]`` and loss ``[m]`` of ``params[i]`` on batch
+        ``(x[i], y[i], w[i])``. ``local`` names the clients whose BatchNorm buffers
+        the rows use; ``bias`` ``[m, C]`` is added to row i's logits in the loss."""
+        g, loss = rowmodel.grads(self, params, x, y, w, local, bias)
+        if torch.is_tensor(g):
+            return g, loss
+        flat = torch.empty(params.shape[0], self.P, dtype=params.dtype, device=params.device)
+        self.layout.write(flat, dict(zip(self.layout.names, g)))
+        return flat, loss
+
+    def logits(self, params: torch.Tensor, x: torch.Tensor, local: np.ndarray | None = None) -> torch.Tensor:
+        """``[m, b, C]`` outputs of model rows ``params [m, P]`` on inputs ``x [m, b, ...]``."""
+        return rowmodel.logits(self, params, x, local)
+
+    # ------------------------------------------------------------------ training
+    def train(self, local: np.ndarray, epochs: int, round: int, purpose: str = "train",
+              subsets: list[np.ndarray] | None = None, objective: Objective | None = None,
+              step: StepFn | None = None, batch_size: int | None = None,
+              max_batches: int | None = None) -> np.ndarray:
+        """Train the listed local clients (indices into this rank's block) in place
+        for ``epochs`` local epochs (over ``subsets`` of their samples if given, see
+        :meth:`plan`); returns each one's mean training loss.
+
+        ``objective`` adds closed-form terms to every path's gradient; ``step``
+        replaces the optimisation step itself (methods whose update is not a
+        gradient step on one loss: APFL, Per-FedAvg, FedRoD...), with the same
+        batches, chunks and non-finite handling. ``batch_size`` (default
+        ``train.batch_size``) sizes the batches a step gets: a step that splits its
+        batch into several (Per-FedAvg's inner and outer batches) asks for a multiple.
+        ``max_batches``: at most this many steps per client."""
+        local = np.asarray(local, dtype=np.int64)
+        if objective is not None and not objective.active:
+            objective = None  # FedProx at mu = 0 is FedAvg bit for bit, Ditto at lam = 0 Local
+        losses = np.zeros(len(local))
+        seen = np.zeros(len(local))
+        if len(local) == 0 or epochs == 0:
+            return np.full(len(local), np.nan)
+        bp = self.plan(local, epochs, round, purpose, batch_size=batch_size, subsets=subsets, max_batches=max_batches)
+        skip = self.cfg.on_nonfinite == "skip"
+        if skip:
+            sel0 = rows_selector(local, self.device)
+            start = (self.params[sel0].clone(), {k: v[sel0].clone() for k, v in self.opt.state.items()})
+        bad = np.zeros(len(local), bool)
+        if not self.batched and step is None:
+            loop.train_loop(self, local, bp, objective, bad, losses, seen)
+        else:
+            batched.train_steps(self, local, bp, objective, step, bad, losses, seen)
+        if bad.any():
+            if not skip:
+                k = int(np.flatnonzero(bad)[0])
+                raise NonFiniteError(f"client {int(self.ids[local[k]])} produced a non-finite loss or parameters "
+                                     f"in round {round + 1} ({purpose}); lower train.lr or set train.on_nonfinite=skip")
+            # drop the update: the client keeps its rows from before this call
+            rows = torch.as_tensor(np.flatnonzero(bad), device=self.device)
+            at = torch.as_tensor(local[bad], device=self.device)
+            self.params[at] = start[0][rows]
+            for k, v in start[1].items():
+                self.opt.state[k][at] = v[rows]
+            self.skipped[local[bad]] += 1
+            losses[bad] = np.nan
+        return losses / np.maximum(seen, 1)
+
+    def measure_paths(self, steps: int = 3, reps: int = 3) -> tuple[float, float]:
+        """Seconds (best of ``reps``) that ``steps`` training steps of up to 8 of this
+        rank's clients take batched and client by client, on copies of their rows
+        and state: no side effect on training (own random streams, buffers put back)."""
+        m = min(self.n, 8)
+        if m == 0:
+            return 0.0, 0.0
+        local = np.arange(m)
+        saved = self.batched, self.buffers.clone(), self.skipped.copy()
+        best = {True: float("inf"), False: float("inf")}
+        try:
+            for r in range(reps + 1):  # the first round warms both paths up
+                for path in ((True, False) if r % 2 else (False, True)):
+                    self.batched = path
+                    with self.using(self.params[:m].clone()):
+                        t0 = time.perf_counter()
+                        self.train(local, 1, r, purpose="measure", max_batches=steps)
+                        if r:
+                            best[path] = min(best[path], time.perf_counter() - t0)
+        finally:
+            self.batched = saved[0]
+            self.buffers.copy_(saved[1])
+            self.skipped[:] = saved[2]
+        return best[True], best[False]
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self, split: str, params: torch.Tensor | None = None,
+                 local: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(mean loss, accuracy) per client on its own ``split``
+        (:func:`mpifl.train.evaluation.evaluate`)."""
+        return evaluation.evaluate(self, split, params, local)
+
+    def split_batches(self, split: str, local: np.ndarray | None = None
+                      ) -> Iterator[tuple[slice, np.ndarray, torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Every listed client's whole ``split`` in padded chunks of clients
+        (:func:`mpifl.train.evaluation.split_batches`)."""
+        return evaluation.split_batches(self, split, local)
+
+    def split_index(self, local: np.ndarray, split: str) -> np.ndarray:
+        """``[m, n_max]`` indices of each client's split samples, -1 padded."""
+        return evaluation.split_index(self, local, split)
+
+    def shared_logits(self, row: torch.Tensor, x: torch.Tensor, local: np.ndarray) -> torch.Tensor:
+        """``[m, b, C]`` outputs of one model ``row [P]`` on the listed clients' inputs
+        ``x [m, b, ...]`` (a BatchNorm model with each client's own statistics)."""
+        return evaluation.shared_logits(self, row, x, local)

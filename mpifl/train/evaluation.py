@@ -1,0 +1,89 @@
+"""Evaluation: each client's loss and accuracy on its own split, in chunks of
+clients with padded batches; no side effect on training state."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from .loss import loss_acc
+from .plan import gather
+from .rowmodel import logits
+
+if TYPE_CHECKING:
+    from .clients import Clients
+
+
+def split_index(c: Clients, local: np.ndarray, split: str) -> np.ndarray:
+    """``[m, n_max]`` indices of each listed client's split samples, -1 padded."""
+    spans = [c.split_range(int(k), split) for k in local]
+    n_max = max((hi - lo for lo, hi in spans), default=0)
+    idx = np.full((len(local), n_max), -1, np.int64)
+    for i, (lo, hi) in enumerate(spans):
+        idx[i, :hi - lo] = np.arange(lo, hi)
+    return idx
+
+
+def clients_per_chunk(c: Clients, n_max: int) -> int:
+    """Clients evaluated together when each holds up to ``n_max`` samples: the
+    gathered inputs are bounded to ~32M floats per forward."""
+    feat = int(np.prod(c.x.shape[1:])) if c.x.dim() > 1 else 1
+    return max(1, (32 << 20) // max(1, n_max * feat))
+
+
+def split_batches(c: Clients, split: str, local: np.ndarray | None = None
+                  ) -> Iterator[tuple[slice, np.ndarray, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Every listed client's whole ``split`` in chunks of clients, padded:
+    ``(positions in local, idx [m, n_max], x, y, w)`` with w = 0 on padding."""
+    local = np.arange(c.n) if local is None else np.asarray(local)
+    idx_all = split_index(c, local, split)
+    if len(local) == 0 or idx_all.shape[1] == 0:
+        return
+    step = clients_per_chunk(c, idx_all.shape[1])
+    for a in range(0, len(local), step):
+        sl = slice(a, min(a + step, len(local)))
+        yield (sl, idx_all[sl], *gather(c, idx_all[sl]))
+
+
+@torch.no_grad()
+def shared_logits(c: Clients, row: torch.Tensor, x: torch.Tensor, local: np.ndarray) -> torch.Tensor:
+    """``[m, b, C]`` outputs of one model ``row [P]`` on the listed clients' inputs
+    ``x [m, b, ...]`` (a BatchNorm model with each client's own statistics)."""
+    if c.layout.B:
+        return logits(c, row.expand(len(local), -1).contiguous(), x, local)
+    c.model.eval()
+    return c.functional.logits(row, x.reshape(-1, *x.shape[2:])).reshape(*x.shape[:2], -1)
+
+
+@torch.no_grad()
+def evaluate(c: Clients, split: str, params: torch.Tensor | None = None,
+             local: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(mean loss, accuracy) per listed client on its own ``split``.
+
+    ``params``: ``[m, P]`` rows (default: the clients' own rows) or one ``[P]``
+    model shared by all of them. A BatchNorm model always normalises with the
+    evaluated client's own running statistics (``c.buffers``), which are local to
+    each client as in FedBN: the template's buffers are never trained.
+    """
+    local = np.arange(c.n) if local is None else np.asarray(local)
+    loss = np.full(len(local), np.nan)
+    acc = np.full(len(local), np.nan)
+    if len(local) == 0:
+        return loss, acc
+    if params is None:
+        params = c.params[torch.as_tensor(local, device=c.device)]
+    elif params.dim() == 1 and c.layout.B:
+        params = params.expand(len(local), -1)
+    idx_all = split_index(c, local, split)
+    if idx_all.shape[1] == 0:
+        return loss, acc
+    step = clients_per_chunk(c, idx_all.shape[1])
+    for a in range(0, len(local), step):
+        sl = slice(a, a + step)
+        x, y, w = gather(c, idx_all[sl])
+        out = shared_logits(c, params, x, local[sl]) if params.dim() == 1 else logits(c, params[sl], x, local[sl])
+        loss[sl], acc[sl] = loss_acc(out, y, w)
+    return loss, acc

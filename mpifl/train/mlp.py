@@ -1,0 +1,93 @@
+"""Plain MLPs (Flatten / Linear / ReLU) of many clients at once, by batched
+matmuls over their stacked weights: the forward and a hand-written backward.
+
+vmap's linear puts each weight gradient in transposed layout, and applying it to
+the row-major rows then costs a strided pass as long as the matmuls; these
+kernels keep every weight in the rows' own ``[m, out, in]`` layout instead.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .loss import cross_entropy
+
+
+def stacked_mlp(model: nn.Module) -> list[tuple[str, ...]] | None:
+    """The layers of an ``nn.Sequential`` of Flatten / Linear / ReLU, or None.
+
+    Such models (the MLPs) train through :func:`stacked_forward` instead of vmap."""
+    if not isinstance(model, nn.Sequential):
+        return None
+    ops: list[tuple[str, ...]] = []
+    for name, mod in model.named_children():
+        if isinstance(mod, nn.Linear):
+            ops.append(("linear", f"{name}.weight", f"{name}.bias" if mod.bias is not None else ""))
+        elif isinstance(mod, nn.ReLU):
+            ops.append(("relu",))
+        elif isinstance(mod, nn.Flatten) and mod.start_dim == 1 and mod.end_dim == -1:
+            ops.append(("flatten",))
+        else:
+            return None
+    return ops
+
+
+def stacked_forward(ops: list[tuple[str, ...]], p: dict[str, torch.Tensor], x: torch.Tensor,
+                    keep: list[torch.Tensor] | None = None) -> torch.Tensor:
+    """``[m, b, C]`` logits of m MLPs (weights ``[m, out, in]``) on ``x [m, b, ...]``;
+    ``keep`` collects each layer's input (what the backward needs)."""
+    m, b = x.shape[:2]
+    h = x.reshape(m, b, -1)
+    for op in ops:
+        if op[0] == "linear":
+            if keep is not None:
+                keep.append(h)
+            wt = p[op[1]].transpose(1, 2)
+            h = torch.baddbmm(p[op[2]].unsqueeze(1), h, wt) if op[2] else torch.bmm(h, wt)
+        elif op[0] == "relu":
+            h = torch.relu(h)
+            if keep is not None:
+                keep.append(h)
+        # flatten: inputs were flattened above, and Flatten comes first in an MLP
+    return h
+
+
+def stacked_grads(ops: list[tuple[str, ...]], p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+                  w: torch.Tensor, out: list[torch.Tensor], sgd: tuple[float, float] | None = None,
+                  bias: torch.Tensor | None = None) -> tuple[list[torch.Tensor | None], torch.Tensor]:
+    """Loss ``[m]`` (weighted mean CE per row, :func:`~mpifl.train.loss.cross_entropy`'s
+    closed form) of m MLPs and its gradient, written into ``out`` (per-parameter
+    blocks ``[m, *shape]`` in ``p``'s order), by a hand-written backward:
+    ``dW = dz^T h`` lands in the rows' own ``[m, out, in]`` layout through
+    ``bmm(out=)`` with no autograd graph and no fresh gradient tensors.
+
+    ``sgd = (lr, weight_decay)``: plain SGD is applied here to the weight blocks, as
+    ``W <- (1 - lr wd) W - lr dz^T h`` in one ``baddbmm_``, and their entries in the
+    returned list are None (the caller's optimizer updates the biases). No weight
+    gradient is stored and read back: 7% less time per call at 128 clients on one
+    thread, although torch runs an in-place baddbmm_ into rows of the [n, P]
+    parameters (not contiguous) client by client, which is why the caller fuses on
+    one thread only (bench/README.md)."""
+    keep: list[torch.Tensor] = []
+    logits = stacked_forward(ops, p, x, keep)
+    loss, dz = cross_entropy(logits, y, w, bias=bias, grad=True)
+    grad: dict[str, torch.Tensor | None] = dict(zip(p, out))
+    for op in reversed(ops):
+        if op[0] == "linear":
+            h, W = keep.pop(), p[op[1]]
+            if op[2]:
+                torch.sum(dz, 1, out=grad[op[2]])
+            dz_in = torch.bmm(dz, W) if keep else None  # the first layer's input gradient is not needed
+            if sgd is not None:
+                lr, wd = sgd
+                W.baddbmm_(dz.transpose(1, 2), h, beta=1 - lr * wd, alpha=-lr)
+                grad[op[1]] = None
+            else:
+                torch.bmm(dz.transpose(1, 2), h, out=grad[op[1]])
+            dz = dz_in
+        elif op[0] == "relu":
+            # ReLU's own backward kernel: 7x faster here than dz * (h > 0), whose
+            # bool mask and its conversion are unvectorised on CPU
+            dz = torch.ops.aten.threshold_backward(dz, keep.pop(), 0)
+    return list(grad.values()), loss

@@ -1,0 +1,150 @@
+"""python -m mpifl.analyze --x KEY: per-method curves over a swept key and the
+crossover against a baseline, on hand-written logs whose accuracies are known."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mpifl import analyze as an
+from mpifl import config
+from mpifl import curves as cv
+from mpifl.logging.h5 import Writer
+
+N = 6
+SIZES = (10, 20, 40, 80, 160)
+SEEDS = (0, 1, 2)
+NOISE = {0: -0.01, 1: 0.0, 2: 0.01}  # per seed: std over seeds 0.01
+
+
+def truth(algo: str, n: int) -> float:
+    """Local grows with the data; Oracle is flat at 0.8, so it beats Local up to
+    40 samples, ties at 80 and loses at 160; FedAvg never beats Local; FedProx
+    beats it everywhere."""
+    local = 0.5 + 0.1 * math.log2(n / 10)
+    return {"local": local, "oracle": 0.8, "fedavg": 0.3, "fedprox": local + 0.05}[algo]
+
+
+def write(path: Path, algo: str, n: int, seed: int, lr: float = 0.05, shift: float = 0.0) -> None:
+    path.parent.mkdir(parents=True)
+    cfg = config.from_dict({"run": {"rounds": 2, "seed": seed, "name": path.parent.name},
+                            "data": {"name": "synthetic", "n_clients": N, "train_per_client": n},
+                            "train": {"lr": lr}, "algorithm": {"name": algo}})
+    w = Writer(path, {"algorithm": algo, "seed": seed, "n_clients": N, "config_yaml": cfg.to_yaml()},
+               {"cluster": np.arange(N) % 2, "n_test": np.full(N, 10)}, N)
+    acc = truth(algo, n) + NOISE[seed] + shift
+    for t in range(2):  # per client around the mean: the client mean is acc at the last round
+        test = np.full(N, acc if t == 1 else 0.1) + np.array([-0.02, 0.02, 0, 0, -0.01, 0.01])
+        w.write_round(t, {"wall_s": 1.0}, {"metrics/test_acc": test, "metrics/val_acc": test})
+    w.close()
+
+
+@pytest.fixture(scope="module")
+def runs(sweep, tmp_path_factory) -> list:
+    return an.analyze([sweep], tmp_path_factory.mktemp("out"), heatmaps="none", echo=quiet)["runs"]
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("regime") / "runs"
+    for algo in ("local", "oracle", "fedavg", "fedprox"):
+        for n in SIZES:
+            for s in SEEDS:
+                write(root / f"{algo}-{n}-{s}" / "run.h5", algo, n, s)
+    return root.parent
+
+
+def quiet(*a, **k) -> None:
+    pass
+
+
+def grouping(runs: list) -> cv.Grouping:
+    return cv.Grouping(an.varying_keys(runs), an.setting, an.NOT_APPLICABLE)
+
+
+def test_one_curve_per_method_with_mean_and_std_over_seeds(runs):
+    keys, cs = cv.curves(runs, "data.train_per_client", grouping(runs))
+    assert keys == ["algorithm.name"]
+    by = {c.label: c for c in cs}
+    assert set(by) == {"local", "oracle", "fedavg", "fedprox"}
+    for algo, c in by.items():
+        assert c.x == list(map(float, SIZES)) and all(s == list(SEEDS) for s in c.seeds)
+        for x, m, s in zip(c.x, c.mean, c.std):
+            vals = [truth(algo, int(x)) + NOISE[k] for k in SEEDS]
+            assert m == pytest.approx(np.mean(vals)) and s == pytest.approx(np.std(vals, ddof=1))
+
+
+def test_crossover_is_the_last_size_above_and_the_first_after_it_not(runs):
+    keys, cs = cv.curves(runs, "data.train_per_client", grouping(runs))
+    got = {c.method: c for c in cv.crossovers(keys, cs, "local")}
+    assert set(got) == {"oracle", "fedavg", "fedprox"}
+    assert [s for _, s, _ in got["oracle"].signs] == ["above", "above", "above", "level", "below"]
+    assert (got["oracle"].last_above, got["oracle"].no_longer) == (40, 80)
+    assert (got["fedavg"].last_above, got["fedavg"].no_longer) == (None, 10)
+    assert (got["fedprox"].last_above, got["fedprox"].no_longer) == (160, None)
+    assert "above up to data.train_per_client=40, no longer at 80" in got["oracle"].sentence("data.train_per_client")
+    assert "never above" in got["fedavg"].sentence("data.train_per_client")
+    assert "above up to the largest" in got["fedprox"].sentence("data.train_per_client")
+    only = cv.crossovers(keys, cs, "local", ["oracle"])
+    assert [c.method for c in only] == ["oracle"]
+
+
+def test_a_gap_within_the_seeds_std_is_level():
+    c = cv.Curve(("m",), "m", [1.0, 2.0], [0.70, 0.75], [0.02, 0.01], [[0, 1]] * 2)
+    b = cv.Curve(("b",), "b", [1.0, 2.0], [0.69, 0.70], [0.005, 0.06], [[0, 1]] * 2)
+    x = cv.compare(c, b)  # 1 point up with std 2: level; 5 up with the baseline's std 6: level
+    assert [s for _, s, _ in x.signs] == ["level", "level"] and x.last_above is None and x.no_longer == 1.0
+
+
+def test_the_baseline_is_taken_from_the_same_setting_of_other_keys(tmp_path):
+    for lr, shift in ((0.05, 0.0), (0.5, 0.3)):
+        for algo in ("local", "oracle"):
+            for n in (10, 80):
+                for s in SEEDS:
+                    # at lr 0.5 Local is 0.3 higher everywhere: Oracle never beats it there
+                    write(tmp_path / "runs" / f"{algo}-{lr}-{n}-{s}" / "run.h5", algo, n, s, lr,
+                          shift if algo == "local" else 0.0)
+    res = an.analyze([tmp_path / "runs"], tmp_path / "out", heatmaps="none", echo=quiet)
+    keys, cs = cv.curves(res["runs"], "data.train_per_client", grouping(res["runs"]))
+    assert keys == ["algorithm.name", "train.lr"]
+    got = {c.method: c for c in cv.crossovers(keys, cs, "local")}
+    assert set(got) == {"oracle, train.lr=0.05", "oracle, train.lr=0.5"}
+    assert all(c.baseline == "local, " + c.method.split(", ")[1] for c in got.values())
+    assert (got["oracle, train.lr=0.05"].last_above, got["oracle, train.lr=0.05"].no_longer) == (10, 80)
+    assert (got["oracle, train.lr=0.5"].last_above, got["oracle, train.lr=0.5"].no_longer) == (None, 10)
+
+
+def test_log_axis_only_across_a_decade():
+    assert cv.log_x([25, 50, 400]) and cv.log_x([10, 100])
+    assert not cv.log_x([100, 400, 700]) and not cv.log_x([0, 10, 100]) and not cv.log_x([])
+
+
+def test_cli_writes_figure_and_tables_and_prints_the_crossover(sweep, tmp_path, capsys):
+    out = tmp_path / "a"
+    assert an.main([str(sweep), "--out", str(out), "--heatmaps", "none", "--x", "data.train_per_client",
+                    "--versus", "local", "--method", "oracle"]) == 0
+    text = capsys.readouterr().out
+    assert "oracle vs local: above up to data.train_per_client=40, no longer at 80" in text
+    assert "fedavg vs local" not in text
+    import matplotlib.image as mpimg
+
+    img = mpimg.imread(out / "curves_train_per_client.png")
+    assert img.shape[0] >= 200 and img[..., :3].std() > 0.01
+    csv_rows = (out / "curves_train_per_client.csv").read_text().splitlines()
+    assert csv_rows[0] == "method,data.train_per_client,n_seeds,seeds,final_acc_mean,final_acc_std"
+    assert len(csv_rows) == 1 + 4 * len(SIZES)
+    md = (out / "curves_train_per_client.md").read_text()
+    assert "| oracle | 80.00 ± 1.00 [3] |" in md and "no longer at 80" in md
+
+
+def test_cli_refuses_in_one_line(sweep, tmp_path, capsys):
+    base = [str(sweep), "--out", str(tmp_path), "--heatmaps", "none"]
+    assert an.main([*base, "--x", "algorithm.name"]) == 2
+    assert an.main([*base, "--x", "data.train_per_client", "--versus", "nothing"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "must hold numbers" in err[0] and "--versus nothing: no runs" in err[1]
+    with pytest.raises(SystemExit):
+        an.main([*base, "--versus", "local"])  # --versus without --x
