@@ -63,6 +63,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ConfigError
+from .figure import finish, pyplot
 from .logging.h5 import Run, open_run
 from .summary import ACC, JOB, PCT, WINDOW, Mismatch, Summary, find_logs, nanmean, run_row, summarize
 
@@ -207,21 +208,12 @@ def markdown(cols: list[str], rows: list[dict[str, Any]], ddof: int, window: int
 # --------------------------------------------------------------------------- figures
 
 
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9.+=_-]+", "_", name)
 
 
 def plot_accuracy(groups: list[Group], path: Path) -> Path:
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for g in groups:
         n = max(len(r.curve) for r in g.runs)
@@ -242,26 +234,13 @@ def plot_accuracy(groups: list[Group], path: Path) -> Path:
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    return _finish(plt, fig, ax, path, "round", "mean client test accuracy (%)",
+    return finish(plt, fig, ax, path, "round", "mean client test accuracy (%)",
                    "Test accuracy vs round (mean ± std over seeds)")
-
-
-def _finish(plt, fig, ax, path: Path, xlabel: str, ylabel: str, title: str) -> Path:
-    """Labels, grid and legend, then save the figure and free it."""
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
 
 
 def plot_variance(groups: list[Group], path: Path) -> Path:
     """DPFL Fig. 1: each run's variance of per-client final accuracy vs its mean."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4.5))
     for g in groups:
         xs = [100 * float(nanmean(r.client_final)) for r in g.runs]
@@ -270,7 +249,7 @@ def plot_variance(groups: list[Group], path: Path) -> Path:
         pts = ax.scatter(xs, ys, alpha=0.6, label=g.label)
         ax.scatter([np.nanmean(xs)], [np.nanmean(ys)], marker="X", s=120, color=pts.get_facecolor()[0],
                    edgecolors="black")
-    return _finish(plt, fig, ax, path, "mean client test accuracy (%)", "variance over clients (%²)",
+    return finish(plt, fig, ax, path, "mean client test accuracy (%)", "variance over clients (%²)",
                    "Per-client accuracy: variance vs mean (X: group mean)")
 
 
@@ -278,7 +257,7 @@ def plot_ari(groups: list[Group], path: Path) -> Path | None:
     sources = sorted({s for g in groups for r in g.runs for s in r.ari})
     if not sources:
         return None
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(groups) * len(sources)), 4.5))
     width = 0.8 / len(sources)
     for j, s in enumerate(sources):
@@ -335,7 +314,7 @@ def _cluster_order(cluster: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
 def plot_label_hist(label_hist: np.ndarray, cluster: np.ndarray, path: Path, title: str = "") -> Path:
     """Training samples per client (rows, ordered by true cluster) and class
     (columns): what each client holds, whatever the numbers of clients and classes."""
-    plt = _plt()
+    plt = pyplot()
     order, bounds, centers, names = _cluster_order(np.asarray(cluster))
     hist = np.asarray(label_hist)[order]
     n, c = hist.shape
@@ -368,7 +347,7 @@ def plot_heatmaps(run: Run, out_dir: Path, rounds: list[int] | None, warn=print,
     title = title or run.path.parent.name
     from matplotlib.colors import TwoSlopeNorm
 
-    plt = _plt()
+    plt = pyplot()
     cluster = run.get("clients/cluster")
     order, bounds, centers, names = _cluster_order(cluster)
     written = []

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from .figure import finish, pyplot
 from .summary import Summary
 
 LOG_SPAN = 10  # a log x axis once max/min reaches this
@@ -221,11 +222,7 @@ def log_x(xs: list[float]) -> bool:
 
 
 def plot(path: Path, key: str, metric: str, cs: list[Curve]) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for c in cs:
         x, m = np.array(c.x), 100 * np.array(c.mean)
@@ -238,15 +235,7 @@ def plot(path: Path, key: str, metric: str, cs: list[Curve]) -> Path:
         ticks = sorted(set(xs))
         ax.set_xticks(ticks, [_num(t) for t in ticks])
         ax.minorticks_off()
-    ax.set_xlabel(key)
-    ax.set_ylabel(f"{metric} (%)")
-    ax.set_title(f"{metric} vs {key} (mean ± std over seeds)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return finish(plt, fig, ax, path, key, f"{metric} (%)", f"{metric} vs {key} (mean ± std over seeds)")
 
 
 def report(runs: list[Summary], key: str, grouping: Grouping, out: Path, metric: str = "final_acc",
