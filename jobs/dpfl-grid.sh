@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The DPFL acceptance grid on built-in data (docs/reproductions/dpfl.md): for each
+# The DPFL grid on built-in data (every budget, the random graph and the two baselines) (docs/reproductions/dpfl.md): for each
 # partition and seed, DPFL at budgets inf/0.2N/0.1N/0.05N, the random graph at
 # 0.2N/0.1N/0.05N, FedAvg and Local, all from one jobs file by command-line overrides.
 # Usage: jobs/dpfl-grid.sh [DATASET=mnist1d] [PARALLEL=2]   (from the repo root)
