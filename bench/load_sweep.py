@@ -26,6 +26,7 @@ import yaml
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from mpifl import config  # noqa: E402
 from mpifl.logging.h5 import Writer  # noqa: E402
+from mpifl.mixing import Dense  # noqa: E402
 from mpifl.results import load_sweep  # noqa: E402
 
 ALGOS = ("local", "fedavg", "oracle", "dpfl")
@@ -57,7 +58,7 @@ def write_sweep(root: Path, runs: int, clients: int, rounds: int) -> None:
                            "metrics/val_acc": acc, "metrics/test_loss": rng.random(clients),
                            "metrics/test_acc": acc, "metrics/skipped": np.zeros(clients, np.int64),
                            "comm/bytes_sent": np.full(clients, 1e5), "comm/bytes_recv": np.full(clients, 1e5),
-                           "comm/models_recv": np.ones(clients, np.int64)}, mixing=mixing)
+                           "comm/models_recv": np.ones(clients, np.int64)}, mixing=Dense(mixing))
         w.close()
         points.append({"name": name, "values": {"algorithm.name": algo, "run.seed": seed}})
     (root / "sweep.yaml").write_text(yaml.safe_dump({"name": root.name, "points": points}, sort_keys=False))
