@@ -23,3 +23,12 @@ def check(ok: bool, key: str, value: Any, allowed: str) -> None:
     """Raise the one-line error ``key=value is not allowed; allowed`` unless ``ok``."""
     if not ok:
         raise ConfigError(f"{key}={value!r} is not allowed; {allowed}")
+
+
+STORAGE_EXIT = 74  # EX_IOERR: the disk refused a write; free space (or fix the disk) and rerun the same command
+
+
+class StorageError(OSError):
+    """The file system refused a write of the log or a checkpoint (ENOSPC, EDQUOT,
+    EIO, EROFS): what was committed before it is kept, the run stops in one line
+    with exit status :data:`STORAGE_EXIT`, and the same command resumes."""
