@@ -56,6 +56,7 @@ import re
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -405,10 +406,12 @@ def plot_heatmaps(run: Run, out_dir: Path, rounds: list[int] | None, warn=print,
 
 
 def analyze(paths: list[str | Path], out: Path, heatmaps: str = "first", rounds: list[int] | None = None,
-            ddof: int = 1, echo=print, window: int = WINDOW, layouts: list[Path] = ()) -> dict[str, Any]:
+            ddof: int = 1, echo=print, window: int = WINDOW, layouts: list[Path] = (),
+            check: Callable[[list[Summary], list[str]], None] | None = None) -> dict[str, Any]:
     """Read the logs, write tables and figures under ``out``; returns what was made.
     ``layouts``: paper-layout files (``mpifl.paper_table``), each rendered to
-    ``<out>/<layout name>.md``."""
+    ``<out>/<layout name>.md``. ``check(runs, keys)`` runs before anything is
+    written, so a request the runs cannot answer costs no figures."""
     from .paper_table import load_layout, render
 
     chosen_layouts = [(Path(f), load_layout(f)) for f in layouts]  # a bad file fails before any reading
@@ -435,6 +438,8 @@ def analyze(paths: list[str | Path], out: Path, heatmaps: str = "first", rounds:
     if not runs:
         raise FileNotFoundError(f"no readable run log under {', '.join(map(str, paths))}")
     keys = varying_keys(runs)
+    if check is not None:
+        check(runs, keys)
     groups = group_runs(runs, keys)
     out.mkdir(parents=True, exist_ok=True)
     cols, rows = table(groups, keys, ddof)
@@ -514,10 +519,15 @@ def main(argv: list[str] | None = None) -> int:
     if out is None:
         one = Path(a.paths[0])
         out = one / "analysis" if len(a.paths) == 1 and one.is_dir() else Path("analysis")
-    from .curves import CurveError, Grouping, report
+    from .curves import CurveError, Grouping, compute, report
+
+    def check(runs: list[Summary], keys: list[str]) -> None:
+        if a.x:
+            compute(runs, a.x, Grouping(keys, setting, NOT_APPLICABLE), a.metric, a.versus, a.method, a.ddof)
 
     try:
-        res = analyze(a.paths, out, a.heatmaps, a.rounds, a.ddof, window=max(1, a.window), layouts=a.layout)
+        res = analyze(a.paths, out, a.heatmaps, a.rounds, a.ddof, window=max(1, a.window), layouts=a.layout,
+                      check=check)
         if a.x:
             report(res["runs"], a.x, Grouping(res["keys"], setting, NOT_APPLICABLE), out, a.metric, a.versus,
                    a.method, a.ddof)

@@ -238,12 +238,20 @@ def plot(path: Path, key: str, metric: str, cs: list[Curve]) -> Path:
     return finish(plt, fig, ax, path, key, f"{metric} (%)", f"{metric} vs {key} (mean ± std over seeds)")
 
 
+def compute(runs: list[Summary], key: str, grouping: Grouping, metric: str = "final_acc",
+            versus: str | None = None, methods: list[str] = (), ddof: int = 1
+            ) -> tuple[list[str], list[Curve], list[Crossover]]:
+    """The grouping keys, the curves and the crossovers; raises :class:`CurveError`
+    on a key or a method the runs cannot give, before anything is written."""
+    keys, cs = curves(runs, key, grouping, metric, ddof)
+    return keys, cs, crossovers(keys, cs, versus, list(methods)) if versus else []
+
+
 def report(runs: list[Summary], key: str, grouping: Grouping, out: Path, metric: str = "final_acc",
            versus: str | None = None, methods: list[str] = (), ddof: int = 1, echo=print) -> dict[str, Any]:
     """Curves of ``metric`` over ``key``: files under ``out``, the table and the
     crossovers echoed; returns what was made."""
-    keys, cs = curves(runs, key, grouping, metric, ddof)
-    cross = crossovers(keys, cs, versus, list(methods)) if versus else []
+    keys, cs, cross = compute(runs, key, grouping, metric, versus, methods, ddof)
     out.mkdir(parents=True, exist_ok=True)
     base = out / stem(key)
     write_csv(base.with_suffix(".csv"), key, metric, cs)

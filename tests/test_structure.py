@@ -2,6 +2,7 @@
 imports under ``if TYPE_CHECKING`` do not), and the leaf modules stay leaves."""
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,7 @@ def _imports(path: Path, modules: set[str], root: Path) -> set[str]:
     return {m for m in found if m in modules and m != name}
 
 
+@functools.cache  # the tree does not change during a test session; each test reads it
 def graph(root: Path = PKG) -> dict[str, set[str]]:
     files = {_module_name(p, root): p for p in root.rglob("*.py")}
     return {m: _imports(p, set(files), root) for m, p in files.items()}
