@@ -62,13 +62,15 @@ from typing import Any
 
 import numpy as np
 
+from .config.identity import HOW, WHERE
 from .errors import ConfigError
 from .figure import finish, pyplot
 from .logging.h5 import Run, open_run
 from .summary import ACC, JOB, PCT, WINDOW, Mismatch, Summary, find_logs, nanmean, run_row, summarize
 
-# keys that say where or how a run ran, not what it computed
-IGNORED = ("run.seed", "run.name", "run.out_dir", "run.threads", "run.device", "data.root")
+# keys that say where or how a run ran, not what it computed (mpifl.config.identity),
+# the seed (the spread over seeds is the point of a group) and where its data was read
+IGNORED = ("run.seed", "data.root", *WHERE, *HOW)
 
 
 def _key(v: Any) -> str:

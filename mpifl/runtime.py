@@ -63,13 +63,21 @@ def setup(cfg: Config, mpi_comm) -> Setup:
 
 
 def find_checkpoint(cfg: Config) -> Path | None:
-    """The checkpoint to resume from, per ``run.resume``; refuses another config's."""
+    """The checkpoint to resume from, per ``run.resume``; refuses another
+    experiment's (:mod:`mpifl.config.identity`: the directory may have moved, and a
+    larger ``run.rounds`` extends the run) and a ``run.rounds`` below the rounds done."""
     rd = RunDir(cfg.run_dir)
     ck = checkpoint.latest(rd) if cfg.run.resume != "never" else None
     if cfg.run.resume == "require" and ck is None:
         raise ConfigError(f"run.resume='require' is not allowed here: no checkpoint in {str(rd.checkpoint)!r}")
     if ck is not None:
-        checkpoint.check_config(checkpoint.read_meta(ck), cfg.to_dict(), rd.root)
+        meta = checkpoint.read_meta(ck)
+        checkpoint.check_config(meta, cfg.to_dict(), rd.root)
+        done = int(meta["round"]) + 1
+        if cfg.run.rounds < done:
+            raise ConfigError(f"run.rounds={cfg.run.rounds} is fewer than the {done} rounds the run in "
+                              f"{str(rd.root)!r} has done; give run.rounds>={done} to continue it (={done}: "
+                              f"nothing to do), or run.resume=never to start it over")
     return ck
 
 
@@ -105,8 +113,11 @@ def _writer(cfg: Config, s: Setup, keep_rounds: int | None) -> Writer | None:
         "cluster": d.cluster, "rank": rank, "node": s.nodes[rank],
         "n_train": d.sizes[:, 0], "n_val": d.sizes[:, 1], "n_test": d.sizes[:, 2], "label_hist": d.label_hist,
     }
-    return Writer(rd.log, attrs, clients, d.n_clients, dense_max=cfg.log.dense_max, flush_s=cfg.log.flush_s,
-                  keep_rounds=keep_rounds)
+    writer = Writer(rd.log, attrs, clients, d.n_clients, dense_max=cfg.log.dense_max, flush_s=cfg.log.flush_s,
+                    keep_rounds=keep_rounds)
+    if keep_rounds is not None:  # the stored config is the latest: an extension's run.rounds, a moved run's place
+        writer.set_attrs(config_yaml=text)
+    return writer
 
 
 def _check_fresh(cfg: Config, rd: RunDir) -> None:

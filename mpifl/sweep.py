@@ -431,38 +431,63 @@ def run_script(cfg: Config, opts: SlurmOptions, workdir: Path) -> str:
 # --------------------------------------------------------------------------- state
 
 
-def is_complete(cfg: Config) -> bool:
-    """The run's log holds all its rounds (a partial or unreadable log is not)."""
+def rounds_done(cfg: Config) -> int | None:
+    """Rounds the run's log holds as done (``Run.rounds_done``); None without a
+    readable log."""
     from .logging.h5 import open_run
 
     try:
-        return open_run(cfg.run_dir).n_rounds >= cfg.run.rounds
-    except (OSError, KeyError):
-        return False
+        return open_run(cfg.run_dir).rounds_done
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def is_complete(cfg: Config) -> bool:
+    """The run's log has done all of ``cfg``'s rounds (a partial or unreadable log
+    has not; a log extended past them has)."""
+    done = rounds_done(cfg)
+    return done is not None and done >= cfg.run.rounds
 
 
 def status(cfg: Config) -> str:
-    from .logging.h5 import open_run
+    done = rounds_done(cfg)
+    if done is not None:
+        return "done" if done >= cfg.run.rounds else f"{done}/{cfg.run.rounds} rounds"
+    return "new" if not RunDir(cfg.run_dir).log.exists() else "unreadable log"
 
-    if is_complete(cfg):
-        return "done"
+
+def stored_diff(path: Path, cfg: Config) -> str:
+    """The experiment keys (:mod:`mpifl.config.identity`) in which the config file
+    ``path`` differs from ``cfg``, as "k (a -> b), ..."; "" when it is the same
+    experiment (its run.rounds, run.threads... may differ: the run continues)."""
+    from .config.identity import config_diff
+
     try:
-        return f"{open_run(cfg.run_dir).n_rounds}/{cfg.run.rounds} rounds"
-    except (OSError, KeyError):
-        return "new" if not RunDir(cfg.run_dir).log.exists() else "unreadable log"
+        old = read_yaml(path, f"config file {str(path)!r}")
+    except ConfigError:
+        old = None
+    return config_diff(old, cfg.to_dict()) if isinstance(old, dict) else "unreadable"
 
 
 def write(sweep: Sweep, workdir: Path, force: bool = False) -> None:
-    """Configs, runs.txt and array.sbatch; an existing different config is an error."""
+    """Configs, runs.txt and array.sbatch. A point's existing config of another
+    experiment is an error; one that differs in keys that may change between a
+    run and its continuation (run.rounds, run.threads, ...) is replaced, unless
+    its run is complete (an extended run keeps its larger run.rounds)."""
     workdir = Path(workdir).resolve()  # the script cds there from wherever SLURM starts it
     for p in sweep.points:
         rd = RunDir(p.config.run_dir)
         text = p.config.to_yaml()
-        if rd.config.exists() and rd.config.read_text() != text and not force:
-            raise ConfigError(f"{rd.config} holds a different config than this sweep makes for point {p.name}; "
-                              f"use another sweep name or out_dir, or --force to overwrite it")
-        if not rd.config.exists() or rd.config.read_text() != text:
-            atomic_write_text(rd.config, text)
+        if rd.config.exists() and rd.config.read_text() == text:
+            continue
+        if rd.config.exists() and not force:
+            diff = stored_diff(rd.config, p.config)
+            if diff:
+                raise ConfigError(f"{rd.config} holds a different config than this sweep makes for point {p.name}: "
+                                  f"{diff}; use another sweep name or out_dir, or --force to overwrite it")
+            if is_complete(p.config):  # a run extended past this sweep's rounds keeps the config it ran
+                continue
+        atomic_write_text(rd.config, text)
     sweep.log_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(sweep.runs_file, "".join(f"{p.config.run_dir}\n" for p in sweep.points))
     atomic_write_text(sweep.root / "sweep.yaml", yaml.safe_dump({
@@ -671,8 +696,9 @@ def _main_run(a: argparse.Namespace, workdir: Path) -> int:
                           "mpiexec -n N python -m mpi4py -m mpifl.main CONFIG.yaml (its log shows its progress)")
     if a.set:
         raise ConfigError(f"--set with --run: give the overrides after the config, {a.file} {' '.join(a.set)}")
-    if rd.config.exists() and rd.config.read_text() != cfg.to_yaml() and not a.force:
-        raise ConfigError(f"{rd.config} holds a different config; pick another run.name or pass --force")
+    diff = stored_diff(rd.config, cfg) if rd.config.exists() and not a.force else ""
+    if diff:
+        raise ConfigError(f"{rd.config} holds a different config: {diff}; pick another run.name or pass --force")
     refuse_node_local(opts, workdir, rd.root)
     if a.submit and _refused(preflight([cfg], opts, workdir)):
         return 2
