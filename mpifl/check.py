@@ -208,8 +208,8 @@ def launcher(env: dict[str, str]) -> tuple[str, int | None, int | None]:
 # --------------------------------------------------------------------------- with MPI
 
 
-def _ranks(rs: list[int]) -> str:
-    """[0, 1, 2, 5] -> '0-2,5'."""
+def ranges(rs: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2,5' (ascending numbers: ranks, SLURM array indices)."""
     out, start = [], None
     for i, r in enumerate(rs):
         if start is None:
@@ -222,7 +222,7 @@ def _ranks(rs: list[int]) -> str:
 
 def _where(facts: list[dict], ranks: list[int]) -> str:
     hosts = sorted({facts[r]["host"] for r in ranks})
-    return f"rank(s) {_ranks(ranks)} ({', '.join(hosts[:3])}{', ...' if len(hosts) > 3 else ''})"
+    return f"rank(s) {ranges(ranks)} ({', '.join(hosts[:3])}{', ...' if len(hosts) > 3 else ''})"
 
 
 def _fingerprint(root: str) -> str | None:
@@ -333,7 +333,7 @@ def run(path: str | None, overrides: list[str], mpi_comm, torch_s: float = 0.0) 
     errs = mpi_comm.allgather((err, socket.gethostname()))
     bad = [r for r, (e, _) in enumerate(errs) if e]
     if bad:
-        problems.append(f"rank(s) {_ranks(bad)} ({errs[bad[0]][1]}): {errs[bad[0]][0]}")
+        problems.append(f"rank(s) {ranges(bad)} ({errs[bad[0]][1]}): {errs[bad[0]][0]}")
         return mpi_comm.bcast((lines, problems))
 
     facts = mpi_comm.allgather(_facts(cfg, mpi_comm, torch_s))
@@ -356,8 +356,8 @@ def _report(cfg: Config, facts: list[dict], seen: dict) -> list[str]:
     nodes = _nodes(facts, seen["nodes"])
     lines = [f"  launch     {who}, {size} rank(s) on {len(nodes)} node(s); PMI variables: {pmi}"]
     for name, rs in nodes.items():
-        fh, local = facts[rs[0]], _ranks(sorted(facts[r]["local"] for r in rs))
-        lines.append(f"  node       {name}: rank(s) {_ranks(rs)} (node-local {local}), {fh['cpus']} CPU(s), "
+        fh, local = facts[rs[0]], ranges(sorted(facts[r]["local"] for r in rs))
+        lines.append(f"  node       {name}: rank(s) {ranges(rs)} (node-local {local}), {fh['cpus']} CPU(s), "
                      f"{fh['gpus']} GPU(s)")
         if len(rs) > fh["cpus"]:
             lines.append(f"  note       {name} runs {len(rs)} ranks on {fh['cpus']} CPU(s): they share cores; fine "

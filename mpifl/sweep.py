@@ -610,29 +610,108 @@ def local_summary(sweep: Sweep, codes: dict[int, int]) -> str:
     return "\n".join(lines)
 
 
-def _sbatch(args: list[str]) -> str:
+def _sbatch_exe() -> str:
     exe = shutil.which("sbatch")
     if exe is None:
         raise ConfigError("--submit needs sbatch, which was not found; use --local to run here")
-    res = subprocess.run([exe, "--parsable", *args], check=False, capture_output=True, text=True)
+    return exe
+
+
+def _sbatch(args: list[str]) -> str:
+    res = subprocess.run([_sbatch_exe(), "--parsable", *args], check=False, capture_output=True, text=True)
     if res.returncode != 0:
         raise ConfigError(f"sbatch failed (exit {res.returncode}): {res.stderr.strip() or res.stdout.strip()}")
     return res.stdout.strip().split(";")[0]
 
 
-def submit(sweep: Sweep) -> str | None:
-    """Submit the unfinished points as one array; returns the job id (None: nothing to do)."""
-    todo = [p.index for p in sweep.points if not is_complete(p.config)]
+SPEC_MAX = 4096  # characters of one --array value: far below the kernel's 128 KiB per argument
+
+
+@dataclass(frozen=True)
+class Array:
+    """One sbatch submission of the array script: task i runs point ``offset + i``
+    (``MPIFL_ARRAY_OFFSET``, read by slurm/array.sbatch)."""
+
+    offset: int
+    indices: list[int]  # the points, ascending
+
+    @property
+    def spec(self) -> str:
+        """``--array``'s value without the throttle, as ranges: ``0-999``, ``0-3,5``."""
+        from .check import ranges
+
+        return ranges([i - self.offset for i in self.indices])
+
+
+def plan_arrays(todo: list[int], max_array_size: int, spec_max: int = SPEC_MAX) -> list[Array]:
+    """The submissions that run the points ``todo`` (ascending): one array whose task
+    ids are the point indices when they stay below SLURM's MaxArraySize (the largest
+    task id is MaxArraySize - 1); else consecutive arrays, each starting at task 0
+    with an offset and spanning fewer than MaxArraySize indices. An array whose
+    ``--array`` value would pass ``spec_max`` characters (points scattered by the
+    done ones between them) is halved until it fits."""
     if not todo:
-        return None
+        return []
+    if todo[-1] < max_array_size:
+        arrays = [Array(0, list(todo))]
+    else:
+        chunks: list[list[int]] = []
+        for i in todo:
+            if chunks and i - chunks[-1][0] < max_array_size:
+                chunks[-1].append(i)
+            else:
+                chunks.append([i])
+        arrays = [Array(c[0], c) for c in chunks]
+    out: list[Array] = []
+    while arrays:
+        a = arrays.pop(0)
+        if len(a.indices) == 1 or len(a.spec) <= spec_max:
+            out.append(a)
+            continue
+        h = len(a.indices) // 2
+        arrays[:0] = [Array(a.offset, a.indices[:h]), Array(a.indices[h], a.indices[h:])]
+    return out
+
+
+def submission_plan(sweep: Sweep) -> list[Array]:
+    """The arrays ``--submit`` will send for the unfinished points, worked out
+    before anything is written: sbatch must be there, and SLURM's MaxArraySize
+    (``scontrol show config``; 1001, its default, where it does not answer) bounds
+    each array."""
+    from .sweep_status import max_array_size
+
+    todo = [p.index for p in sweep.points if not is_complete(p.config)]
+    if todo:
+        _sbatch_exe()
+    return plan_arrays(todo, max_array_size())
+
+
+def submit(sweep: Sweep, plan: list[Array] | None = None) -> list[str]:
+    """Submit the unfinished points (``plan``: :func:`submission_plan`'s arrays);
+    returns the job ids, one per array (none: nothing to do). With
+    ``slurm.max_parallel`` each array waits for the one before (afterany), so the
+    throttle holds for the whole sweep."""
     from .sweep_status import record_submission
 
-    array = ",".join(map(str, todo))
-    if sweep.slurm.max_parallel:
-        array += f"%{sweep.slurm.max_parallel}"
-    job = _sbatch([f"--array={array}", str(sweep.script)])
-    record_submission(sweep, job, todo)
-    return job
+    plan = submission_plan(sweep) if plan is None else plan
+    jobs: list[str] = []
+    throttle = f"%{sweep.slurm.max_parallel}" if sweep.slurm.max_parallel else ""
+    for a in plan:
+        args = [f"--array={a.spec}{throttle}"]
+        if a.offset:
+            args.append(f"--export=ALL,MPIFL_ARRAY_OFFSET={a.offset}")
+        if throttle and jobs:
+            args.append(f"--dependency=afterany:{jobs[-1]}")
+        try:
+            job = _sbatch([*args, str(sweep.script)])
+        except ConfigError as e:
+            if not jobs:
+                raise
+            raise ConfigError(f"{e} (after {len(jobs)} of {len(plan)} arrays were submitted: jobs "
+                              f"{', '.join(jobs)}; `--status` shows their points)") from None
+        record_submission(sweep, job, a.indices, a.offset)
+        jobs.append(job)
+    return jobs
 
 
 # --------------------------------------------------------------------------- CLI
@@ -741,11 +820,18 @@ def main(argv: list[str] | None = None) -> int:
         if a.submit and _refused(preflight([p.config for p in sweep.points if not is_complete(p.config)],
                                            sweep.slurm, workdir)):
             return 2
+        plan = submission_plan(sweep) if a.submit else []  # sbatch and the array sizes, before writing
         write(sweep, workdir, force=a.force)
         print(f"sweep {sweep.name}: {len(sweep.points)} configs under {sweep.root / 'runs'}; script {sweep.script}")
         if a.submit:
-            job = submit(sweep)
-            print("nothing to submit: every run is complete" if job is None else f"submitted array job {job}")
+            jobs = submit(sweep, plan)
+            if not jobs:
+                print("nothing to submit: every run is complete")
+            elif len(jobs) == 1:
+                print(f"submitted array job {jobs[0]}")
+            else:
+                print(f"submitted {len(jobs)} array jobs ({sum(len(x.indices) for x in plan)} points; SLURM's "
+                      f"MaxArraySize bounds each array): {', '.join(jobs)}")
         elif a.local:
             ranks = a.ranks or sweep.slurm.ntasks
             if run_local(sweep, ranks, workdir, a.parallel, warm=not a.mpiexec):  # the failed ones are listed
