@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from .config.identity import flatten
 from .errors import ConfigError
 from .logging.h5 import Run, open_run
 from .yamlio import read_yaml
@@ -62,17 +63,6 @@ def run_row(s: Summary) -> dict[str, Any]:
             "rounds_planned": s.rounds_planned, "complete": s.complete,
             "final_round": s.final_round + 1 if s.final_round >= 0 else None,
             **{m + PCT: 100.0 * getattr(s, m) for m in ACC}, **{f"ari_{k}": v for k, v in s.ari.items()}}
-
-
-def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}.{k}" if prefix else str(k)
-        if isinstance(v, dict):
-            out.update(flatten(v, key))
-        else:
-            out[key] = v
-    return out
 
 
 @functools.cache

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import shutil
 
-import numpy as np
 import pytest
 import yaml
+from test_reliability import assert_same_logs  # bitwise, wall-clock fields aside
 
 from mpifl import config, runtime
 from mpifl import sweep as sw
 from mpifl.comm import world
-from mpifl.config.identity import HOW, NOT_IDENTITY, WHERE, config_diff
+from mpifl.config.identity import HOW, NOT_IDENTITY, WHERE, config_diff, flatten
 from mpifl.errors import ConfigError
 from mpifl.logging.h5 import open_run
 from mpifl.main import main
@@ -23,7 +23,6 @@ from mpifl.summary import summarize
 TINY = {"run": {"threads": 1, "name": "r", "checkpoint_every": 2},
         "data": {"name": "synthetic", "n_samples": 240, "n_clients": 6, "n_clusters": 2}, "model": {"hidden": [8]},
         "algorithm": {"fraction": 0.5}, "train": {"momentum": 0.9}}
-TIMING = {"rounds/wall_s", "rounds/comm_s", "rounds/compute_s"}  # wall-clock fields
 
 
 def _cfg(out, rounds: int, **over) -> config.Config:
@@ -34,15 +33,6 @@ def _cfg(out, rounds: int, **over) -> config.Config:
     return config.from_dict(raw)
 
 
-def _same_logs(a, b) -> None:
-    """Bitwise equal datasets, wall-clock fields aside."""
-    keys = set(a.keys()) - TIMING
-    assert keys == set(b.keys()) - TIMING and a.n_rounds == b.n_rounds
-    for k in sorted(keys):
-        x, y = a.get(k), b.get(k)
-        assert x.shape == y.shape and np.array_equal(x, y, equal_nan=True), k
-
-
 @pytest.mark.parametrize("algo", ["fedavg", "ditto", "cfl"])
 def test_extending_3_to_5_rounds_equals_a_straight_5_round_run(tmp_path, algo):
     straight = _cfg(tmp_path / "a", 5, **{"algorithm.name": algo})
@@ -51,7 +41,7 @@ def test_extending_3_to_5_rounds_equals_a_straight_5_round_run(tmp_path, algo):
     extended = _cfg(tmp_path / "b", 5, **{"algorithm.name": algo})
     runtime.run(extended, world())
     a, b = open_run(straight.run_dir), open_run(extended.run_dir)
-    _same_logs(a, b)
+    assert_same_logs(a, b)
     # the stored config is the latest: config.yaml and run.h5's say run.rounds=5
     assert b.config["run"]["rounds"] == 5 and b.complete and b.rounds_done == 5
     assert yaml.safe_load((extended.run_dir / "config.yaml").read_text())["run"]["rounds"] == 5
@@ -98,7 +88,7 @@ def test_a_moved_and_renamed_run_directory_resumes(tmp_path, monkeypatch):
     runtime.run(moved, world())
     run = open_run(moved.run_dir)
     assert run.attrs["resumed_from_round"] == 2
-    _same_logs(open_run(straight.run_dir), run)
+    assert_same_logs(open_run(straight.run_dir), run)
     assert run.config["run"]["out_dir"] == str(tmp_path / "elsewhere") and run.config["run"]["name"] == "renamed"
 
 
@@ -111,15 +101,8 @@ def test_run_control_keys_may_change_on_resume_experiment_keys_may_not(tmp_path)
         with pytest.raises(ConfigError, match=f"different config: {key}"):
             runtime.find_checkpoint(_cfg(tmp_path, 2, **{key: value}))
     # the one list, and every key of it a real config key
-    keys = set(_flat(config.from_dict({}).to_dict()))
+    keys = set(flatten(config.from_dict({}).to_dict()))
     assert NOT_IDENTITY == {*WHERE, *HOW, "run.rounds"} and NOT_IDENTITY <= keys
-
-
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
 
 
 def test_a_sweep_extends_its_points_and_skips_those_done(tmp_path):
