@@ -338,13 +338,33 @@ def run(path: str | None, overrides: list[str], mpi_comm, torch_s: float = 0.0) 
 
     facts = mpi_comm.allgather(_facts(cfg, mpi_comm, torch_s))
     device, dev_problem = _device(cfg, mpi_comm, facts)
-    seen = {"devices": mpi_comm.allgather(device), "nodes": node_of_ranks(mpi_comm).tolist()}
+    seen = {"devices": mpi_comm.allgather(device), "nodes": node_of_ranks(mpi_comm).tolist(),
+            "memory": mpi_comm.allgather(_memory(cfg, mpi_comm, facts, device))}
     out_failed, probe_seen = _probe_run_dir(cfg, mpi_comm)
     seen.update(probe=mpi_comm.allgather(probe_seen), out_failed=out_failed, timing=exchange_timing(mpi_comm))
     lines += _report(cfg, facts, seen)
     problems += [p for p in (_placement(cfg, len(facts)), _root_unset(cfg), dev_problem) if p]
+    problems += list(dict.fromkeys(p for m in seen["memory"] for p in m[1:] if p))
     problems += _judge(cfg, facts, seen, mismatch=mismatch is not None)
     return mpi_comm.bcast((lines, problems))  # rank 0's words: the paths as rank 0 names them
+
+
+def _memory(cfg: Config, mpi_comm, facts: list[dict], device: str) -> tuple[str, str | None, str | None]:
+    """This rank's memory estimate against what it has, and the problems the run
+    would refuse to start with: memory, run.threads past the CPUs (mpifl.sizes)."""
+    import torch
+
+    from . import sizes
+
+    rank = mpi_comm.Get_rank()
+    dev = torch.device("cpu" if device == "?" else device)
+    line, problem = sizes.assess(cfg, mpi_comm.Get_size(), rank, dev, facts[rank]["local"], facts[rank]["per_node"])
+    try:
+        sizes.check_threads(cfg.run.threads)
+        threads = None
+    except ConfigError as e:
+        threads = f"rank {rank} ({facts[rank]['host']}): {e}"
+    return line, problem, threads
 
 
 def _report(cfg: Config, facts: list[dict], seen: dict) -> list[str]:
@@ -368,6 +388,7 @@ def _report(cfg: Config, facts: list[dict], seen: dict) -> list[str]:
     threads = f"{cfg.run.threads}" if cfg.run.threads else f"{_span(cores)} (run.threads=0: the cores)"
     lines.append(f"  placement  {cfg.data.n_clients} clients on {size} rank(s): {_span(counts)} per rank; "
                  f"{_span(cores)} core(s) per rank, torch threads {threads}")
+    lines.append(f"  memory     {seen['memory'][0][0]}")
     devices = seen["devices"]
     lines.append(f"  device     {', '.join(f'rank {r}: {d}' for r, d in enumerate(devices[:4]))}"
                  f"{', ...' if size > 4 else ''} (run.device={cfg.run.device})")

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__, algorithms, checkpoint, models
+from . import __version__, algorithms, checkpoint, models, sizes
 from .algorithms.base import Algorithm, Context, Round, evaluates
-from .comm import Comm, agree, node_of_ranks, pick_device, set_threads, versions
+from .comm import Comm, agree, node_local_rank, node_of_ranks, pick_device, set_threads, versions
 from .config import Config
 from .data import build as build_data
 from .errors import ConfigError
@@ -41,8 +41,21 @@ class Setup:
     nodes: np.ndarray  # [R] node index of every rank (comm.node_of_ranks)
 
 
+def fits(cfg: Config, mpi_comm) -> None:
+    """Refuse ``run.threads`` past this process's CPUs and a run whose memory
+    estimate exceeds what the rank has (:mod:`mpifl.sizes`), before anything is
+    allocated. The collectives come first, so a rank that refuses keeps none waiting."""
+    local, per_node = node_local_rank(mpi_comm)
+    device = pick_device(cfg.run.device, mpi_comm)
+    sizes.check_threads(cfg.run.threads)
+    _, problem = sizes.assess(cfg, mpi_comm.Get_size(), mpi_comm.Get_rank(), device, local, per_node)
+    if problem:
+        raise ConfigError(problem)
+
+
 def setup(cfg: Config, mpi_comm) -> Setup:
     """Everything before round 0; user errors surface on every rank together."""
+    agree(mpi_comm, lambda: fits(cfg, mpi_comm))
 
     def build() -> Setup:
         comm = Comm(cfg.data.n_clients, mpi_comm)
