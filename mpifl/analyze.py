@@ -526,6 +526,12 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, LayoutError, CurveError) as e:
         print(f"mpifl.analyze: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # the output folder: read-only, not ours, full
+        if e.filename is None or not Path(e.filename).absolute().is_relative_to(out.absolute()):
+            raise
+        print(f"mpifl.analyze: error: cannot write {e.filename} ({e.strerror}); give --out DIR, a folder you can "
+              f"write", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -509,7 +509,8 @@ def _library() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Check on every rank; rank 0 prints. Returns 0, or 1 when there are problems."""
+    """Check on every rank; rank 0 prints. Returns 0, 1 when there are problems, 2
+    when the config itself is refused."""
     path, overrides = parse(sys.argv[1:] if argv is None else argv, prog="python -m mpifl.check",
                             description=__doc__.splitlines()[0], epilog="")
     t0 = time.perf_counter()
@@ -520,6 +521,16 @@ def main(argv: list[str] | None = None) -> int:
 
     mpi = world()
     try:
+        config_mod.load(path, overrides, n_ranks=1)
+        err = None
+    except ConfigError as e:
+        err = str(e)
+    errs = mpi.allgather(err)
+    if all(errs):  # no rank can read it: a user error like any entry point's, one line, exit 2
+        if mpi.Get_rank() == 0:
+            print(f"mpifl.check: error: {errs[0]}", file=sys.stderr, flush=True)
+        return 2
+    try:  # some ranks only: a problem of the ranks, named by run()
         lines, problems = run(path, overrides, mpi, torch_s)
     except BaseException as e:  # noqa: BLE001 - a crash on one rank must not hang the others
         report_crash(mpi, e)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import os
 import signal
 import socket
@@ -27,6 +28,7 @@ from .yamlio import read_yaml
 METRICS = ("val_loss", "val_acc", "test_loss", "test_acc")
 PREEMPTED = 75  # exit status after a signal-triggered checkpoint (EX_TEMPFAIL): requeue me
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)  # a run directory the user cannot write: a config error
 
 
 class Preempted(Exception):
@@ -104,11 +106,18 @@ def _writer(cfg: Config, s: Setup, keep_rounds: int | None) -> Writer | None:
     except OSError as e:
         raise ConfigError(f"run.out_dir={cfg.run.out_dir!r} is not allowed: cannot create {str(rd.root)!r} "
                           f"({e.strerror})") from None
-    if keep_rounds is None:
-        _check_fresh(cfg, rd)
-        checkpoint.forget(rd)  # a fresh start forgets the earlier run's checkpoints
     text = cfg.to_yaml()
-    atomic_write_text(rd.config, text)
+    try:
+        if keep_rounds is None:
+            _check_fresh(cfg, rd)
+            checkpoint.forget(rd)  # a fresh start forgets the earlier run's checkpoints
+        atomic_write_text(rd.config, text)  # the first write into an existing run directory
+    except OSError as e:
+        if e.errno not in UNWRITABLE:
+            raise
+        raise ConfigError(f"run.out_dir={cfg.run.out_dir!r} is not allowed: the run directory {str(rd.root)!r} "
+                          f"cannot be written ({e.strerror}); pick a run.out_dir you can write (a copy of the run "
+                          f"directory there continues the run)") from None
     d = ctx.data
     attrs = {
         "mpifl_version": __version__, "algorithm": cfg.algorithm.name, "seed": cfg.run.seed,
