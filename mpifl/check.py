@@ -3,11 +3,13 @@
 Launch it as the run will be launched (``srun -n R python -m mpi4py -m
 mpifl.check CONFIG``, ``mpiexec -n R ...``, or alone) before spending an
 allocation: it starts MPI and reports the ranks, nodes and node-local ranks, the
-PMI in use, cores and GPUs per rank against the config's placement, whether
-every rank sees the same run directory and data root, the versions on every
-rank, the time ``import torch`` took and a tiny exchange timing. Each problem is
-one line saying what is wrong and what to change; any problem makes the exit
-status 1. Notes (shared cores, shared GPUs) do not.
+PMI in use, cores and GPUs per rank against the config's placement, the memory
+a rank needs at least against what it has (:mod:`mpifl.sizes`), whether every
+rank sees the same run directory and data root, the versions on every rank, the
+time ``import torch`` took and a tiny exchange timing. Each problem is one line
+saying what is wrong and what to change; any problem makes the exit status 1
+(a config no rank can read: 2, as for every entry point). Notes (shared cores,
+shared GPUs) do not.
 
 The parts that need no MPI launch (:func:`local_problems`, :func:`launch_problems`,
 :func:`node_local`) also run in ``python -m mpifl.sweep --submit``; torch and

@@ -21,11 +21,14 @@ jobs/sweeps/dpfl-budget.yaml with more of the options)::
 
 Every point becomes a validated config in its own run directory,
 ``<sweep>/runs/<NNN_key-value_...>/config.yaml`` (``run.out_dir`` and ``run.name``
-are set by the sweep), and ``<sweep>/array.sbatch`` runs line i+1 of
-``<sweep>/runs.txt`` as array task i. A run directory is the unit of work:
-re-running the sweep leaves existing identical configs alone, ``--submit`` and
-``--local`` skip runs whose log is complete, and a resubmitted point continues in
-the same directory. ``--local --parallel N`` runs N points at once (each with
+are set by the sweep), and ``<sweep>/array.sbatch`` runs line
+``MPIFL_ARRAY_OFFSET`` + i + 1 of ``<sweep>/runs.txt`` as array task i (the offset
+is 0 unless ``--submit`` splits the points at SLURM's MaxArraySize). A run
+directory is the unit of work: re-running the sweep keeps each point's config
+of the same experiment (a larger ``run.rounds`` rewrites it and extends the run,
+``mpifl.config.identity``; another experiment's is refused), ``--submit`` and
+``--local`` skip runs whose log is complete, and a resubmitted point continues
+in the same directory. ``--local --parallel N`` runs N points at once (each with
 ``--ranks`` ranks): on a workstation, N x ranks x ``run.threads`` up to the cores.
 One-rank points run on N warm workers (``mpifl.worker``) that import torch and
 mpifl once and fork a child per point, which skips each run's start-up;
