@@ -130,3 +130,26 @@ def test_a_sweep_extends_its_points_and_skips_those_done(tmp_path):
     with pytest.raises(ConfigError, match=r"holds a different config than this sweep makes for point 000_seed-0: "
                                           r"train.lr \(0.05 -> 0.2\)"):
         sw.write(sw.load(path, out_dir=str(tmp_path / "out"), overrides=["train.lr=0.2"]), tmp_path)
+
+
+@pytest.mark.slow  # --local starts a warm worker per run
+def test_sweep_local_extends_a_finished_sweep_from_the_command_line(tmp_path, capsys, monkeypatch):
+    base = tmp_path / "base.yaml"
+    base.write_text(yaml.safe_dump({k: v for k, v in TINY.items() if k != "run"}))
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({"name": "s", "base": "base.yaml", "grid": {"run.seed": [0]}}))
+    monkeypatch.setenv("PYTHONPATH", str(sw.TEMPLATES.parent))
+
+    def local(rounds: int) -> str:
+        rc = sw.main([str(path), "--out-dir", str(tmp_path / "out"), "--local", "--set", f"run.rounds={rounds}",
+                      "--set", "run.threads=1"])
+        out, err = capsys.readouterr()
+        assert rc == 0, out + err
+        return out
+
+    local(2)
+    out = local(4)  # not refused: the same experiment, longer
+    assert "running 1 of 1 point(s)" in out and "done in" in out and "4/4 rounds" in out
+    run = open_run(tmp_path / "out" / "s" / "runs" / "000_seed-0")
+    assert run.attrs["resumed_from_round"] == 2 and run.complete and run.config["run"]["rounds"] == 4
+    assert "done, skipped" in local(3)  # fewer rounds than the log holds: the point is done
