@@ -16,8 +16,9 @@ is another experiment, refused with the keys that differ (:func:`config_diff`).
   floating-point rounding, not the experiment);
 - how far it goes: ``run.rounds``. A larger value extends the run from its last
   checkpoint (rounds depend on the round index, never on ``run.rounds``, except
-  that the last round always evaluates); a smaller one than the run has done is
-  refused (:func:`mpifl.runtime.find_checkpoint`).
+  that the last round is always evaluated and logged: with ``run.eval_every`` or
+  ``log.every`` above 1 the old last round keeps its evaluation and row); a
+  smaller one than the run has done is refused (:func:`mpifl.runtime.find_checkpoint`).
 
 Everything else (data, model, training, the algorithm and its section, the seed,
 ``run.eval_every``, ``log.every``, ``log.dense_max``, ``data.root``) is the
