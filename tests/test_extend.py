@@ -11,7 +11,7 @@ import pytest
 import yaml
 from test_reliability import assert_same_logs  # bitwise, wall-clock fields aside
 
-from mpifl import config, runtime
+from mpifl import config, runtime, sweep_status
 from mpifl import sweep as sw
 from mpifl.comm import world
 from mpifl.config.identity import HOW, NOT_IDENTITY, WHERE, config_diff, flatten
@@ -126,6 +126,9 @@ def test_a_sweep_extends_its_points_and_skips_those_done(tmp_path):
     assert [sw.is_complete(p.config) for p in longer.points] == [True, False]
     shorter = points(2)  # a point extended past the sweep's rounds is done and keeps its config
     assert all(sw.is_complete(p.config) for p in shorter.points)
+    said: list[str] = []
+    assert sweep_status.report(longer, echo=said.append) == {"done": 1, "stopped": 1}
+    assert "done      4/4" in said[0] and "stopped   2/4" in said[1]
     assert yaml.safe_load((shorter.points[0].config.run_dir / "config.yaml").read_text())["run"]["rounds"] == 4
     with pytest.raises(ConfigError, match=r"holds a different config than this sweep makes for point 000_seed-0: "
                                           r"train.lr \(0.05 -> 0.2\)"):
