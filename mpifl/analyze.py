@@ -63,13 +63,15 @@ from typing import Any
 
 import numpy as np
 
+from .config.identity import HOW, WHERE
 from .errors import ConfigError
 from .figure import finish, pyplot
 from .logging.h5 import Run, open_run
 from .summary import ACC, JOB, PCT, WINDOW, Mismatch, Summary, find_logs, nanmean, run_row, summarize
 
-# keys that say where or how a run ran, not what it computed
-IGNORED = ("run.seed", "run.name", "run.out_dir", "run.threads", "run.device", "data.root")
+# keys that say where or how a run ran, not what it computed (mpifl.config.identity),
+# the seed (the spread over seeds is the point of a group) and where its data was read
+IGNORED = ("run.seed", "data.root", *WHERE, *HOW)
 
 
 def _key(v: Any) -> str:
@@ -533,6 +535,12 @@ def main(argv: list[str] | None = None) -> int:
                    a.method, a.ddof)
     except (FileNotFoundError, LayoutError, CurveError) as e:
         print(f"mpifl.analyze: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # the output folder: read-only, not ours, full
+        if e.filename is None or not Path(e.filename).absolute().is_relative_to(out.absolute()):
+            raise
+        print(f"mpifl.analyze: error: cannot write {e.filename} ({e.strerror}); give --out DIR, a folder you can "
+              f"write", file=sys.stderr)
         return 2
     return 0
 

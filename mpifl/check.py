@@ -3,11 +3,13 @@
 Launch it as the run will be launched (``srun -n R python -m mpi4py -m
 mpifl.check CONFIG``, ``mpiexec -n R ...``, or alone) before spending an
 allocation: it starts MPI and reports the ranks, nodes and node-local ranks, the
-PMI in use, cores and GPUs per rank against the config's placement, whether
-every rank sees the same run directory and data root, the versions on every
-rank, the time ``import torch`` took and a tiny exchange timing. Each problem is
-one line saying what is wrong and what to change; any problem makes the exit
-status 1. Notes (shared cores, shared GPUs) do not.
+PMI in use, cores and GPUs per rank against the config's placement, the memory
+a rank needs at least against what it has (:mod:`mpifl.sizes`), whether every
+rank sees the same run directory and data root, the versions on every rank, the
+time ``import torch`` took and a tiny exchange timing. Each problem is one line
+saying what is wrong and what to change; any problem makes the exit status 1
+(a config no rank can read: 2, as for every entry point). Notes (shared cores,
+shared GPUs) do not.
 
 The parts that need no MPI launch (:func:`local_problems`, :func:`launch_problems`,
 :func:`node_local`) also run in ``python -m mpifl.sweep --submit``; torch and
@@ -208,8 +210,8 @@ def launcher(env: dict[str, str]) -> tuple[str, int | None, int | None]:
 # --------------------------------------------------------------------------- with MPI
 
 
-def _ranks(rs: list[int]) -> str:
-    """[0, 1, 2, 5] -> '0-2,5'."""
+def ranges(rs: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2,5' (ascending numbers: ranks, SLURM array indices)."""
     out, start = [], None
     for i, r in enumerate(rs):
         if start is None:
@@ -222,7 +224,7 @@ def _ranks(rs: list[int]) -> str:
 
 def _where(facts: list[dict], ranks: list[int]) -> str:
     hosts = sorted({facts[r]["host"] for r in ranks})
-    return f"rank(s) {_ranks(ranks)} ({', '.join(hosts[:3])}{', ...' if len(hosts) > 3 else ''})"
+    return f"rank(s) {ranges(ranks)} ({', '.join(hosts[:3])}{', ...' if len(hosts) > 3 else ''})"
 
 
 def _fingerprint(root: str) -> str | None:
@@ -333,18 +335,38 @@ def run(path: str | None, overrides: list[str], mpi_comm, torch_s: float = 0.0) 
     errs = mpi_comm.allgather((err, socket.gethostname()))
     bad = [r for r, (e, _) in enumerate(errs) if e]
     if bad:
-        problems.append(f"rank(s) {_ranks(bad)} ({errs[bad[0]][1]}): {errs[bad[0]][0]}")
+        problems.append(f"rank(s) {ranges(bad)} ({errs[bad[0]][1]}): {errs[bad[0]][0]}")
         return mpi_comm.bcast((lines, problems))
 
     facts = mpi_comm.allgather(_facts(cfg, mpi_comm, torch_s))
     device, dev_problem = _device(cfg, mpi_comm, facts)
-    seen = {"devices": mpi_comm.allgather(device), "nodes": node_of_ranks(mpi_comm).tolist()}
+    seen = {"devices": mpi_comm.allgather(device), "nodes": node_of_ranks(mpi_comm).tolist(),
+            "memory": mpi_comm.allgather(_memory(cfg, mpi_comm, facts, device))}
     out_failed, probe_seen = _probe_run_dir(cfg, mpi_comm)
     seen.update(probe=mpi_comm.allgather(probe_seen), out_failed=out_failed, timing=exchange_timing(mpi_comm))
     lines += _report(cfg, facts, seen)
     problems += [p for p in (_placement(cfg, len(facts)), _root_unset(cfg), dev_problem) if p]
+    problems += list(dict.fromkeys(p for m in seen["memory"] for p in m[1:] if p))
     problems += _judge(cfg, facts, seen, mismatch=mismatch is not None)
     return mpi_comm.bcast((lines, problems))  # rank 0's words: the paths as rank 0 names them
+
+
+def _memory(cfg: Config, mpi_comm, facts: list[dict], device: str) -> tuple[str, str | None, str | None]:
+    """This rank's memory estimate against what it has, and the problems the run
+    would refuse to start with: memory, run.threads past the CPUs (mpifl.sizes)."""
+    import torch
+
+    from . import sizes
+
+    rank = mpi_comm.Get_rank()
+    dev = torch.device("cpu" if device == "?" else device)
+    line, problem = sizes.assess(cfg, mpi_comm.Get_size(), rank, dev, facts[rank]["local"], facts[rank]["per_node"])
+    try:
+        sizes.check_threads(cfg.run.threads)
+        threads = None
+    except ConfigError as e:
+        threads = f"rank {rank} ({facts[rank]['host']}): {e}"
+    return line, problem, threads
 
 
 def _report(cfg: Config, facts: list[dict], seen: dict) -> list[str]:
@@ -356,8 +378,8 @@ def _report(cfg: Config, facts: list[dict], seen: dict) -> list[str]:
     nodes = _nodes(facts, seen["nodes"])
     lines = [f"  launch     {who}, {size} rank(s) on {len(nodes)} node(s); PMI variables: {pmi}"]
     for name, rs in nodes.items():
-        fh, local = facts[rs[0]], _ranks(sorted(facts[r]["local"] for r in rs))
-        lines.append(f"  node       {name}: rank(s) {_ranks(rs)} (node-local {local}), {fh['cpus']} CPU(s), "
+        fh, local = facts[rs[0]], ranges(sorted(facts[r]["local"] for r in rs))
+        lines.append(f"  node       {name}: rank(s) {ranges(rs)} (node-local {local}), {fh['cpus']} CPU(s), "
                      f"{fh['gpus']} GPU(s)")
         if len(rs) > fh["cpus"]:
             lines.append(f"  note       {name} runs {len(rs)} ranks on {fh['cpus']} CPU(s): they share cores; fine "
@@ -368,6 +390,7 @@ def _report(cfg: Config, facts: list[dict], seen: dict) -> list[str]:
     threads = f"{cfg.run.threads}" if cfg.run.threads else f"{_span(cores)} (run.threads=0: the cores)"
     lines.append(f"  placement  {cfg.data.n_clients} clients on {size} rank(s): {_span(counts)} per rank; "
                  f"{_span(cores)} core(s) per rank, torch threads {threads}")
+    lines.append(f"  memory     {seen['memory'][0][0]}")
     devices = seen["devices"]
     lines.append(f"  device     {', '.join(f'rank {r}: {d}' for r, d in enumerate(devices[:4]))}"
                  f"{', ...' if size > 4 else ''} (run.device={cfg.run.device})")
@@ -488,7 +511,8 @@ def _library() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Check on every rank; rank 0 prints. Returns 0, or 1 when there are problems."""
+    """Check on every rank; rank 0 prints. Returns 0, 1 when there are problems, 2
+    when the config itself is refused."""
     path, overrides = parse(sys.argv[1:] if argv is None else argv, prog="python -m mpifl.check",
                             description=__doc__.splitlines()[0], epilog="")
     t0 = time.perf_counter()
@@ -499,6 +523,16 @@ def main(argv: list[str] | None = None) -> int:
 
     mpi = world()
     try:
+        config_mod.load(path, overrides, n_ranks=1)
+        err = None
+    except ConfigError as e:
+        err = str(e)
+    errs = mpi.allgather(err)
+    if all(errs):  # no rank can read it: a user error like any entry point's, one line, exit 2
+        if mpi.Get_rank() == 0:
+            print(f"mpifl.check: error: {errs[0]}", file=sys.stderr, flush=True)
+        return 2
+    try:  # some ranks only: a problem of the ranks, named by run()
         lines, problems = run(path, overrides, mpi, torch_s)
     except BaseException as e:  # noqa: BLE001 - a crash on one rank must not hang the others
         report_crash(mpi, e)

@@ -41,7 +41,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import ConfigError, shorten
+from .config.identity import config_diff
+from .errors import ConfigError
 from .paths import RunDir, atomic_write_text
 from .state import saved_fields
 
@@ -50,9 +51,6 @@ META = "meta.pt"
 ROUND_DIR = re.compile(r"round-[0-9]{6}")  # every checkpoint directory mpifl writes
 _NUMPY = "__numpy__"  # an encoded numpy array: {_NUMPY: tensor} (+ "scalar": True)
 _FIELDS = "__fields__"  # an encoded dataclass record: {_FIELDS: {name: value}}
-
-# keys that may differ between a run and its resumption
-MAY_CHANGE = {"run.rounds", "run.resume", "run.checkpoint_every", "run.threads", "run.device"}
 
 
 def _save(obj: Any, path: Path) -> None:
@@ -156,20 +154,8 @@ def read_meta(path: Path) -> dict:
     return meta
 
 
-def config_diff(old: dict, new: dict) -> str:
-    """The keys (outside MAY_CHANGE) whose values differ, as "k (a -> b), ..."; "" if none."""
-    from .config import config_class
-
-    old, new = _flatten(old), _flatten(new)
-    # a key added by a later mpifl was, in effect, at its default in the older run
-    defaults = _flatten(config_class()().to_dict())
-    old.update({k: defaults[k] for k in set(new) - set(old) if k in defaults})
-    diff = sorted(k for k in set(old) | set(new) if k not in MAY_CHANGE and old.get(k) != new.get(k))
-    shown = ", ".join(f"{k} ({shorten(repr(old.get(k)), 60)} -> {shorten(repr(new.get(k)), 60)})" for k in diff[:6])
-    return shown + (f" and {len(diff) - 6} more" if len(diff) > 6 else "")
-
-
 def check_config(meta: dict, cfg_dict: dict, where: Path) -> None:
+    """Refuse a checkpoint of another experiment (:mod:`mpifl.config.identity`)."""
     diff = config_diff(meta["config"], cfg_dict) if isinstance(meta["config"], dict) else "unreadable"
     if diff:
         raise ConfigError(f"run directory {str(where)!r} holds a run with a different config: {diff}; "
@@ -294,13 +280,3 @@ def _decode(v: Any, like: Any, device) -> Any:
         return type(v)(_decode(x, ref[i] if i < len(ref) else None, device) for i, x in enumerate(v))
     return v
 
-
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}.{k}" if prefix else k
-        if isinstance(v, dict):
-            out.update(_flatten(v, key))
-        else:
-            out[key] = v
-    return out

@@ -125,31 +125,46 @@ def load_weights(model: nn.Module, path: str) -> tuple[int, int]:
     return len(match), len(own) - len(match)
 
 
+def architecture(cfg: ModelConfig, in_shape: tuple[int, ...], n_classes: int) -> nn.Module:
+    """The model's layers, initialised from torch's generator, without
+    ``model.weights``; under ``torch.device("meta")`` nothing is allocated (how
+    :func:`sizes` counts parameters of any size)."""
+    if cfg.name == "mlp":
+        return mlp(in_shape, n_classes, cfg.hidden)
+    if cfg.name not in IMAGE_MODELS:
+        raise ValueError(cfg.name)  # config validation names the choices
+    if len(in_shape) != 3:
+        raise ConfigError(f"model.name={cfg.name!r} needs image inputs [C, H, W]; the data gives "
+                          f"shape {tuple(in_shape)}: use model.name=mlp or an image dataset")
+    try:
+        model = IMAGE_MODELS[cfg.name](in_shape, n_classes)
+        model.eval()
+        with torch.no_grad():
+            model(torch.zeros(2, *in_shape))
+    except RuntimeError:
+        raise ConfigError(f"model.name={cfg.name!r} does not fit images of shape {tuple(in_shape)} "
+                          "(too small for its convolutions and pooling); raise data.image_size "
+                          "or choose another model") from None
+    model.train()
+    return model
+
+
 def build(cfg: ModelConfig, in_shape: tuple[int, ...], n_classes: int, seed: int) -> nn.Module:
     """Same seed -> same initial weights on every rank (one shared init)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        if cfg.name == "mlp":
-            model = mlp(in_shape, n_classes, cfg.hidden)
-        elif cfg.name in IMAGE_MODELS:
-            if len(in_shape) != 3:
-                raise ConfigError(f"model.name={cfg.name!r} needs image inputs [C, H, W]; the data gives "
-                                  f"shape {tuple(in_shape)}: use model.name=mlp or an image dataset")
-            try:
-                model = IMAGE_MODELS[cfg.name](in_shape, n_classes)
-                model.eval()
-                with torch.no_grad():
-                    model(torch.zeros(2, *in_shape))
-            except RuntimeError:
-                raise ConfigError(f"model.name={cfg.name!r} does not fit images of shape {tuple(in_shape)} "
-                                  "(too small for its convolutions and pooling); raise data.image_size "
-                                  "or choose another model") from None
-            model.train()
-        else:
-            raise ValueError(cfg.name)  # config validation names the choices
+        model = architecture(cfg, in_shape, n_classes)
     if cfg.weights:
         load_weights(model, cfg.weights)
     return model
+
+
+def sizes(cfg: ModelConfig, in_shape: tuple[int, ...], n_classes: int) -> tuple[int, int]:
+    """(parameters, buffer values) of the model, counted on the meta device: no
+    memory is allocated, whatever ``model.hidden`` asks for."""
+    with torch.device("meta"):
+        model = architecture(cfg, in_shape, n_classes)
+    return n_params(model), sum(b.numel() for b in model.buffers())
 
 
 def n_params(model: nn.Module) -> int:

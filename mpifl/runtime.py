@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import os
 import signal
 import socket
@@ -12,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__, algorithms, checkpoint, models
+from . import __version__, algorithms, checkpoint, models, sizes
 from .algorithms.base import Algorithm, Context, Round, evaluates
-from .comm import Comm, agree, node_of_ranks, pick_device, set_threads, versions
+from .comm import Comm, agree, node_local_rank, node_of_ranks, pick_device, set_threads, versions
 from .config import Config
 from .data import build as build_data
 from .errors import ConfigError
@@ -27,6 +28,7 @@ from .yamlio import read_yaml
 METRICS = ("val_loss", "val_acc", "test_loss", "test_acc")
 PREEMPTED = 75  # exit status after a signal-triggered checkpoint (EX_TEMPFAIL): requeue me
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)  # a run directory the user cannot write: a config error
 
 
 class Preempted(Exception):
@@ -41,8 +43,21 @@ class Setup:
     nodes: np.ndarray  # [R] node index of every rank (comm.node_of_ranks)
 
 
+def fits(cfg: Config, mpi_comm) -> None:
+    """Refuse ``run.threads`` past this process's CPUs and a run whose memory
+    estimate exceeds what the rank has (:mod:`mpifl.sizes`), before anything is
+    allocated. The collectives come first, so a rank that refuses keeps none waiting."""
+    local, per_node = node_local_rank(mpi_comm)
+    device = pick_device(cfg.run.device, mpi_comm)
+    sizes.check_threads(cfg.run.threads)
+    _, problem = sizes.assess(cfg, mpi_comm.Get_size(), mpi_comm.Get_rank(), device, local, per_node)
+    if problem:
+        raise ConfigError(problem)
+
+
 def setup(cfg: Config, mpi_comm) -> Setup:
     """Everything before round 0; user errors surface on every rank together."""
+    agree(mpi_comm, lambda: fits(cfg, mpi_comm))
 
     def build() -> Setup:
         comm = Comm(cfg.data.n_clients, mpi_comm)
@@ -63,13 +78,21 @@ def setup(cfg: Config, mpi_comm) -> Setup:
 
 
 def find_checkpoint(cfg: Config) -> Path | None:
-    """The checkpoint to resume from, per ``run.resume``; refuses another config's."""
+    """The checkpoint to resume from, per ``run.resume``; refuses another
+    experiment's (:mod:`mpifl.config.identity`: the directory may have moved, and a
+    larger ``run.rounds`` extends the run) and a ``run.rounds`` below the rounds done."""
     rd = RunDir(cfg.run_dir)
     ck = checkpoint.latest(rd) if cfg.run.resume != "never" else None
     if cfg.run.resume == "require" and ck is None:
         raise ConfigError(f"run.resume='require' is not allowed here: no checkpoint in {str(rd.checkpoint)!r}")
     if ck is not None:
-        checkpoint.check_config(checkpoint.read_meta(ck), cfg.to_dict(), rd.root)
+        meta = checkpoint.read_meta(ck)
+        checkpoint.check_config(meta, cfg.to_dict(), rd.root)
+        done = int(meta["round"]) + 1
+        if cfg.run.rounds < done:
+            raise ConfigError(f"run.rounds={cfg.run.rounds} is fewer than the {done} rounds the run in "
+                              f"{str(rd.root)!r} has done; give run.rounds>={done} to continue it (={done}: "
+                              f"nothing to do), or run.resume=never to start it over")
     return ck
 
 
@@ -83,11 +106,18 @@ def _writer(cfg: Config, s: Setup, keep_rounds: int | None) -> Writer | None:
     except OSError as e:
         raise ConfigError(f"run.out_dir={cfg.run.out_dir!r} is not allowed: cannot create {str(rd.root)!r} "
                           f"({e.strerror})") from None
-    if keep_rounds is None:
-        _check_fresh(cfg, rd)
-        checkpoint.forget(rd)  # a fresh start forgets the earlier run's checkpoints
     text = cfg.to_yaml()
-    atomic_write_text(rd.config, text)
+    try:
+        if keep_rounds is None:
+            _check_fresh(cfg, rd)
+            checkpoint.forget(rd)  # a fresh start forgets the earlier run's checkpoints
+        atomic_write_text(rd.config, text)  # the first write into an existing run directory
+    except OSError as e:
+        if e.errno not in UNWRITABLE:
+            raise
+        raise ConfigError(f"run.out_dir={cfg.run.out_dir!r} is not allowed: the run directory {str(rd.root)!r} "
+                          f"cannot be written ({e.strerror}); pick a run.out_dir you can write (a copy of the run "
+                          f"directory there continues the run)") from None
     d = ctx.data
     attrs = {
         "mpifl_version": __version__, "algorithm": cfg.algorithm.name, "seed": cfg.run.seed,
@@ -105,8 +135,11 @@ def _writer(cfg: Config, s: Setup, keep_rounds: int | None) -> Writer | None:
         "cluster": d.cluster, "rank": rank, "node": s.nodes[rank],
         "n_train": d.sizes[:, 0], "n_val": d.sizes[:, 1], "n_test": d.sizes[:, 2], "label_hist": d.label_hist,
     }
-    return Writer(rd.log, attrs, clients, d.n_clients, dense_max=cfg.log.dense_max, flush_s=cfg.log.flush_s,
-                  keep_rounds=keep_rounds)
+    writer = Writer(rd.log, attrs, clients, d.n_clients, dense_max=cfg.log.dense_max, flush_s=cfg.log.flush_s,
+                    keep_rounds=keep_rounds)
+    if keep_rounds is not None:  # the stored config is the latest: an extension's run.rounds, a moved run's place
+        writer.set_attrs(config_yaml=text)
+    return writer
 
 
 def _check_fresh(cfg: Config, rd: RunDir) -> None:

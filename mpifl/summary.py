@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from .config.identity import flatten
 from .errors import ConfigError
 from .logging.h5 import Run, open_run
 from .yamlio import read_yaml
@@ -39,7 +40,7 @@ class Summary:
     best_acc: float
     best_acc_w: float
     client_final: np.ndarray  # [N] test acc at the final round
-    curve: np.ndarray  # [rounds_done] mean test acc per round, nan where not evaluated
+    curve: np.ndarray  # [logged rows] mean test acc of round rounds[i], nan where not evaluated
     ari: dict[str, float] = field(default_factory=dict)
     group: tuple = ()
     rounds: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # 0-based round of each curve row
@@ -62,17 +63,6 @@ def run_row(s: Summary) -> dict[str, Any]:
             "rounds_planned": s.rounds_planned, "complete": s.complete,
             "final_round": s.final_round + 1 if s.final_round >= 0 else None,
             **{m + PCT: 100.0 * getattr(s, m) for m in ACC}, **{f"ari_{k}": v for k, v in s.ari.items()}}
-
-
-def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}.{k}" if prefix else str(k)
-        if isinstance(v, dict):
-            out.update(flatten(v, key))
-        else:
-            out[key] = v
-    return out
 
 
 @functools.cache
@@ -275,7 +265,7 @@ def _summarize(run: Run, window: int, ari: bool, points: dict[str, dict] | None)
     name = str(cfg.get("run.name") or run.path.parent.name)
     return Summary(
         path=run.path, name=name, config=cfg, seed=int(run.attrs.get("seed", cfg.get("run.seed", 0))),
-        rounds_done=n_rounds, rounds_planned=run.planned_rounds, final_round=final_round,
+        rounds_done=run.rounds_done, rounds_planned=run.planned_rounds, final_round=final_round,
         final_acc=float(nanmean(client_final)), final_acc_w=_wmean(client_final, n_test),
         tail_acc=float(nanmean(client_tail)), tail_acc_w=_wmean(client_tail, n_test),
         best_acc=float(nanmean(best)), best_acc_w=_wmean(best, n_test),

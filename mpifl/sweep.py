@@ -21,11 +21,14 @@ jobs/sweeps/dpfl-budget.yaml with more of the options)::
 
 Every point becomes a validated config in its own run directory,
 ``<sweep>/runs/<NNN_key-value_...>/config.yaml`` (``run.out_dir`` and ``run.name``
-are set by the sweep), and ``<sweep>/array.sbatch`` runs line i+1 of
-``<sweep>/runs.txt`` as array task i. A run directory is the unit of work:
-re-running the sweep leaves existing identical configs alone, ``--submit`` and
-``--local`` skip runs whose log is complete, and a resubmitted point continues in
-the same directory. ``--local --parallel N`` runs N points at once (each with
+are set by the sweep), and ``<sweep>/array.sbatch`` runs line
+``MPIFL_ARRAY_OFFSET`` + i + 1 of ``<sweep>/runs.txt`` as array task i (the offset
+is 0 unless ``--submit`` splits the points at SLURM's MaxArraySize). A run
+directory is the unit of work: re-running the sweep keeps each point's config
+of the same experiment (a larger ``run.rounds`` rewrites it and extends the run,
+``mpifl.config.identity``; another experiment's is refused), ``--submit`` and
+``--local`` skip runs whose log is complete, and a resubmitted point continues
+in the same directory. ``--local --parallel N`` runs N points at once (each with
 ``--ranks`` ranks): on a workstation, N x ranks x ``run.threads`` up to the cores.
 One-rank points run on N warm workers (``mpifl.worker``) that import torch and
 mpifl once and fork a child per point, which skips each run's start-up;
@@ -431,38 +434,63 @@ def run_script(cfg: Config, opts: SlurmOptions, workdir: Path) -> str:
 # --------------------------------------------------------------------------- state
 
 
-def is_complete(cfg: Config) -> bool:
-    """The run's log holds all its rounds (a partial or unreadable log is not)."""
+def rounds_done(cfg: Config) -> int | None:
+    """Rounds the run's log holds as done (``Run.rounds_done``); None without a
+    readable log."""
     from .logging.h5 import open_run
 
     try:
-        return open_run(cfg.run_dir).n_rounds >= cfg.run.rounds
-    except (OSError, KeyError):
-        return False
+        return open_run(cfg.run_dir).rounds_done
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def is_complete(cfg: Config) -> bool:
+    """The run's log has done all of ``cfg``'s rounds (a partial or unreadable log
+    has not; a log extended past them has)."""
+    done = rounds_done(cfg)
+    return done is not None and done >= cfg.run.rounds
 
 
 def status(cfg: Config) -> str:
-    from .logging.h5 import open_run
+    done = rounds_done(cfg)
+    if done is not None:
+        return "done" if done >= cfg.run.rounds else f"{done}/{cfg.run.rounds} rounds"
+    return "new" if not RunDir(cfg.run_dir).log.exists() else "unreadable log"
 
-    if is_complete(cfg):
-        return "done"
+
+def stored_diff(path: Path, cfg: Config) -> str:
+    """The experiment keys (:mod:`mpifl.config.identity`) in which the config file
+    ``path`` differs from ``cfg``, as "k (a -> b), ..."; "" when it is the same
+    experiment (its run.rounds, run.threads... may differ: the run continues)."""
+    from .config.identity import config_diff
+
     try:
-        return f"{open_run(cfg.run_dir).n_rounds}/{cfg.run.rounds} rounds"
-    except (OSError, KeyError):
-        return "new" if not RunDir(cfg.run_dir).log.exists() else "unreadable log"
+        old = read_yaml(path, f"config file {str(path)!r}")
+    except ConfigError:
+        old = None
+    return config_diff(old, cfg.to_dict()) if isinstance(old, dict) else "unreadable"
 
 
 def write(sweep: Sweep, workdir: Path, force: bool = False) -> None:
-    """Configs, runs.txt and array.sbatch; an existing different config is an error."""
+    """Configs, runs.txt and array.sbatch. A point's existing config of another
+    experiment is an error; one that differs in keys that may change between a
+    run and its continuation (run.rounds, run.threads, ...) is replaced, unless
+    its run is complete (an extended run keeps its larger run.rounds)."""
     workdir = Path(workdir).resolve()  # the script cds there from wherever SLURM starts it
     for p in sweep.points:
         rd = RunDir(p.config.run_dir)
         text = p.config.to_yaml()
-        if rd.config.exists() and rd.config.read_text() != text and not force:
-            raise ConfigError(f"{rd.config} holds a different config than this sweep makes for point {p.name}; "
-                              f"use another sweep name or out_dir, or --force to overwrite it")
-        if not rd.config.exists() or rd.config.read_text() != text:
-            atomic_write_text(rd.config, text)
+        if rd.config.exists() and rd.config.read_text() == text:
+            continue
+        if rd.config.exists() and not force:
+            diff = stored_diff(rd.config, p.config)
+            if diff:
+                raise ConfigError(f"{rd.config} holds a different config than this sweep makes for point {p.name}: "
+                                  f"{diff}; use another sweep name or out_dir, or --force to overwrite it")
+            if is_complete(p.config):  # a run extended past this sweep's rounds keeps the config it ran
+                continue
+        atomic_write_text(rd.config, text)
     sweep.log_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(sweep.runs_file, "".join(f"{p.config.run_dir}\n" for p in sweep.points))
     atomic_write_text(sweep.root / "sweep.yaml", yaml.safe_dump({
@@ -585,29 +613,108 @@ def local_summary(sweep: Sweep, codes: dict[int, int]) -> str:
     return "\n".join(lines)
 
 
-def _sbatch(args: list[str]) -> str:
+def _sbatch_exe() -> str:
     exe = shutil.which("sbatch")
     if exe is None:
         raise ConfigError("--submit needs sbatch, which was not found; use --local to run here")
-    res = subprocess.run([exe, "--parsable", *args], check=False, capture_output=True, text=True)
+    return exe
+
+
+def _sbatch(args: list[str]) -> str:
+    res = subprocess.run([_sbatch_exe(), "--parsable", *args], check=False, capture_output=True, text=True)
     if res.returncode != 0:
         raise ConfigError(f"sbatch failed (exit {res.returncode}): {res.stderr.strip() or res.stdout.strip()}")
     return res.stdout.strip().split(";")[0]
 
 
-def submit(sweep: Sweep) -> str | None:
-    """Submit the unfinished points as one array; returns the job id (None: nothing to do)."""
-    todo = [p.index for p in sweep.points if not is_complete(p.config)]
+SPEC_MAX = 4096  # characters of one --array value: far below the kernel's 128 KiB per argument
+
+
+@dataclass(frozen=True)
+class Array:
+    """One sbatch submission of the array script: task i runs point ``offset + i``
+    (``MPIFL_ARRAY_OFFSET``, read by slurm/array.sbatch)."""
+
+    offset: int
+    indices: list[int]  # the points, ascending
+
+    @property
+    def spec(self) -> str:
+        """``--array``'s value without the throttle, as ranges: ``0-999``, ``0-3,5``."""
+        from .check import ranges
+
+        return ranges([i - self.offset for i in self.indices])
+
+
+def plan_arrays(todo: list[int], max_array_size: int, spec_max: int = SPEC_MAX) -> list[Array]:
+    """The submissions that run the points ``todo`` (ascending): one array whose task
+    ids are the point indices when they stay below SLURM's MaxArraySize (the largest
+    task id is MaxArraySize - 1); else consecutive arrays, each starting at task 0
+    with an offset and spanning fewer than MaxArraySize indices. An array whose
+    ``--array`` value would pass ``spec_max`` characters (points scattered by the
+    done ones between them) is halved until it fits."""
     if not todo:
-        return None
+        return []
+    if todo[-1] < max_array_size:
+        arrays = [Array(0, list(todo))]
+    else:
+        chunks: list[list[int]] = []
+        for i in todo:
+            if chunks and i - chunks[-1][0] < max_array_size:
+                chunks[-1].append(i)
+            else:
+                chunks.append([i])
+        arrays = [Array(c[0], c) for c in chunks]
+    out: list[Array] = []
+    while arrays:
+        a = arrays.pop(0)
+        if len(a.indices) == 1 or len(a.spec) <= spec_max:
+            out.append(a)
+            continue
+        h = len(a.indices) // 2
+        arrays[:0] = [Array(a.offset, a.indices[:h]), Array(a.indices[h], a.indices[h:])]
+    return out
+
+
+def submission_plan(sweep: Sweep) -> list[Array]:
+    """The arrays ``--submit`` will send for the unfinished points, worked out
+    before anything is written: sbatch must be there, and SLURM's MaxArraySize
+    (``scontrol show config``; 1001, its default, where it does not answer) bounds
+    each array."""
+    from .sweep_status import max_array_size
+
+    todo = [p.index for p in sweep.points if not is_complete(p.config)]
+    if todo:
+        _sbatch_exe()
+    return plan_arrays(todo, max_array_size())
+
+
+def submit(sweep: Sweep, plan: list[Array] | None = None) -> list[str]:
+    """Submit the unfinished points (``plan``: :func:`submission_plan`'s arrays);
+    returns the job ids, one per array (none: nothing to do). With
+    ``slurm.max_parallel`` each array waits for the one before (afterany), so the
+    throttle holds for the whole sweep."""
     from .sweep_status import record_submission
 
-    array = ",".join(map(str, todo))
-    if sweep.slurm.max_parallel:
-        array += f"%{sweep.slurm.max_parallel}"
-    job = _sbatch([f"--array={array}", str(sweep.script)])
-    record_submission(sweep, job, todo)
-    return job
+    plan = submission_plan(sweep) if plan is None else plan
+    jobs: list[str] = []
+    throttle = f"%{sweep.slurm.max_parallel}" if sweep.slurm.max_parallel else ""
+    for a in plan:
+        args = [f"--array={a.spec}{throttle}"]
+        if a.offset:
+            args.append(f"--export=ALL,MPIFL_ARRAY_OFFSET={a.offset}")
+        if throttle and jobs:
+            args.append(f"--dependency=afterany:{jobs[-1]}")
+        try:
+            job = _sbatch([*args, str(sweep.script)])
+        except ConfigError as e:
+            if not jobs:
+                raise
+            raise ConfigError(f"{e} (after {len(jobs)} of {len(plan)} arrays were submitted: jobs "
+                              f"{', '.join(jobs)}; `--status` shows their points)") from None
+        record_submission(sweep, job, a.indices, a.offset)
+        jobs.append(job)
+    return jobs
 
 
 # --------------------------------------------------------------------------- CLI
@@ -671,8 +778,9 @@ def _main_run(a: argparse.Namespace, workdir: Path) -> int:
                           "mpiexec -n N python -m mpi4py -m mpifl.main CONFIG.yaml (its log shows its progress)")
     if a.set:
         raise ConfigError(f"--set with --run: give the overrides after the config, {a.file} {' '.join(a.set)}")
-    if rd.config.exists() and rd.config.read_text() != cfg.to_yaml() and not a.force:
-        raise ConfigError(f"{rd.config} holds a different config; pick another run.name or pass --force")
+    diff = stored_diff(rd.config, cfg) if rd.config.exists() and not a.force else ""
+    if diff:
+        raise ConfigError(f"{rd.config} holds a different config: {diff}; pick another run.name or pass --force")
     refuse_node_local(opts, workdir, rd.root)
     if a.submit and _refused(preflight([cfg], opts, workdir)):
         return 2
@@ -715,11 +823,18 @@ def main(argv: list[str] | None = None) -> int:
         if a.submit and _refused(preflight([p.config for p in sweep.points if not is_complete(p.config)],
                                            sweep.slurm, workdir)):
             return 2
+        plan = submission_plan(sweep) if a.submit else []  # sbatch and the array sizes, before writing
         write(sweep, workdir, force=a.force)
         print(f"sweep {sweep.name}: {len(sweep.points)} configs under {sweep.root / 'runs'}; script {sweep.script}")
         if a.submit:
-            job = submit(sweep)
-            print("nothing to submit: every run is complete" if job is None else f"submitted array job {job}")
+            jobs = submit(sweep, plan)
+            if not jobs:
+                print("nothing to submit: every run is complete")
+            elif len(jobs) == 1:
+                print(f"submitted array job {jobs[0]}")
+            else:
+                print(f"submitted {len(jobs)} array jobs ({sum(len(x.indices) for x in plan)} points; SLURM's "
+                      f"MaxArraySize bounds each array): {', '.join(jobs)}")
         elif a.local:
             ranks = a.ranks or sweep.slurm.ntasks
             if run_local(sweep, ranks, workdir, a.parallel, warm=not a.mpiexec):  # the failed ones are listed

@@ -36,7 +36,8 @@ if TYPE_CHECKING:
     from .sweep import Point, Sweep
 
 PREEMPTED = 75  # mpifl.runtime.PREEMPTED, without importing torch
-SUBMITTED = "submitted.txt"  # <sweep>/logs/: one line per --submit, "JOBID INDEX,INDEX,..."
+SUBMITTED = "submitted.txt"  # <sweep>/logs/: one line per array submitted, "JOBID 0-3,5[ OFFSET]"
+MAX_ARRAY_SIZE = 1001  # SLURM's default MaxArraySize: array task ids 0..1000
 SLURM_FAILED = ("FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "CANCELLED", "BOOT_FAIL", "DEADLINE")
 SLURM_REQUEUED = ("PREEMPTED", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING", "SUSPENDED")
 
@@ -67,11 +68,14 @@ def mark_finished(sweep: Sweep, index: int, rc: int) -> None:
     _pid_file(sweep, index).unlink(missing_ok=True)
 
 
-def record_submission(sweep: Sweep, job: str, indices: list[int]) -> None:
-    """Remember which points an array job runs, for ``--status``."""
+def record_submission(sweep: Sweep, job: str, indices: list[int], offset: int = 0) -> None:
+    """Remember which points an array job runs (as ranges; its task i runs point
+    ``offset + i``), for ``--status``."""
+    from .check import ranges
+
     path = sweep.log_dir / SUBMITTED
     old = path.read_text() if path.is_file() else ""
-    atomic_write_text(path, old + f"{job} {','.join(map(str, indices))}\n")
+    atomic_write_text(path, old + f"{job} {ranges(indices)}" + (f" {offset}" if offset else "") + "\n")
 
 
 def _local(sweep: Sweep, index: int) -> tuple[bool, int | None]:
@@ -100,18 +104,31 @@ def _local(sweep: Sweep, index: int) -> tuple[bool, int | None]:
 
 
 def _submitted(sweep: Sweep) -> dict[int, str]:
-    """Point index -> the last array job id submitted for it."""
+    """Point index -> ``JOB_TASK``, SLURM's name of the array task last submitted
+    for it (task = index - the array's offset)."""
     path = sweep.log_dir / SUBMITTED
     out: dict[int, str] = {}
     if not path.is_file():
         return out
     for line in path.read_text().splitlines():
         parts = line.split()
-        if len(parts) == 2:
-            for i in parts[1].split(","):
-                if i.isdigit():
-                    out[int(i)] = parts[0]
+        if len(parts) not in (2, 3) or not (len(parts) == 2 or parts[2].isdigit()):
+            continue
+        offset = int(parts[2]) if len(parts) == 3 else 0
+        for item in parts[1].split(","):
+            a, _, b = item.partition("-")
+            if a.isdigit() and (b == "" or b.isdigit()):
+                for i in range(int(a), int(b or a) + 1):
+                    out[i] = f"{parts[0]}_{i - offset}"
     return out
+
+
+def max_array_size() -> int:
+    """SLURM's MaxArraySize (``scontrol show config``), or its default where
+    scontrol does not answer: the largest array task id is one less."""
+    text = _ask(["scontrol", "show", "config"]) or ""
+    m = re.search(r"^\s*MaxArraySize\s*=\s*(\d+)", text, re.M)
+    return int(m.group(1)) if m and int(m.group(1)) > 0 else MAX_ARRAY_SIZE
 
 
 def _ask(cmd: list[str]) -> str | None:
@@ -204,7 +221,7 @@ def _eta(seconds: float) -> str:
     return f"{seconds / 3600:.1f}h"
 
 
-def point_state(sweep: Sweep, p: Point, slurm: dict[str, str], jobs: dict[int, str]) -> PointState:
+def point_state(sweep: Sweep, p: Point, slurm: dict[str, str], tasks: dict[int, str]) -> PointState:
     cfg = p.config
     total = cfg.run.rounds
     done, acc, at, per_round = log_facts(cfg)
@@ -215,9 +232,9 @@ def point_state(sweep: Sweep, p: Point, slurm: dict[str, str], jobs: dict[int, s
         final = f"  final test_acc {acc:.4f}" if acc is not None else ""
         return PointState("done", done, total, f"{done}/{total}{final}")
     running, rc = _local(sweep, p.index)
-    job = jobs.get(p.index)
-    task = slurm.get(f"{job}_{p.index}") if job else None
-    log = sweep.log_dir / f"{job}_{p.index}.out" if task is not None else local_log(sweep, p.index)
+    job_task = tasks.get(p.index)  # JOB_TASK
+    task = slurm.get(job_task) if job_task else None
+    log = sweep.log_dir / f"{job_task}.out" if task is not None else local_log(sweep, p.index)
     progress = f"{done}/{total}"
     if running or task in ("RUNNING", "COMPLETING", "CONFIGURING"):
         if done == 0:
@@ -246,15 +263,16 @@ ORDER = ("done", "running", "queued", "waiting", "preempted", "stopped", "failed
 
 def report(sweep: Sweep, echo=print) -> dict[str, int]:
     """Print one line per point and the totals; returns the count per state."""
-    jobs = _submitted(sweep)
-    slurm = slurm_states(set(jobs.values()))
+    tasks = _submitted(sweep)
+    jobs = {t.split("_")[0] for t in tasks.values()}
+    slurm = slurm_states(jobs)
     width = max(len(p.name) for p in sweep.points)
     counts: dict[str, int] = {}
     for p in sweep.points:
-        s = point_state(sweep, p, slurm, jobs)
+        s = point_state(sweep, p, slurm, tasks)
         counts[s.state] = counts.get(s.state, 0) + 1
         echo(f"[{p.index}] {p.name:<{width}}  {s.state:<9} {s.text}".rstrip())
-    where = f"; SLURM jobs {', '.join(sorted(set(jobs.values())))}" if jobs else ""
+    where = f"; SLURM jobs {', '.join(sorted(jobs))}" if jobs else ""
     asked = "" if not jobs else (" (squeue/sacct answered)" if slurm else " (SLURM did not answer)")
     echo(f"sweep {sweep.name}: {len(sweep.points)} points: "
          + ", ".join(f"{counts[k]} {k}" for k in ORDER if k in counts) + where + asked)

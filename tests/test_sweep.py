@@ -215,7 +215,7 @@ def test_submit_sends_only_unfinished_points(tmp_path, monkeypatch):
     from mpifl.comm import world
 
     runtime.run(s.points[1].config, world())
-    assert sw.submit(s) == "4242"
+    assert sw.submit(s) == ["4242"]
     args = (tmp_path / "sbatch.args").read_text().split()
     assert args == ["--parsable", "--array=0,2%2", str(s.script)]
 

@@ -91,3 +91,32 @@ def test_a_log_storing_a_bomb_as_its_config_is_skipped_in_one_line(tmp_path):
     assert len(made["runs"]) == 1
     assert said[0] == (f"skipped {bad}: the config stored in {str(bad)!r} expands to more than {MAX_NODES} "
                        f"values (through aliases); that many are not allowed")
+
+
+def test_every_entry_point_exits_2_on_a_bomb_within_a_second(tmp_path, capsys):
+    from mpifl import check
+    from mpifl import main as entry
+    from mpifl.config import __main__ as config_cli
+
+    f = tmp_path / "bomb.yaml"
+    f.write_text(bomb())
+    s = tmp_path / "s.yaml"
+    s.write_text("base: bomb.yaml\ngrid: {run.seed: [0]}\n")
+    log = tmp_path / "run" / "run.h5"  # a run log whose stored config is a bomb
+    log.parent.mkdir()
+    w = Writer(log, {"algorithm": "fedavg", "seed": 0, "n_clients": 2, "config_yaml": bomb()},
+               {"cluster": np.zeros(2, int), "n_test": np.ones(2)}, 2)
+    w.write_round(0, {"wall_s": 1.0}, {"metrics/test_acc": np.ones(2), "metrics/val_acc": np.ones(2)})
+    w.close()
+    calls = {"main": (entry.main, [str(f)]), "config": (config_cli.main, [str(f)]), "check": (check.main, [str(f)]),
+             "sweep": (sweep.main, [str(f), "--dry-run"]), "sweep base": (sweep.main, [str(s), "--dry-run"]),
+             "analyze": (analyze.main, [str(log.parent), "--out", str(tmp_path / "out")])}
+    for what, (fn, argv) in calls.items():
+        t0 = time.perf_counter()
+        rc = fn(argv)
+        took = time.perf_counter() - t0
+        out, err = capsys.readouterr()
+        assert rc == 2 and took < 1.0, (what, rc, took)
+        assert len(err.strip().splitlines()) == 1, (what, err)
+        said = err if what != "analyze" else out  # analyze names the skipped log, then finds none readable
+        assert f"expands to more than {MAX_NODES} values" in said, (what, out, err)

@@ -472,9 +472,20 @@ class Run:
             return None
 
     @property
+    def rounds_done(self) -> int:
+        """Rounds the run has finished: its last logged round + 1 (the last round is
+        always logged; ``log.every`` > 1 logs fewer rows than rounds); 0 when none."""
+        if self.n_rounds == 0:
+            return 0
+        with self._file() as f:
+            return int(f[ROUND_KEY][self.n_rounds - 1]) + 1
+
+    @property
     def complete(self) -> bool:
+        """Every round of the stored config (the latest: an extended run's stored
+        config records its new ``run.rounds``) is done."""
         planned = self.planned_rounds
-        return planned is not None and self.n_rounds >= planned
+        return planned is not None and self.rounds_done >= planned
 
     @property
     def datasets(self) -> dict[str, DatasetInfo]:

@@ -132,3 +132,12 @@ def test_nodes_are_named_as_slurm_names_them(mpi, shared_tmp, monkeypatch):
     assert problems == []
     for k in range(node_of_ranks(mpi).max() + 1):
         assert f"  node       n{k + 1}: rank(s) " in report
+
+
+def test_the_memory_estimate_is_reported_and_a_run_that_cannot_fit_is_a_problem(mpi, shared_tmp):
+    report, problems = _run(mpi, f"run.out_dir={shared_tmp}")
+    assert "  memory     at least " in report and "per rank" in report and "of host memory" in report
+    _, problems = _run(mpi, f"run.out_dir={shared_tmp}", "data.n_clients=1000000000", "run.threads=100000")
+    assert any(p.startswith("data.n_clients=1000000000 is too large for this machine: the run needs at least")
+               for p in problems)
+    assert any("run.threads=100000 is not allowed here" in p for p in problems)

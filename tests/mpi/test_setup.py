@@ -79,3 +79,15 @@ def test_error_on_one_rank_reaches_all(mpi):
     with pytest.raises(ConfigError, match="data.root"):
         agree(mpi, setup)
     assert agree(mpi, lambda: mpi.Get_rank()) == mpi.Get_rank()
+
+
+@pytest.mark.parametrize("over", [{"data": {"n_clients": 10 ** 9}}, {"model": {"hidden": [10 ** 8]}},
+                                  {"run": {"threads": 10 ** 5}}])
+def test_sizes_refused_on_every_rank_together_before_allocating(mpi, over):
+    from mpifl import config, runtime
+
+    raw = {"data": {"name": "synthetic", "n_clients": 8}, **over}
+    with pytest.raises(ConfigError) as e:
+        runtime.setup(config.from_dict(raw, n_ranks=mpi.Get_size()), mpi)
+    assert mpi.allgather(str(e.value)) == [str(e.value)] * mpi.Get_size()  # the same line on every rank
+    assert "is too large for this machine" in str(e.value) or "is not allowed here" in str(e.value)

@@ -1,0 +1,158 @@
+"""Extending and moving runs: a larger run.rounds continues a finished run to the
+same result as a run that had that many rounds from the start; a run directory
+moved or renamed resumes; the stored config is the latest, so mpifl.analyze and
+mpifl.sweep take the extended run as complete. In this process, one rank."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import yaml
+from test_reliability import assert_same_logs  # bitwise, wall-clock fields aside
+
+from mpifl import config, runtime, sweep_status
+from mpifl import sweep as sw
+from mpifl.comm import world
+from mpifl.config.identity import HOW, NOT_IDENTITY, WHERE, config_diff, flatten
+from mpifl.errors import ConfigError
+from mpifl.logging.h5 import open_run
+from mpifl.main import main
+from mpifl.summary import summarize
+
+TINY = {"run": {"threads": 1, "name": "r", "checkpoint_every": 2},
+        "data": {"name": "synthetic", "n_samples": 240, "n_clients": 6, "n_clusters": 2}, "model": {"hidden": [8]},
+        "algorithm": {"fraction": 0.5}, "train": {"momentum": 0.9}}
+
+
+def _cfg(out, rounds: int, **over) -> config.Config:
+    raw = {k: dict(v) for k, v in TINY.items()}
+    raw["run"].update(out_dir=str(out), rounds=rounds)
+    for key, value in over.items():
+        config.assign(raw, key, value, "test")
+    return config.from_dict(raw)
+
+
+@pytest.mark.parametrize("algo", ["fedavg", "ditto", "cfl"])
+def test_extending_3_to_5_rounds_equals_a_straight_5_round_run(tmp_path, algo):
+    straight = _cfg(tmp_path / "a", 5, **{"algorithm.name": algo})
+    runtime.run(straight, world())
+    runtime.run(_cfg(tmp_path / "b", 3, **{"algorithm.name": algo}), world())
+    extended = _cfg(tmp_path / "b", 5, **{"algorithm.name": algo})
+    runtime.run(extended, world())
+    a, b = open_run(straight.run_dir), open_run(extended.run_dir)
+    assert_same_logs(a, b)
+    # the stored config is the latest: config.yaml and run.h5's say run.rounds=5
+    assert b.config["run"]["rounds"] == 5 and b.complete and b.rounds_done == 5
+    assert yaml.safe_load((extended.run_dir / "config.yaml").read_text())["run"]["rounds"] == 5
+    assert config_diff(a.config, b.config) == ""
+    # analyze takes it as a complete 5-round run, the sweep as done
+    s = summarize(b.path)
+    assert s.complete and s.rounds_done == s.rounds_planned == 5
+    assert s.final_acc == summarize(a.path).final_acc
+    assert sw.is_complete(extended) and sw.status(extended) == "done"
+    assert not sw.is_complete(_cfg(tmp_path / "b", 6, **{"algorithm.name": algo}))
+
+
+def test_fewer_rounds_than_done_is_refused_in_one_line(tmp_path, capsys):
+    runtime.run(_cfg(tmp_path, 4), world())
+    with pytest.raises(ConfigError) as e:
+        runtime.find_checkpoint(_cfg(tmp_path, 3))
+    msg = str(e.value)
+    assert "run.rounds=3 is fewer than the 4 rounds" in msg and "run.rounds>=4" in msg and "\n" not in msg
+    assert runtime.find_checkpoint(_cfg(tmp_path, 4)) is not None  # the same number: nothing to do
+    # from the command line: exit 2, one line, and the run is left as it was
+    rc = main(["run.rounds=3", *(f"{k}={v}" for k, v in [("run.out_dir", tmp_path), ("run.name", "r"),
+                                                            ("run.threads", 1), ("run.checkpoint_every", 2),
+                                                            ("data.name", "synthetic"), ("data.n_samples", 240),
+                                                            ("data.n_clients", 6), ("data.n_clusters", 2),
+                                                            ("model.hidden", "[8]"), ("algorithm.fraction", 0.5),
+                                                            ("train.momentum", 0.9)])])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "run.rounds=3 is fewer than the 4 rounds" in err
+    assert open_run(tmp_path / "r").rounds_done == 4 and open_run(tmp_path / "r").config["run"]["rounds"] == 4
+
+
+def test_a_moved_and_renamed_run_directory_resumes(tmp_path, monkeypatch):
+    straight = _cfg(tmp_path / "a", 5)
+    runtime.run(straight, world())
+    # fails at the start of round 4: 3 rounds logged, the checkpoint of round 2 (checkpoint_every=2)
+    monkeypatch.setenv("MPIFL_FAULT", "0:3:raise")
+    with pytest.raises(RuntimeError, match="injected fault"):
+        runtime.run(_cfg(tmp_path / "b", 5), world())
+    monkeypatch.delenv("MPIFL_FAULT")
+    assert open_run(tmp_path / "b" / "r").n_rounds == 3
+    (tmp_path / "elsewhere").mkdir()
+    shutil.move(tmp_path / "b" / "r", tmp_path / "elsewhere" / "renamed")
+    moved = _cfg(tmp_path / "elsewhere", 5, **{"run.name": "renamed", "run.resume": "require"})
+    runtime.run(moved, world())
+    run = open_run(moved.run_dir)
+    assert run.attrs["resumed_from_round"] == 2
+    assert_same_logs(open_run(straight.run_dir), run)
+    assert run.config["run"]["out_dir"] == str(tmp_path / "elsewhere") and run.config["run"]["name"] == "renamed"
+
+
+def test_run_control_keys_may_change_on_resume_experiment_keys_may_not(tmp_path):
+    runtime.run(_cfg(tmp_path, 2), world())
+    changed = {"run.checkpoint_every": 5, "log.flush_s": 1.5, "run.threads": 2, "run.device": "cpu",
+               "run.out_dir": str(tmp_path), "run.rounds": 3}
+    assert runtime.find_checkpoint(_cfg(tmp_path, 2, **changed)) is not None
+    for key, value in {"run.eval_every": 2, "log.every": 2, "train.lr": 0.1, "run.seed": 1}.items():
+        with pytest.raises(ConfigError, match=f"different config: {key}"):
+            runtime.find_checkpoint(_cfg(tmp_path, 2, **{key: value}))
+    # the one list, and every key of it a real config key
+    keys = set(flatten(config.from_dict({}).to_dict()))
+    assert NOT_IDENTITY == {*WHERE, *HOW, "run.rounds"} and NOT_IDENTITY <= keys
+
+
+def test_a_sweep_extends_its_points_and_skips_those_done(tmp_path):
+    base = tmp_path / "base.yaml"
+    base.write_text(yaml.safe_dump({k: v for k, v in TINY.items() if k != "run"}))
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({"name": "s", "base": "base.yaml", "grid": {"run.seed": [0, 1]}}))
+
+    def points(rounds: int) -> sw.Sweep:
+        s = sw.load(path, out_dir=str(tmp_path / "out"), overrides=[f"run.rounds={rounds}", "run.threads=1"])
+        sw.write(s, tmp_path)
+        return s
+
+    for p in points(2).points:
+        runtime.run(p.config, world())
+    longer = points(4)  # not refused: the same experiment, longer; each config.yaml now says 4
+    assert [sw.status(p.config) for p in longer.points] == ["2/4 rounds", "2/4 rounds"]
+    assert all(yaml.safe_load((p.config.run_dir / "config.yaml").read_text())["run"]["rounds"] == 4
+               for p in longer.points)
+    runtime.run(longer.points[0].config, world())
+    assert [sw.is_complete(p.config) for p in longer.points] == [True, False]
+    shorter = points(2)  # a point extended past the sweep's rounds is done and keeps its config
+    assert all(sw.is_complete(p.config) for p in shorter.points)
+    said: list[str] = []
+    assert sweep_status.report(longer, echo=said.append) == {"done": 1, "stopped": 1}
+    assert "done      4/4" in said[0] and "stopped   2/4" in said[1]
+    assert yaml.safe_load((shorter.points[0].config.run_dir / "config.yaml").read_text())["run"]["rounds"] == 4
+    with pytest.raises(ConfigError, match=r"holds a different config than this sweep makes for point 000_seed-0: "
+                                          r"train.lr \(0.05 -> 0.2\)"):
+        sw.write(sw.load(path, out_dir=str(tmp_path / "out"), overrides=["train.lr=0.2"]), tmp_path)
+
+
+@pytest.mark.slow  # --local starts a warm worker per run
+def test_sweep_local_extends_a_finished_sweep_from_the_command_line(tmp_path, capsys, monkeypatch):
+    base = tmp_path / "base.yaml"
+    base.write_text(yaml.safe_dump({k: v for k, v in TINY.items() if k != "run"}))
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({"name": "s", "base": "base.yaml", "grid": {"run.seed": [0]}}))
+    monkeypatch.setenv("PYTHONPATH", str(sw.TEMPLATES.parent))
+
+    def local(rounds: int) -> str:
+        rc = sw.main([str(path), "--out-dir", str(tmp_path / "out"), "--local", "--set", f"run.rounds={rounds}",
+                      "--set", "run.threads=1"])
+        out, err = capsys.readouterr()
+        assert rc == 0, out + err
+        return out
+
+    local(2)
+    out = local(4)  # not refused: the same experiment, longer
+    assert "running 1 of 1 point(s)" in out and "done in" in out and "4/4 rounds" in out
+    run = open_run(tmp_path / "out" / "s" / "runs" / "000_seed-0")
+    assert run.attrs["resumed_from_round"] == 2 and run.complete and run.config["run"]["rounds"] == 4
+    assert "done, skipped" in local(3)  # fewer rounds than the log holds: the point is done

@@ -1,0 +1,141 @@
+"""Sizes checked before anything is allocated (mpifl.sizes): the estimate from the
+config alone agrees with what a run builds, the memory a rank has comes from
+MemAvailable and the cgroup limit, and absurd n_clients, hidden sizes or threads
+exit 2 in one line naming the key and the estimate, within seconds."""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+from helpers import REPO
+
+from mpifl import config, models, runtime, sizes
+from mpifl.comm import world
+from mpifl.data import build as build_data
+from mpifl.data import datasets
+from mpifl.data.shape import shape
+from mpifl.errors import ConfigError
+from mpifl.train import Clients
+
+QUICK = str(REPO / "jobs" / "quickstart.yaml")
+ABSURD = {"data.n_clients=1000000000": "data.n_clients=1000000000 is too large for this machine",
+          "model.hidden=[100000000]": "model.hidden=[100000000] is too large for this machine",
+          "run.threads=100000": "run.threads=100000 is not allowed here: this process may use"}
+
+
+@pytest.mark.parametrize("name", ["digits", "mnist1d", "synthetic", "fashionmnist"])
+def test_the_shape_from_the_config_is_the_loaded_datasets(name):
+    cfg = config.load(None, [f"data.name={name}", "data.n_samples=600"]).data
+    if name == "fashionmnist" and not datasets.data_path(cfg).exists():
+        pytest.skip(f"fashionmnist is not on this machine ({datasets.data_path(cfg)})")
+    pool, d = datasets.load(cfg, 0), shape(cfg)
+    assert (d.in_shape, d.n_classes, d.n_samples, d.stored_bytes) == \
+        (pool.shape, pool.n_classes, len(pool.y), pool.x.dtype.itemsize)
+
+
+def test_features_shape_is_read_from_the_npz_header(tmp_path):
+    np.savez(tmp_path / "f.npz", x=np.zeros((37, 12), np.float32), y=np.arange(37) % 5)
+    cfg = config.load(None, ["data.name=features", f"data.root={tmp_path / 'f.npz'}"]).data
+    s = shape(cfg)
+    assert (s.in_shape, s.n_classes, s.n_samples) == ((12,), 5, 37)
+    missing = config.load(None, ["data.name=features", f"data.root={tmp_path / 'none.npz'}"]).data
+    assert shape(missing) is None  # loading it says why; the estimate is left out
+
+
+@pytest.mark.parametrize("model", ["mlp", "lenet", "cnn_dpfl", "cnn2", "resnet18"])
+def test_parameters_counted_on_the_meta_device_are_the_built_models(model):
+    cfg = config.load(None, [f"model.name={model}", "model.hidden=[16, 8]"]).model
+    in_shape = (40,) if model == "mlp" else (3, 32, 32)
+    built = models.build(cfg, in_shape, 10, 0)
+    assert models.sizes(cfg, in_shape, 10) == (models.n_params(built), sum(b.numel() for b in built.buffers()))
+
+
+@pytest.mark.parametrize(("over", "rows"), [([], 1), (["train.momentum=0.9"], 2), (["train.optimizer=adam"], 3),
+                                            (["train.optimizer=adam", "train.on_nonfinite=skip"], 6)])
+def test_the_estimate_counts_what_the_clients_keep(over, rows):
+    base = ["data.name=synthetic", "data.n_samples=400", "data.n_clients=10", "data.n_clusters=2",
+            "model.hidden=[8]", *over]
+    cfg = config.load(None, base)
+    est = sizes.estimate(cfg, 2, 1, on_gpu=False)
+    data = build_data(cfg.data, 0, np.arange(5, 10))
+    c = Clients(models.build(cfg.model, data.in_shape, data.n_classes, 0), data, cfg.train, torch.device("cpu"), 0)
+    kept = c.params.numel() + sum(v.numel() for v in c.opt.state.values())
+    assert est.n_local == c.n == 5 and est.params == c.P and est.rows == rows
+    assert est.n_local * (est.rows * est.params + est.extra) >= kept  # never less than the rows and state kept
+    assert 0.8 * est.data <= c.x.numel() * 4 <= 1.25 * est.data  # this rank's samples, as float32
+    assert est.host >= est.clients + est.data + sizes.PER_CLIENT * 10  # on the CPU everything is on the host
+
+
+def test_memory_available_is_memavailable_capped_by_the_tightest_cgroup(tmp_path, monkeypatch):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24684092 kB\nMemAvailable:   20000000 kB\n")
+    monkeypatch.setattr(sizes, "MEMINFO", meminfo)
+    cg = tmp_path / "cgroup"
+    job = cg / "system.slice" / "job_7" / "step_0"
+    job.mkdir(parents=True)
+    (cg / "memory.max").write_text("max\n")
+    (cg / "memory.current").write_text("123\n")
+    (cg / "system.slice" / "job_7" / "memory.max").write_text(f"{4 << 30}\n")  # SLURM's job limit
+    (cg / "system.slice" / "job_7" / "memory.current").write_text(f"{1 << 30}\n")
+    (job / "memory.max").write_text("max\n")
+    (job / "memory.current").write_text(f"{1 << 30}\n")
+    proc = tmp_path / "proc_cgroup"
+    proc.write_text("0::/system.slice/job_7/step_0\n")
+    monkeypatch.setattr(sizes, "CGROUP", cg)
+    monkeypatch.setattr(sizes, "PROC_CGROUP", proc)
+    assert sizes.host_available() == (3 << 30, "cgroup memory limit")
+    (cg / "system.slice" / "job_7" / "memory.max").write_text("max\n")
+    assert sizes.host_available() == (20000000 * 1024, "MemAvailable")
+    host, dev, how = sizes.available(None, 4, 4)
+    assert host == 20000000 * 1024 // 4 and dev is None and "4 rank(s) on the node" in how
+
+
+def test_threads_past_the_cpus_of_the_process_are_refused(monkeypatch):
+    monkeypatch.setattr(sizes.os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    sizes.check_threads(0)
+    sizes.check_threads(3)
+    with pytest.raises(ConfigError, match=r"run.threads=4 is not allowed here: this process may use 3 CPU\(s\)"):
+        sizes.check_threads(4)
+
+
+@pytest.mark.parametrize("over", list(ABSURD))
+def test_absurd_sizes_are_refused_before_anything_is_allocated(tmp_path, over):
+    cfg = config.load(QUICK, [over, f"run.out_dir={tmp_path}"])
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.perf_counter()
+    with pytest.raises(ConfigError) as e:
+        runtime.setup(cfg, world())
+    took = time.perf_counter() - t0
+    msg = str(e.value)
+    assert msg.startswith(ABSURD[over]) and "\n" not in msg and took < 3
+    if "threads" not in over:
+        assert "the run needs at least " in msg and ("TiB per rank" in msg or "GiB per rank" in msg)
+        assert "of host memory (MemAvailable" in msg or "of host memory (cgroup" in msg
+    grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before  # KiB
+    assert grew < 512 * 1024
+    assert not (tmp_path / "quickstart").exists()
+
+
+@pytest.mark.slow  # starts the interpreter: the whole entry point, as a user runs it
+@pytest.mark.parametrize("over", list(ABSURD))
+def test_absurd_sizes_exit_2_in_one_line_within_seconds(tmp_path, over):
+    # mpifl.main's main(), then the process's peak memory on stdout
+    probe = ("import resource, sys; from mpifl.main import main; rc = main(sys.argv[1:]); "
+             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(rc)")
+    t0 = time.perf_counter()
+    res = subprocess.run([sys.executable, "-c", probe, QUICK, over, f"run.out_dir={tmp_path}"], cwd=REPO,
+                         capture_output=True, text=True, timeout=120, check=False,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    took = time.perf_counter() - t0
+    assert res.returncode == 2, res.stdout + res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"mpifl: error: {ABSURD[over]}")
+    assert took < 20  # the interpreter and torch's import included
+    assert int(res.stdout) < 2 << 20  # KiB: the interpreter and torch, nothing of the run
