@@ -63,9 +63,18 @@ def setup(cfg: Config, mpi_comm) -> Setup:
 
 
 def find_checkpoint(cfg: Config) -> Path | None:
-    """The checkpoint to resume from, per ``run.resume``; refuses another config's."""
+    """The checkpoint to resume from, per ``run.resume``; refuses another config's,
+    and a damaged one (never a silent start over)."""
     rd = RunDir(cfg.run_dir)
+    checkpoint.check_dir(rd)
     ck = checkpoint.latest(rd) if cfg.run.resume != "never" else None
+    if cfg.run.resume == "previous":
+        before = checkpoint.previous(ck) if ck is not None else None
+        if before is None:
+            raise ConfigError(f"run.resume='previous' is not allowed here: {str(rd.checkpoint)!r} keeps no checkpoint "
+                              f"before " + (f"{ck.name}" if ck else "the latest (it holds none)")
+                              + "; use run.resume=auto, or run.resume=never to start over")
+        ck = before
     if cfg.run.resume == "require" and ck is None:
         raise ConfigError(f"run.resume='require' is not allowed here: no checkpoint in {str(rd.checkpoint)!r}")
     if ck is not None:
