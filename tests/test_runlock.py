@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from helpers import MPIEXEC, REPO, assert_same_logs, launch
 
-from mpifl import runlock
+from mpifl import config, runlock, runtime
+from mpifl.comm import world
 from mpifl.errors import ConfigError
 from mpifl.logging.h5 import open_run
 from mpifl.paths import RunDir
@@ -66,6 +67,24 @@ def test_one_process_cannot_lock_twice_and_release_lets_the_next_in(tmp_path):
     (rd.root / "config.yaml").write_text("x")
     second.release()
     assert sorted(p.name for p in rd.root.iterdir()) == ["config.yaml"]  # not empty: kept
+
+
+def test_a_job_into_a_held_run_directory_changes_nothing(tmp_path):
+    """In this process: a finished run, its directory held, then the same job with
+    more rounds (which would resume and rewrite the log) is refused untouched."""
+    raw = ["data.name=synthetic", "data.n_samples=120", "data.n_clients=2", "data.n_clusters=2", "model.hidden=[4]",
+           "run.rounds=2", "run.threads=1", f"run.out_dir={tmp_path}", "run.name=r"]
+    runtime.run(config.load(None, raw), world())
+    rd = RunDir(tmp_path / "r")
+    lock = runlock.acquire(rd)
+    try:
+        before = {p: p.read_bytes() for p in sorted(rd.root.rglob("*")) if p.is_file()}
+        with pytest.raises(ConfigError, match="in use by another mpifl job"):
+            runtime.run(config.load(None, [*raw, "run.rounds=4"]), world())
+        assert {p: p.read_bytes() for p in sorted(rd.root.rglob("*")) if p.is_file()} == before
+    finally:
+        lock.release()
+    assert open_run(rd.root).n_rounds == 2
 
 
 def test_a_lock_file_mpifl_did_not_write_is_refused_and_kept(tmp_path):
