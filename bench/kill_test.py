@@ -101,7 +101,7 @@ def _same(a, b) -> bool:
 def _final_checkpoint(run_dir: Path) -> dict[str, object]:
     d = run_dir / "checkpoint" / (run_dir / "checkpoint" / "latest").read_text().strip()
     out = {}
-    for f in sorted(d.iterdir()):
+    for f in sorted(d.glob("*.pt")):  # manifest.json: the checksums of these, meta's naming its run directory
         obj = torch.load(f, weights_only=True)
         if f.name == "meta.pt":
             obj = {k: v for k, v in obj.items() if k != "config"}  # names its own run directory

@@ -9,10 +9,20 @@ checkpointed on R ranks resumes on any other number of ranks.
     <run>/checkpoint/latest              name of the newest complete checkpoint
     <run>/checkpoint/round-000012/meta.pt        round, config, replicated state
     <run>/checkpoint/round-000012/part-0003.pt   rank 3's clients
+    <run>/checkpoint/round-000012/manifest.json  every file's size and sha256, written last
 
 A checkpoint directory is filled under a temporary name and renamed when
 complete; ``latest`` is replaced atomically after that. A kill at any moment
-leaves the previous checkpoint intact.
+leaves the previous checkpoint intact. The last two checkpoints are kept
+(``run.resume=previous`` resumes from the older one); older ones are deleted
+after ``latest`` names the new one.
+
+Every file is checked against the manifest as it is read: a bit flip, a
+truncated or missing file, a ``latest`` naming a missing directory stop the run
+in one line naming the damage and the ways forward (:func:`damaged`), never a
+silent start over. ``<run>/checkpoint`` may not be a symbolic link: old
+checkpoints are deleted there, and a folder shared through a link could hold
+another run's (:func:`check_dir`).
 
 Algorithm state: fields of the ``State`` dataclass marked with
 :func:`mpifl.state.per_client` hold one row (or list item) per local client — a tensor,
@@ -30,6 +40,9 @@ must name a ``round-NNNNNN`` directory beside it.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import io
+import json
 import os
 import pickle
 import re
@@ -48,23 +61,45 @@ from .state import saved_fields
 
 LATEST = "latest"
 META = "meta.pt"
+MANIFEST = "manifest.json"  # {"round": t, "files": {name: [size, sha256 hex]}}, written last
+MANIFEST_MAX = 1 << 24  # bytes read of a manifest: ~100 per rank's part, so 10^5 ranks
 ROUND_DIR = re.compile(r"round-[0-9]{6}")  # every checkpoint directory mpifl writes
 _NUMPY = "__numpy__"  # an encoded numpy array: {_NUMPY: tensor} (+ "scalar": True)
 _FIELDS = "__fields__"  # an encoded dataclass record: {_FIELDS: {name: value}}
 
 
-def _save(obj: Any, path: Path) -> None:
+class _Hashing:
+    """A file's ``write`` that also hashes what passes: the checksum of a
+    checkpoint file without reading it back."""
+
+    def __init__(self, f) -> None:
+        self.f, self.sha, self.size = f, hashlib.sha256(), 0
+
+    def write(self, b) -> int:
+        self.sha.update(b)
+        self.size += len(b)
+        return self.f.write(b)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def _save(obj: Any, path: Path) -> tuple[int, str]:
+    """Write ``obj`` to ``path``; returns its (size, sha256) for the manifest."""
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "wb") as f:
-        torch.save(obj, f)
+        out = _Hashing(f)
+        torch.save(obj, out)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    return out.size, out.sha.hexdigest()
 
 
 def latest(rd: RunDir) -> Path | None:
-    """The newest complete checkpoint, or None; ``latest`` naming anything but a
-    ``round-NNNNNN`` directory beside it is refused."""
+    """The checkpoint ``latest`` names, or None without one; ``latest`` naming
+    anything but a ``round-NNNNNN`` directory beside it is refused. Whether it is
+    whole is checked as it is read (:func:`read_meta`, :func:`load`)."""
     p = rd.checkpoint / LATEST
     if not p.is_file():
         return None
@@ -78,7 +113,70 @@ def latest(rd: RunDir) -> Path | None:
     if not ROUND_DIR.fullmatch(name) or d.is_symlink():
         raise ConfigError(f"checkpoint pointer {str(p)!r} names {name!r}, not a round-NNNNNN directory beside it; "
                           f"delete it or use run.resume=never")
-    return d if (d / META).is_file() else None
+    return d
+
+
+def previous(ck: Path) -> Path | None:
+    """The newest checkpoint directory beside ``ck`` of an earlier round, or None."""
+    older = [d for d in _ours(ck.parent) if d.name < ck.name]
+    return max(older, key=lambda d: d.name, default=None)
+
+
+def _ours(folder: Path) -> list[Path]:
+    """The checkpoint directories mpifl wrote in ``folder`` (its names, no links)."""
+    if not folder.is_dir():
+        return []
+    return [d for d in folder.iterdir() if is_checkpoint_dir(d) and d.is_dir() and not d.is_symlink()]
+
+
+def check_dir(rd: RunDir) -> None:
+    """Refuse a ``checkpoint`` folder that is a symbolic link: mpifl deletes its old
+    checkpoints there, and a folder reached through a link may be shared with
+    other runs (whose ``round-NNNNNN`` look like ours)."""
+    if rd.checkpoint.is_symlink():
+        raise ConfigError(f"checkpoint folder {str(rd.checkpoint)!r} is a symbolic link (to "
+                          f"{shorten(repr(os.readlink(rd.checkpoint)), 80)}), refused: mpifl deletes old checkpoints "
+                          f"there and could delete another run's; make it a directory of this run (move the "
+                          f"checkpoints into it), or put the whole run on that disk with run.out_dir")
+
+
+def damaged(ck: Path, what: str) -> ConfigError:
+    """The one-line error for a checkpoint that cannot be trusted, with the ways
+    forward that work: the checkpoint before it (when ``ck`` is the one ``latest``
+    names and an earlier one is kept), or starting over."""
+    pointer = ck.parent / LATEST
+    try:
+        is_latest = pointer.is_file() and pointer.read_text()[:100].strip() == ck.name
+    except OSError:
+        is_latest = False
+    before = previous(ck) if is_latest else None
+    start_over = "start over with run.resume=never (replaces this run's log and checkpoints, nothing else)"
+    if before is not None:
+        ways = f"resume from the checkpoint before it ({before.name}) with run.resume=previous, or {start_over}"
+    else:  # the latest without an earlier one, or the earlier one (run.resume=previous) itself
+        ways = ("no earlier checkpoint is kept: " if is_latest else "") + start_over
+    return ConfigError(f"checkpoint {str(ck)!r} is damaged: {what}; {ways}")
+
+
+def _manifest(ck: Path) -> dict[str, tuple[int, str]]:
+    """{file name: (size, sha256)} of a checkpoint; a missing or unreadable one is damage."""
+    if not ck.is_dir():
+        raise damaged(ck, f"{LATEST} names {ck.name}, which is missing")
+    try:
+        with open(ck / MANIFEST, "rb") as f:
+            text = f.read(MANIFEST_MAX)
+    except FileNotFoundError:
+        raise damaged(ck, f"it has no {MANIFEST} (not completely written, or by an mpifl before checksums)") from None
+    except OSError as e:
+        raise damaged(ck, f"its {MANIFEST} is unreadable ({e.strerror})") from None
+    try:
+        files = json.loads(text)["files"]
+        out = {str(k): (int(v[0]), str(v[1])) for k, v in files.items()}
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+        raise damaged(ck, f"its {MANIFEST} is not one mpifl wrote (corrupted?)") from None
+    if META not in out:
+        raise damaged(ck, f"its {MANIFEST} lists no {META}")
+    return out
 
 
 def is_checkpoint_dir(path: Path) -> bool:
@@ -105,34 +203,58 @@ def save(rd: RunDir, ctx, state: Any, t: int, die_before_publish: bool = False) 
         "opt": {k: v.detach().cpu() for k, v in c.opt.state.items()},
         "algo": {k: _encode(getattr(state, k), k) for k in rows},
     }
-    _save(part, tmp / f"part-{comm.rank:04d}.pt")
+    mine = f"part-{comm.rank:04d}.pt"
+    written = {mine: _save(part, tmp / mine)}
     if die_before_publish:
         import signal
 
         os.kill(os.getpid(), signal.SIGKILL)
-    comm.barrier()
+    parts = comm.allgather(written)  # also: every part is written before rank 0 publishes
     if comm.is_writer:
         meta = {"round": t, "config": ctx.cfg.to_dict(), "n_ranks": comm.size,
                 "starts": torch.as_tensor(np.asarray(comm.placement.starts, np.int64)),
                 "algo": {k: _encode(getattr(state, k), k) for k in glob}}
-        _save(meta, tmp / META)
+        files = {META: _save(meta, tmp / META)}
+        for p in parts:
+            files.update(p)
+        atomic_write_text(tmp / MANIFEST, json.dumps({"round": t, "files": files}, indent=1))
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         atomic_write_text(rd.checkpoint / LATEST, name)
-        for old in rd.checkpoint.glob("round-*"):
-            if old.name != name and is_checkpoint_dir(old):
+        # kept: this one and the one before it; a newer one is of a run resumed from
+        # an earlier checkpoint (run.resume=previous) and no longer matches the log
+        before = previous(final)
+        for old in _ours(rd.checkpoint):
+            if old not in (final, before):
                 shutil.rmtree(old, ignore_errors=True)
     comm.barrier()
     return final
 
 
-def _load(path: Path) -> Any:
-    """A checkpoint file, read without running any code it may hold; one line when
-    it cannot be."""
+def _load(path: Path, files: dict[str, tuple[int, str]]) -> Any:
+    """A checkpoint file, checked against the manifest's ``files`` and read without
+    running any code it may hold; one line when it cannot be."""
+    ck = path.parent
+    if path.name not in files:
+        raise damaged(ck, f"its {MANIFEST} does not list {path.name}")
+    size, sha = files[path.name]
+    try:
+        with open(path, "rb") as f:
+            data = f.read(size + 1)
+    except FileNotFoundError:
+        raise damaged(ck, f"{path.name} is missing") from None
+    except OSError as e:
+        raise damaged(ck, f"{path.name} is unreadable ({e.strerror})") from None
+    if len(data) != size:
+        raise damaged(ck, f"checkpoint file {path.name} is not the size it was written with ({size} bytes): "
+                          f"truncated, or changed since")
+    if hashlib.sha256(data).hexdigest() != sha:
+        raise damaged(ck, f"checkpoint file {path.name} does not match the sha256 recorded when it was written "
+                          f"(corrupted, or changed since)")
     try:
         with warnings.catch_warnings():  # torch warns about pickle protocols on stderr
             warnings.simplefilter("ignore")
-            return torch.load(path, map_location="cpu", weights_only=True)
+            return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         found = re.search(r"Unsupported global: GLOBAL ([\w.]{1,100})", str(e))
         if found:
@@ -147,7 +269,8 @@ def _load(path: Path) -> Any:
 
 
 def read_meta(path: Path) -> dict:
-    meta = _load(path / META)
+    """The verified meta of the checkpoint in ``path`` (see :func:`damaged`)."""
+    meta = _load(path / META, _manifest(path))
     if not isinstance(meta, dict) or not {"round", "config", "starts", "algo"} <= set(meta):
         raise ConfigError(f"checkpoint file {str(path / META)!r} is not an mpifl checkpoint; "
                           f"delete the checkpoint or use run.resume=never")
@@ -178,6 +301,7 @@ def load(path: Path, ctx, state: Any) -> int:
     """Fill this rank's clients and ``state`` from a checkpoint; returns its round."""
     c = ctx.clients
     meta = read_meta(path)
+    files = _manifest(path)
     rows, glob = saved_fields(state)
     for k in glob:
         if k in meta["algo"]:  # a field added to State since the checkpoint keeps init's value
@@ -187,7 +311,7 @@ def load(path: Path, ctx, state: Any) -> int:
     for r in range(len(starts) - 1):
         if starts[r + 1] <= lo or starts[r] >= hi:
             continue  # this part holds none of our clients
-        part = _load(path / f"part-{r:04d}.pt")
+        part = _load(path / f"part-{r:04d}.pt", files)
         src_ids = np.asarray(part["ids"])
         take = np.flatnonzero((src_ids >= lo) & (src_ids < hi))
         dst = src_ids[take] - lo

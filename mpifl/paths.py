@@ -19,6 +19,7 @@ class RunDir:
     config = beneath("config.yaml")
     log = beneath("run.h5")
     checkpoint = beneath("checkpoint")
+    lock = beneath("run.lock")  # held by the job writing here (mpifl.runlock); gone when it ends
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__, algorithms, checkpoint, models, sizes
+from . import __version__, algorithms, checkpoint, models, runlock, sizes
 from .algorithms.base import Algorithm, Context, Round, evaluates
 from .comm import Comm, agree, node_local_rank, node_of_ranks, pick_device, set_threads, versions
 from .config import Config
 from .data import build as build_data
-from .errors import ConfigError
+from .errors import ConfigError, shorten
 from .logging.h5 import Writer, open_run
 from .mixing import Dense, Mixing, issparse
 from .paths import RunDir, atomic_write_text
@@ -80,9 +80,18 @@ def setup(cfg: Config, mpi_comm) -> Setup:
 def find_checkpoint(cfg: Config) -> Path | None:
     """The checkpoint to resume from, per ``run.resume``; refuses another
     experiment's (:mod:`mpifl.config.identity`: the directory may have moved, and a
-    larger ``run.rounds`` extends the run) and a ``run.rounds`` below the rounds done."""
+    larger ``run.rounds`` extends the run), a ``run.rounds`` below the rounds done,
+    and a damaged checkpoint (never a silent start over)."""
     rd = RunDir(cfg.run_dir)
+    checkpoint.check_dir(rd)
     ck = checkpoint.latest(rd) if cfg.run.resume != "never" else None
+    if cfg.run.resume == "previous":
+        before = checkpoint.previous(ck) if ck is not None else None
+        if before is None:
+            raise ConfigError(f"run.resume='previous' is not allowed here: {str(rd.checkpoint)!r} keeps no checkpoint "
+                              f"before " + (f"{ck.name}" if ck else "the latest (it holds none)")
+                              + "; use run.resume=auto, or run.resume=never to start over")
+        ck = before
     if cfg.run.resume == "require" and ck is None:
         raise ConfigError(f"run.resume='require' is not allowed here: no checkpoint in {str(rd.checkpoint)!r}")
     if ck is not None:
@@ -94,6 +103,30 @@ def find_checkpoint(cfg: Config) -> Path | None:
                               f"{str(rd.root)!r} has done; give run.rounds>={done} to continue it (={done}: "
                               f"nothing to do), or run.resume=never to start it over")
     return ck
+
+
+def check_log(cfg: Config, ck: Path) -> None:
+    """Resuming from ``ck`` needs the log of the rounds before it: refuse (before
+    anything is written) a log that is missing, unreadable or short of them."""
+    rd = RunDir(cfg.run_dir)
+    t = int(ck.name.removeprefix("round-"))
+    if not rd.log.is_file():
+        why = "is missing"
+    else:
+        try:
+            run = open_run(rd.log)
+            run.open_tries = 1  # this job holds the run directory: no writer to wait for
+            logged = set(run.rounds.tolist())
+        except Exception as e:  # noqa: BLE001 - whatever h5py says about a damaged file
+            why = f"is unreadable ({type(e).__name__}: {shorten(str(e), 80)})"
+        else:
+            every = cfg.log.every
+            lost = [r for r in range(every - 1, t + 1, every) if r not in logged]
+            why = f"lacks round {lost[0] + 1}" if lost else ""
+    if why:
+        raise ConfigError(f"run directory {str(rd.root)!r} has a checkpoint after round {t + 1} but its log "
+                          f"{str(rd.log)!r} {why}: the logged rounds cannot be rebuilt from a checkpoint; put the "
+                          f"log back from a copy, or start over with run.resume=never (replaces the checkpoints)")
 
 
 def _writer(cfg: Config, s: Setup, keep_rounds: int | None) -> Writer | None:
@@ -146,7 +179,7 @@ def _check_fresh(cfg: Config, rd: RunDir) -> None:
     """A fresh start may replace the files of an earlier start of this config (its
     config.yaml, run.h5 and checkpoints) and nothing else: a directory holding
     anything without an mpifl config.yaml, or another config's run, is refused."""
-    if not rd.root.is_dir() or not any(rd.root.iterdir()):
+    if not rd.root.is_dir() or not any(p != rd.lock for p in rd.root.iterdir()):
         return
     where = str(rd.root)
     if not rd.config.is_file():
@@ -248,6 +281,18 @@ def _path_text(c: Clients) -> str:
 
 
 def run(cfg: Config, mpi_comm) -> Path:
+    """One job: the run directory is locked first (one job per directory, before
+    anything there changes) and released when the job ends, however it ends."""
+    rd = RunDir(cfg.run_dir)
+    lock = agree(mpi_comm, lambda: runlock.acquire(rd) if mpi_comm.Get_rank() == 0 else None)
+    try:
+        return _run(cfg, mpi_comm)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _run(cfg: Config, mpi_comm) -> Path:
     s = setup(cfg, mpi_comm)
     ctx, algo = s.ctx, s.algo
     comm = ctx.comm
@@ -257,7 +302,10 @@ def run(cfg: Config, mpi_comm) -> Path:
     first = 0
     if ck is not None:
         first = agree(mpi_comm, lambda: checkpoint.load(ck, ctx, state)) + 1
-    writer = agree(mpi_comm, lambda: _writer(cfg, s, first if ck is not None else None))
+        agree(mpi_comm, lambda: check_log(cfg, ck) if comm.is_writer else None)
+    # a finished run started again changes nothing: its log and config.yaml stay as they are
+    finished = ck is not None and first >= cfg.run.rounds
+    writer = None if finished else agree(mpi_comm, lambda: _writer(cfg, s, first if ck is not None else None))
     say = print if comm.is_writer else (lambda *a, **k: None)
     say(f"mpifl {cfg.algorithm.name}: {ctx.N} clients on {comm.size} rank(s), {ctx.clients.P} parameters, "
         f"{ctx.clients.device}, {s.threads} thread(s)/rank, {_path_text(ctx.clients)} -> {cfg.run_dir}"
@@ -268,7 +316,7 @@ def run(cfg: Config, mpi_comm) -> Path:
     R = cfg.run.rounds
     every = cfg.run.checkpoint_every
     last_at, last_acc = -1, float("nan")  # round of the last evaluation seen, its mean test_acc
-    if writer is not None and first > 0:
+    if comm.is_writer and first > 0:
         last_at, last_acc = last_evaluated(rd.log)
     try:
         for t in range(first, R):

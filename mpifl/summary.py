@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -282,7 +283,9 @@ def find_logs(paths: list[str | Path]) -> list[Path]:
         elif (p / "run.h5").is_file():
             out.append(p / "run.h5")
         elif p.is_dir():
-            out.extend(sorted(p.rglob("run.h5")))
+            # os.walk, not rglob: a running job deletes old checkpoint folders under the
+            # walk, and rglob raises on one gone between its listing and its visit
+            out.extend(sorted(Path(d) / "run.h5" for d, _, files in os.walk(p) if "run.h5" in files))
         else:
             raise FileNotFoundError(f"{p}: no such file or directory")
     seen: set[Path] = set()

@@ -5,8 +5,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
 REPO = Path(__file__).resolve().parents[1]
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
+TIMING = {"rounds/wall_s", "rounds/comm_s", "rounds/compute_s"}  # wall-clock datasets of a log
 
 
 def launch(args: list[str], n: int = 1, cwd: Path | None = None, timeout: float = 300,
@@ -20,3 +23,13 @@ def launch(args: list[str], n: int = 1, cwd: Path | None = None, timeout: float 
     return subprocess.run(cmd, cwd=cwd or REPO, capture_output=True, text=True, timeout=timeout, env=env,
                           check=False)
 
+
+
+def assert_same_logs(a, b) -> None:
+    """Two run logs (``open_run``) hold the same datasets, bit for bit, timings aside."""
+    ka, kb = set(a.keys()) - TIMING, set(b.keys()) - TIMING
+    assert ka == kb
+    assert a.n_rounds == b.n_rounds
+    for k in sorted(ka):
+        x, y = a.get(k), b.get(k)
+        assert x.shape == y.shape and np.array_equal(x, y, equal_nan=True), k  # bitwise

@@ -4,6 +4,9 @@ this process (one rank); a few, one per stage where an error can arise (config,
 data, checkpoint), also under mpiexec -n 2, where every rank must exit 2 and none
 may hang."""
 
+import hashlib
+import json
+
 import pytest
 import torch
 from helpers import launch
@@ -23,7 +26,8 @@ def write(path, text_or_bytes):
 
 
 def fake_checkpoint(tmp, name: str, cfg_args: list[str], meta: bytes | None = None, part: bytes = b"\x00junk"):
-    """A run directory whose checkpoint is damaged in a chosen way."""
+    """A run directory whose checkpoint is damaged in a chosen way: garbage that its
+    manifest vouches for (as a forger would write it), so reading it is what fails."""
     ck = tmp / name / "checkpoint"
     write(ck / "latest", "round-000001")
     d = ck / "round-000001"
@@ -36,6 +40,8 @@ def fake_checkpoint(tmp, name: str, cfg_args: list[str], meta: bytes | None = No
         write(d / "meta.pt", meta)
     write(d / "part-0000.pt", part)
     write(d / "part-0001.pt", part)
+    files = {p.name: [len(p.read_bytes()), hashlib.sha256(p.read_bytes()).hexdigest()] for p in d.iterdir()}
+    write(d / "manifest.json", json.dumps({"round": 1, "files": files}))
 
 
 # name -> (config text or bytes, "" for no config file, or None when the first override is the

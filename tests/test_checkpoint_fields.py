@@ -1,6 +1,9 @@
 """A checkpoint written before a State field existed still resumes: the new field
 keeps the value ``init`` gave it (fedavg_ft gained its best-validation fields)."""
 
+import hashlib
+import json
+
 import numpy as np
 import torch
 
@@ -27,6 +30,10 @@ def test_state_field_missing_from_an_older_checkpoint_keeps_its_initial_value(tm
     for k in ("best", "best_acc", "best_round"):  # as an mpifl before best_val wrote it
         del meta["algo"][k]
     torch.save(meta, path / checkpoint.META)
+    manifest = json.loads((path / checkpoint.MANIFEST).read_text())  # as that mpifl's manifest would say
+    data = (path / checkpoint.META).read_bytes()
+    manifest["files"][checkpoint.META] = [len(data), hashlib.sha256(data).hexdigest()]
+    (path / checkpoint.MANIFEST).write_text(json.dumps(manifest))
     fresh = fedavg_ft.init(ctx)
     assert checkpoint.load(path, ctx, fresh) == 0
     assert torch.equal(fresh.model, state.model) and fresh.best is None and fresh.best_round == -1

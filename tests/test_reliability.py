@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers import MPIEXEC, REPO, launch
+from helpers import MPIEXEC, REPO, TIMING, assert_same_logs, launch
 
 from mpifl import algorithms
 from mpifl.logging.h5 import open_run
@@ -19,7 +19,6 @@ pytestmark = pytest.mark.slow  # every test launches mpiexec
 
 BASE = ["data.name=synthetic", "data.n_samples=480", "data.n_clients=8", "data.n_clusters=2",
         "model.hidden=[16]", "run.rounds=6", "run.checkpoint_every=2", "run.threads=1", "algorithm.fraction=0.5"]
-TIMING = {"rounds/wall_s", "rounds/comm_s", "rounds/compute_s"}
 
 
 # the who-collaborates-with-whom baselines, set so that their decisions happen in
@@ -31,15 +30,6 @@ WHOM = {"cfl": ["cfl.warmup_rounds=1", "cfl.eps1=10", "cfl.eps2=0.01", "cfl.min_
 # the personalization baselines: extra rows with an optimizer state to carry (momentum)
 PERSONAL = {"fedavg_ft-best": ["fedavg_ft.start=best_val"], "ditto": ["train.momentum=0.9"],
             "fedrep": ["fedrep.head_epochs=2", "train.momentum=0.9"]}
-
-
-def assert_same_logs(a, b):
-    ka, kb = set(a.keys()) - TIMING, set(b.keys()) - TIMING
-    assert ka == kb
-    assert a.n_rounds == b.n_rounds
-    for k in sorted(ka):
-        x, y = a.get(k), b.get(k)
-        assert x.shape == y.shape and np.array_equal(x, y, equal_nan=True), k  # bitwise
 
 
 # overrides of the kill/resume test per algorithm (or "algorithm-variant"); one not

@@ -58,8 +58,8 @@ def test_local_gives_the_same_files_as_the_slurm_array(tmp_path):
 
     a, b = tmp_path / "local" / "s", tmp_path / "slurm" / "s"
     files = lambda root: sorted(str(p.relative_to(root)) for p in (root / "runs").rglob("*") if p.is_file())
-    # per point: config.yaml, run.h5 and the final checkpoint (latest, meta, one part per rank)
-    assert files(a) == files(b) and len(files(a)) == 2 * 6
+    # per point: config.yaml, run.h5 and the final checkpoint (latest, meta, manifest, one part per rank)
+    assert files(a) == files(b) and len(files(a)) == 2 * 7
     for run in sorted((a / "runs").iterdir()):
         other = b / "runs" / run.name
         ca, cb = (yaml.safe_load((d / "config.yaml").read_text()) for d in (run, other))

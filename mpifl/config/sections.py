@@ -26,8 +26,9 @@ class RunConfig:
     eval_every: int = 1  # evaluate val/test every k rounds (and always the last)
     threads: int = 0  # torch threads per rank; 0 = cores this rank owns
     checkpoint_every: int = 10  # rounds between checkpoints (0: only at the end and on a signal)
-    # auto: continue a run directory that has a checkpoint; never: start over; require: fail without one
-    resume: Literal["auto", "never", "require"] = "auto"
+    # auto: continue a run directory that has a checkpoint; never: start over; require: fail without one;
+    # previous: continue from the checkpoint before the latest (when the latest is damaged)
+    resume: Literal["auto", "never", "require", "previous"] = "auto"
 
 
 @dataclass
