@@ -12,7 +12,9 @@ checkpointed on R ranks resumes on any other number of ranks.
 
 A checkpoint directory is filled under a temporary name and renamed when
 complete; ``latest`` is replaced atomically after that. A kill at any moment
-leaves the previous checkpoint intact.
+leaves the previous checkpoint intact. A write refused on any rank (a full disk)
+raises ``StorageError`` on every rank, the temporary directory is removed, and
+the previous checkpoint stays the latest.
 
 Algorithm state: fields of the ``State`` dataclass marked with
 :func:`mpifl.state.per_client` hold one row (or list item) per local client — a tensor,
@@ -41,7 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import ConfigError, shorten
+from .errors import ConfigError, StorageError, shorten, storage_error
 from .paths import RunDir, atomic_write_text
 from .state import saved_fields
 
@@ -55,13 +57,65 @@ _FIELDS = "__fields__"  # an encoded dataclass record: {_FIELDS: {name: value}}
 MAY_CHANGE = {"run.rounds", "run.resume", "run.checkpoint_every", "run.threads", "run.device"}
 
 
-def _save(obj: Any, path: Path) -> None:
+
+
+class _Recording:
+    """A file for ``torch.save`` that keeps the ``OSError`` of a refused write:
+    torch reports it as a ``RuntimeError`` of its own that does not say why."""
+
+    def __init__(self, f):
+        self.f, self.error = f, None
+
+    def write(self, b) -> int:
+        try:
+            return self.f.write(b)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def _kept(rd: RunDir) -> str:
+    """What a refused checkpoint write leaves: the published checkpoint, if any."""
+    try:
+        last = latest(rd)
+    except ConfigError:
+        last = None
+    return f"the checkpoint {last.name} is kept" if last else "there is no checkpoint yet: the run starts over"
+
+
+def _save(obj: Any, path: Path, kept: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            out = _Recording(f)
+            try:
+                torch.save(obj, out)
+            except RuntimeError:
+                if out.error is None:
+                    raise
+                raise out.error from None
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise storage_error("the checkpoint file", path, e, kept) from None
+
+
+def _agreed(comm, fn, tmp: Path) -> None:
+    """``fn`` on every rank (collective); a refused write on any rank removes the
+    checkpoint being written (``tmp``) and raises on every rank."""
+    from .comm import agree
+
+    try:
+        agree(comm, fn)
+    except StorageError:
+        if comm.is_writer:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def latest(rd: RunDir) -> Path | None:
@@ -95,10 +149,17 @@ def save(rd: RunDir, ctx, state: Any, t: int, die_before_publish: bool = False) 
     name = f"round-{t:06d}"
     final = rd.checkpoint / name
     tmp = rd.checkpoint / f".{name}.tmp"
-    if comm.is_writer:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    comm.barrier()
+    kept = _kept(rd)
+
+    def prepare() -> None:
+        if comm.is_writer:
+            shutil.rmtree(tmp, ignore_errors=True)
+            try:
+                tmp.mkdir(parents=True)
+            except OSError as e:
+                raise storage_error("the checkpoint directory", tmp, e, kept) from None
+
+    _agreed(comm, prepare, tmp)
     rows, glob = saved_fields(state)
     part = {
         "ids": torch.as_tensor(np.asarray(c.ids, np.int64)),
@@ -107,24 +168,35 @@ def save(rd: RunDir, ctx, state: Any, t: int, die_before_publish: bool = False) 
         "opt": {k: v.detach().cpu() for k, v in c.opt.state.items()},
         "algo": {k: _encode(getattr(state, k), k) for k in rows},
     }
-    _save(part, tmp / f"part-{comm.rank:04d}.pt")
-    if die_before_publish:
-        import signal
 
-        os.kill(os.getpid(), signal.SIGKILL)
-    comm.barrier()
-    if comm.is_writer:
+    def write_part() -> None:
+        _save(part, tmp / f"part-{comm.rank:04d}.pt", kept)
+        if die_before_publish:
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    _agreed(comm, write_part, tmp)
+
+    def publish() -> None:
+        if not comm.is_writer:
+            return
         meta = {"round": t, "config": ctx.cfg.to_dict(), "n_ranks": comm.size,
                 "starts": torch.as_tensor(np.asarray(comm.placement.starts, np.int64)),
                 "algo": {k: _encode(getattr(state, k), k) for k in glob}}
-        _save(meta, tmp / META)
+        _save(meta, tmp / META, kept)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
-        atomic_write_text(rd.checkpoint / LATEST, name)
+        try:
+            atomic_write_text(rd.checkpoint / LATEST, name)
+        except OSError as e:  # unpublished: the space it took goes back
+            shutil.rmtree(final, ignore_errors=True)
+            raise storage_error("the checkpoint pointer", rd.checkpoint / LATEST, e, kept) from None
         for old in rd.checkpoint.glob("round-*"):
             if old.name != name and is_checkpoint_dir(old):
                 shutil.rmtree(old, ignore_errors=True)
-    comm.barrier()
+
+    _agreed(comm, publish, tmp)
     return final
 
 

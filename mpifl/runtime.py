@@ -17,7 +17,7 @@ from .algorithms.base import Algorithm, Context, Round, evaluates
 from .comm import Comm, agree, node_of_ranks, pick_device, set_threads, versions
 from .config import Config
 from .data import build as build_data
-from .errors import ConfigError
+from .errors import ConfigError, StorageError, storage_error
 from .logging.h5 import Writer, open_run
 from .mixing import Dense, Mixing, issparse
 from .paths import RunDir, atomic_write_text
@@ -26,6 +26,7 @@ from .yamlio import read_yaml
 
 METRICS = ("val_loss", "val_acc", "test_loss", "test_acc")
 PREEMPTED = 75  # exit status after a signal-triggered checkpoint (EX_TEMPFAIL): requeue me
+LOG_FAILED = 1 << 10  # above any signal number: rank 0's log write was refused (agreed with the stop flag)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
@@ -87,7 +88,10 @@ def _writer(cfg: Config, s: Setup, keep_rounds: int | None) -> Writer | None:
         _check_fresh(cfg, rd)
         checkpoint.forget(rd)  # a fresh start forgets the earlier run's checkpoints
     text = cfg.to_yaml()
-    atomic_write_text(rd.config, text)
+    try:
+        atomic_write_text(rd.config, text)
+    except OSError as e:
+        raise storage_error("the config", rd.config, e, "nothing was logged yet") from None
     d = ctx.data
     attrs = {
         "mpifl_version": __version__, "algorithm": cfg.algorithm.name, "seed": cfg.run.seed,
@@ -257,7 +261,11 @@ def run(cfg: Config, mpi_comm) -> Path:
             # log.every thins the per-client rows (nothing is gathered in between);
             # evaluation keeps its own schedule so results do not depend on logging
             logged = (t + 1) % cfg.log.every == 0 or t == R - 1
-            gathered = _log_round(writer, ctx, t, out, metrics, times) if logged else None
+            failed = None
+            try:
+                gathered = _log_round(writer, ctx, t, out, metrics, times) if logged else None
+            except StorageError as e:  # rank 0's: the other ranks learn it at the reduction below
+                gathered, failed = None, e
             if gathered is not None:
                 acc = gathered["metrics/test_acc"]
                 if not np.all(np.isnan(acc)):
@@ -266,15 +274,19 @@ def run(cfg: Config, mpi_comm) -> Path:
                 eta = elapsed / (t + 1 - first) * (R - t - 1)
                 say(f"round {t + 1:>4}/{R}  test_acc {_acc_text(last_acc, last_at, t)}  {wall:.2f}s/round  "
                     f"eta {eta:.0f}s", flush=True)
-            stopping = comm.allreduce_max(stop.signum) > 0
+            flag = comm.allreduce_max(LOG_FAILED if failed else stop.signum)
+            if flag >= LOG_FAILED:
+                raise failed or StorageError("rank 0 could not write the log")
+            stopping = flag > 0
             if stopping or t == R - 1 or (every and (t + 1) % every == 0):
-                if writer is not None:  # the log must hold every round the checkpoint does
-                    writer.flush()
+                # the log must hold every round the checkpoint does
+                agree(comm, lambda: writer.flush() if writer is not None else None)
                 checkpoint.save(rd, ctx, state, t, die_before_publish=fault == (t, "kill_in_checkpoint"))
             if stopping and t < R - 1:
                 say(f"mpifl: stop signal after round {t + 1}/{R}; checkpoint written, resume by running the same "
                     f"command again (exit {PREEMPTED})", flush=True)
                 raise Preempted()
+        agree(comm, lambda: writer.close() if writer is not None else None)
     finally:
         if writer is not None:  # buffered rounds (log.flush_s), also when a round failed
             writer.close()
