@@ -39,7 +39,9 @@ ids and weights of ``Grouped`` (``mixing_group``, ``mixing_shared``).
 
 ``Run.mixing(i)`` returns the dense matrix whichever the storage.
 
-A write the file
+Every dataset that can be chunked carries HDF5's Fletcher-32 checksum per chunk:
+a chunk changed after it was written (a bit flip on disk, a damaged copy) fails
+to read, and ``Run`` raises :class:`Corrupt` naming the dataset. A write the file
 system refuses (full, over quota, I/O error) raises ``StorageError`` from the
 writer; the file keeps every round committed before it (:mod:`.journal`).
 """
@@ -64,6 +66,31 @@ from .journal import Journaled, journal_path, read_journal
 
 ROUND_KEY = "rounds/round"
 CHUNK_BYTES = 1 << 12  # per-round datasets: rows per chunk up to this size (measured: 4 KiB best)
+
+
+def _checksummed(shape: tuple, compress: bool = False) -> dict[str, Any]:
+    """``create_dataset`` keywords of a dataset written whole: Fletcher-32 (and gzip
+    when ``compress``) where it can be chunked (not a scalar, not empty)."""
+    if not shape or 0 in shape:
+        return {}
+    return {"fletcher32": True, **({"compression": "gzip"} if compress else {})}
+
+
+class Corrupt(ValueError):
+    """A chunk of the log fails its checksum (or decompression): the file changed
+    after it was written."""
+
+
+@contextmanager
+def _checked(path: str):
+    """Reading dataset ``path``: a chunk failing its filters raises :class:`Corrupt`."""
+    try:
+        yield
+    except OSError as e:
+        if "filter returned failure" not in str(e):  # HDF5's words for a checksum (or gzip) failure
+            raise
+        raise Corrupt(f"/{path} fails its checksum: the file changed after it was written "
+                      f"(a bit flip or a damaged disk or copy)") from None
 
 
 class _Log:
@@ -99,7 +126,7 @@ class _Log:
             big = row.size > 64 and per == 1
             self.f.create_dataset(path, shape=(0, *row.shape), maxshape=(None, *row.shape), dtype=row.dtype,
                                   chunks=chunk, compression="gzip" if big else None,
-                                  compression_opts=1 if big else None)
+                                  compression_opts=1 if big else None, fletcher32=True)
             self.f[path].attrs["per_round"] = True
         ds = self.ds[path] = self.f[path]
         self.size[path] = ds.shape[0]
@@ -156,7 +183,7 @@ class _Log:
         if ds is None:
             if path not in self.f:
                 self.f.create_dataset(path, shape=(0,), maxshape=(None,), dtype=values.dtype, chunks=(65536,),
-                                      compression="gzip", compression_opts=1)
+                                      compression="gzip", compression_opts=1, fletcher32=True)
             ds = self.ds[path] = self.f[path]
         n = ds.shape[0]
         ds.resize(n + len(values), axis=0)
@@ -211,7 +238,8 @@ class Writer:
                     for k, v in attrs.items():
                         f.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else v
                     for k, v in clients.items():
-                        f.create_dataset(f"clients/{k}", data=np.asarray(v))
+                        v = np.asarray(v)
+                        f.create_dataset(f"clients/{k}", data=v, **_checksummed(v.shape))
                     g = f.create_group("graph")
                     g.attrs["mixing_format"] = "compact" if self.compact else "dense"
                 jf.commit()
@@ -329,7 +357,7 @@ class Writer:
             for k, v in r["once"].items():
                 if k in f:
                     del f[k]
-                f.create_dataset(k, data=v, compression="gzip" if np.size(v) > 64 else None)
+                f.create_dataset(k, data=v, **_checksummed(np.shape(v), np.size(v) > 64))
                 f[k].attrs["round"] = r["t"]
             for k, v in r["attrs"].items():
                 f.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else v
@@ -591,7 +619,7 @@ class Run:
         t = t % n
         if path == "graph/mixing":
             return self.mixing(t)
-        with self._file() as f:
+        with self._file() as f, _checked(path):
             return f[path][t]
 
     def keys(self) -> list[str]:
@@ -602,7 +630,7 @@ class Run:
 
     def get(self, path: str) -> np.ndarray:
         """A dataset; per-round datasets are cut to the complete rounds."""
-        with self._file() as f:
+        with self._file() as f, _checked(path):
             ds = f[path]
             if not ds.attrs.get("per_round", False):
                 return ds[()]
@@ -627,7 +655,7 @@ class Run:
 
     def mixing_of(self, t: int) -> Mixing:
         """The mixing matrix of logged row ``t`` in the form it was stored."""
-        with self._file() as f:
+        with self._file() as f, _checked("graph/mixing"):
             g = f["graph"]
             if g.attrs.get("mixing_format", "dense") == "dense":
                 return Dense(g["mixing"][t])
