@@ -64,8 +64,8 @@ import numpy as np
 
 from .errors import ConfigError
 from .figure import finish, pyplot
-from .logging.h5 import Run, open_run
-from .summary import ACC, JOB, PCT, WINDOW, Mismatch, Summary, find_logs, nanmean, run_row, summarize
+from .logging.h5 import Corrupt, Run, open_run
+from .summary import ACC, JOB, PCT, WINDOW, Implausible, Mismatch, Summary, find_logs, nanmean, run_row, summarize
 
 # keys that say where or how a run ran, not what it computed
 IGNORED = ("run.seed", "run.name", "run.out_dir", "run.threads", "run.device", "data.root")
@@ -420,6 +420,12 @@ def analyze(paths: list[str | Path], out: Path, heatmaps: str = "first", rounds:
                 break
             except Mismatch as e:  # what the file says will not change by looking again
                 skipped.append((p, f"does not match its own attributes: {e}"))
+                break
+            except Corrupt as e:
+                skipped.append((p, f"corrupt: {e}"))
+                break
+            except Implausible as e:  # a table must not average it in
+                skipped.append((p, f"implausible value: {e}"))
                 break
             except ConfigError as e:  # its stored config is refused by the YAML reader (a bomb, too deep)
                 skipped.append((p, str(e)))
