@@ -6,6 +6,7 @@ import datetime as dt
 import os
 import signal
 import socket
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -241,6 +242,7 @@ def run(cfg: Config, mpi_comm) -> Path:
     last_at, last_acc = -1, float("nan")  # round of the last evaluation seen, its mean test_acc
     if writer is not None and first > 0:
         last_at, last_acc = last_evaluated(rd.log)
+    skipped, updates = 0, -ctx.clients.updates  # this rank's, over this run's rounds
     try:
         for t in range(first, R):
             if fault == (t, "raise"):
@@ -266,6 +268,7 @@ def run(cfg: Config, mpi_comm) -> Path:
                 gathered = _log_round(writer, ctx, t, out, metrics, times) if logged else None
             except StorageError as e:  # rank 0's: the other ranks learn it at the reduction below
                 gathered, failed = None, e
+            skipped += int(ctx.clients.skipped.sum())
             if gathered is not None:
                 acc = gathered["metrics/test_acc"]
                 if not np.all(np.isnan(acc)):
@@ -273,7 +276,7 @@ def run(cfg: Config, mpi_comm) -> Path:
                 elapsed = time.perf_counter() - t_start
                 eta = elapsed / (t + 1 - first) * (R - t - 1)
                 say(f"round {t + 1:>4}/{R}  test_acc {_acc_text(last_acc, last_at, t)}  {wall:.2f}s/round  "
-                    f"eta {eta:.0f}s", flush=True)
+                    f"eta {eta:.0f}s{_skipped_text(int(gathered['metrics/skipped'].sum()))}", flush=True)
             flag = comm.allreduce_max(LOG_FAILED if failed else stop.signum)
             if flag >= LOG_FAILED:
                 raise failed or StorageError("rank 0 could not write the log")
@@ -291,13 +294,25 @@ def run(cfg: Config, mpi_comm) -> Path:
         if writer is not None:  # buffered rounds (log.flush_s), also when a round failed
             writer.close()
     total = time.perf_counter() - t_start
+    skipped, updates = (int(x) for x in comm.allreduce_sum(np.array([skipped, updates + ctx.clients.updates])))
     if first >= R:
         say(f"done: the run had already finished all {R} rounds (checkpoint of round {first}; nothing to do), "
             f"final mean test_acc {last_acc:.4f}; log: {rd.log}; to start over: run.resume=never", flush=True)
     else:
         ran = f" ({R - first} in this run, resumed after round {first})" if first else ""
-        say(f"done: {R} rounds{ran} in {total:.1f}s, final mean test_acc {last_acc:.4f}; log: {rd.log}", flush=True)
+        dropped = f", {skipped} of {updates} client updates skipped as non-finite" if skipped else ""
+        say(f"done: {R} rounds{ran} in {total:.1f}s, final mean test_acc {last_acc:.4f}{dropped}; log: {rd.log}",
+            flush=True)
+        if skipped and skipped == updates and comm.is_writer:
+            print(f"mpifl: warning: every client update of {'this run' if first else 'the run'} ({updates}) was "
+                  f"skipped as non-finite (train.on_nonfinite=skip): no client trained; lower train.lr",
+                  file=sys.stderr, flush=True)
     return rd.log
+
+
+def _skipped_text(n: int) -> str:
+    """The progress line's note of the updates ``train.on_nonfinite=skip`` dropped."""
+    return f"  {n} update{'s' if n != 1 else ''} skipped (non-finite)" if n else ""
 
 
 class _StopFlag:
