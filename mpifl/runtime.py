@@ -278,8 +278,8 @@ def run(cfg: Config, mpi_comm) -> Path:
                 say(f"round {t + 1:>4}/{R}  test_acc {_acc_text(last_acc, last_at, t)}  {wall:.2f}s/round  "
                     f"eta {eta:.0f}s{_skipped_text(int(gathered['metrics/skipped'].sum()))}", flush=True)
             flag = comm.allreduce_max(LOG_FAILED if failed else stop.signum)
-            if flag >= LOG_FAILED:
-                raise failed or StorageError("rank 0 could not write the log")
+            if flag >= LOG_FAILED:  # every rank stops with rank 0's message
+                raise StorageError(comm.bcast(None if failed is None else str(failed)))
             stopping = flag > 0
             if stopping or t == R - 1 or (every and (t + 1) % every == 0):
                 # the log must hold every round the checkpoint does
