@@ -129,6 +129,23 @@ def test_a_bit_flipped_in_a_metric_chunk_fails_its_checksum(tmp_path, bit):
                        f"was written (a bit flip or a damaged disk or copy)"]
 
 
+def test_a_bit_flipped_in_a_gzipped_chunk_fails_zlibs_checksum(tmp_path):
+    path = tmp_path / "run.h5"
+    w = Writer(path, {"n_ranks": 1}, {"cluster": np.zeros(N, np.int64)}, N)
+    w.write_round(0, {"wall_s": 1.0}, {"x/big": np.tile(np.arange(200, dtype=np.float32), (N, 1))})
+    w.close()
+    with h5py.File(path, "r") as f:
+        assert f["x/big"].compression == "gzip"
+        info = f["x/big"].id.get_chunk_info(0)
+    for at in range(0, info.size, 7):  # every 7th byte of the chunk, one at a time
+        data = bytearray(path.read_bytes())
+        data[info.byte_offset + at] ^= 0x10
+        bad = tmp_path / "bad.h5"
+        bad.write_bytes(bytes(data))
+        with pytest.raises(Corrupt, match=r"^/x/big fails its checksum"):
+            open_run(bad).get("x/big")
+
+
 def test_every_chunked_dataset_of_a_run_log_carries_a_checksum(tmp_path):
     from mpifl.mixing import Dense
 
@@ -136,11 +153,12 @@ def test_every_chunked_dataset_of_a_run_log_carries_a_checksum(tmp_path):
     w = Writer(path, {"n_ranks": 1}, {"cluster": np.zeros(N, np.int64), "label_hist": np.ones((N, 3))}, N,
                dense_max=2)  # compact mixing: the 1-D non-zero lists too
     for t in range(2):
-        w.write_round(t, {"wall_s": 1.0}, {**_metrics(t), "x/big": np.ones((N, 50), np.float32)},
+        w.write_round(t, {"wall_s": 1.0}, {**_metrics(t), "x/big": np.ones((N, 200), np.float32)},
                       mixing=Dense(np.eye(N)), once={"x/once": np.arange(100.0), "x/scalar": np.float64(t)})
     w.close()
-    unchecked = []
+    unchecked, gzipped = [], []
     with h5py.File(path, "r") as f:
-        f.visititems(lambda name, obj: unchecked.append(name) if isinstance(obj, h5py.Dataset)
-                     and obj.shape and not obj.fletcher32 else None)
+        f.visititems(lambda name, obj: (gzipped if obj.compression == "gzip" else unchecked).append(name)
+                     if isinstance(obj, h5py.Dataset) and obj.shape and not obj.fletcher32 else None)
     assert unchecked == []
+    assert set(gzipped) == {"x/big", "x/once", *(f"graph/mixing_coo/{k}" for k in ("row", "col", "val"))}
