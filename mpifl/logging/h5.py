@@ -8,7 +8,8 @@ Layout (rows are rounds, columns clients)::
                (rank: the MPI rank hosting the client; node: that rank's node,
                 numbered in the order of each node's lowest rank)
     /rounds/{round, wall_s, comm_s, compute_s}
-    /metrics/{train_loss, val_loss, val_acc, test_loss, test_acc}   [R, N]
+    /metrics/{train_loss, val_loss, val_acc, test_loss, test_acc,
+              skipped}  (updates dropped as non-finite that round)   [R, N]
     /comm/{bytes_sent, bytes_recv, models_recv}                     [R, N]
     /graph/mixing                                                   [R, N, N]
     /<algorithm>/<extra>                                            [R, N, ...]
