@@ -655,8 +655,11 @@ def exit_all(code: int) -> None:
     Exiting past the interpreter keeps ``python -m mpi4py`` from turning the exit
     into an MPI_Abort with its extra lines (the user sees only our one line), and
     skips the interpreter's teardown; whatever must reach the disk has been closed."""
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for f in (sys.stdout, sys.stderr):
+        try:
+            f.flush()
+        except OSError:  # a file on a full disk: what it held is lost either way
+            pass
     MPI.Finalize()
     os._exit(code)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import os
 import signal
 import socket
@@ -29,6 +30,7 @@ METRICS = ("val_loss", "val_acc", "test_loss", "test_acc")
 PREEMPTED = 75  # exit status after a signal-triggered checkpoint (EX_TEMPFAIL): requeue me
 LOG_FAILED = 1 << 10  # above any signal number: rank 0's log write was refused (agreed with the stop flag)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+FULL = (errno.ENOSPC, errno.EDQUOT, errno.EIO)  # a directory the disk cannot hold: not the user's path's fault
 
 
 class Preempted(Exception):
@@ -83,6 +85,8 @@ def _writer(cfg: Config, s: Setup, keep_rounds: int | None) -> Writer | None:
     try:
         rd.root.mkdir(parents=True, exist_ok=True)
     except OSError as e:
+        if e.errno in FULL:
+            raise storage_error("the run directory", rd.root, e, "nothing was logged yet") from None
         raise ConfigError(f"run.out_dir={cfg.run.out_dir!r} is not allowed: cannot create {str(rd.root)!r} "
                           f"({e.strerror})") from None
     if keep_rounds is None:
@@ -230,7 +234,7 @@ def run(cfg: Config, mpi_comm) -> Path:
     if ck is not None:
         first = agree(mpi_comm, lambda: checkpoint.load(ck, ctx, state)) + 1
     writer = agree(mpi_comm, lambda: _writer(cfg, s, first if ck is not None else None))
-    say = print if comm.is_writer else (lambda *a, **k: None)
+    say = _say if comm.is_writer else (lambda *a, **k: None)
     say(f"mpifl {cfg.algorithm.name}: {ctx.N} clients on {comm.size} rank(s), {ctx.clients.P} parameters, "
         f"{ctx.clients.device}, {s.threads} thread(s)/rank, {_path_text(ctx.clients)} -> {cfg.run_dir}"
         + (f" (resumed after round {first})" if ck is not None else ""), flush=True)
@@ -308,6 +312,15 @@ def run(cfg: Config, mpi_comm) -> Path:
                   f"skipped as non-finite (train.on_nonfinite=skip): no client trained; lower train.lr",
                   file=sys.stderr, flush=True)
     return rd.log
+
+
+def _say(*args, **kwargs) -> None:
+    """A progress line; a stdout that cannot take it (a file on a full disk) costs
+    the line, not the run: the log is the record."""
+    try:
+        print(*args, **kwargs)
+    except OSError:
+        pass
 
 
 def _skipped_text(n: int) -> str:

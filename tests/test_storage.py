@@ -12,12 +12,14 @@ from __future__ import annotations
 import errno
 import io
 import os
+import sys
 
 import numpy as np
 import pytest
 import torch
 
-from mpifl import checkpoint
+from mpifl import checkpoint, config, runtime
+from mpifl.comm import world
 from mpifl.errors import StorageError
 from mpifl.logging.h5 import Writer, open_run
 from mpifl.logging.journal import journal_path, read_journal
@@ -212,3 +214,36 @@ def test_a_failing_fsync_of_a_checkpoint_is_a_storage_error(tmp_path, monkeypatc
     with pytest.raises(StorageError, match="Input/output error"):
         checkpoint._save({"x": torch.ones(3)}, tmp_path / "meta.pt", "kept")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_stdout_on_a_full_disk_costs_the_progress_lines_not_the_run(tmp_path, monkeypatch):
+    """A direct launch with stdout in a file on the full disk: printing a round's
+    line failed and aborted the run."""
+    class Full(io.TextIOBase):
+        def write(self, s):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    cfg = config.load(None, ["data.name=synthetic", "data.n_samples=160", "data.n_clients=4", "model.hidden=[4]",
+                             "run.rounds=3", "run.threads=1", f"run.out_dir={tmp_path}", "run.name=r"], n_ranks=1)
+    monkeypatch.setattr(sys, "stdout", Full())
+    runtime.run(cfg, world())
+    monkeypatch.undo()
+    assert open_run(tmp_path / "r").n_rounds == 3
+
+
+def test_a_run_directory_the_disk_cannot_hold_is_a_storage_error(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    mkdir = Path.mkdir
+
+    def full(self, *a, **k):
+        if self.name == "r":
+            raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))
+        return mkdir(self, *a, **k)
+
+    cfg = config.load(None, ["data.name=synthetic", "data.n_samples=160", "data.n_clients=4", "model.hidden=[4]",
+                             "run.rounds=1", "run.threads=1", f"run.out_dir={tmp_path}", "run.name=r"], n_ranks=1)
+    monkeypatch.setattr(Path, "mkdir", full)
+    with pytest.raises(StorageError, match=r"^cannot write the run directory .* \(Disk quota exceeded\); nothing "
+                                           r"was logged yet; free space and rerun the same command to resume$"):
+        runtime.run(cfg, world())
