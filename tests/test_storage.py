@@ -17,6 +17,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from fakedisk import FakeDisk, FullFile
 
 from mpifl import checkpoint, config, runtime
 from mpifl.comm import world
@@ -50,35 +51,6 @@ def _write(path, first: int = 0, keep: int | None = None) -> int:
     finally:
         w.close()
     return done
-
-
-class FakeDisk:
-    """``os.pwrite``/``os.pwritev`` with ``budget`` bytes of room: the write that
-    exceeds it is cut short, every later one fails with ``err``; ``calls`` counts
-    them. ``err`` other than ENOSPC fails at once (no short write)."""
-
-    def __init__(self, monkeypatch, budget: float, err: int = errno.ENOSPC):
-        self.left, self.err, self.written = budget, err, 0
-        self._pwrite, self._pwritev = os.pwrite, os.pwritev
-        monkeypatch.setattr(os, "pwrite", self.pwrite)
-        monkeypatch.setattr(os, "pwritev", self.pwritev)
-
-    def _room(self, want: int) -> int:
-        if self.left <= 0 or (self.err != errno.ENOSPC and want > self.left):
-            raise OSError(self.err, os.strerror(self.err))
-        n = int(min(want, self.left))
-        self.left -= n
-        self.written += n
-        return n
-
-    def pwrite(self, fd, buf, off):
-        n = self._room(len(buf))
-        return self._pwrite(fd, memoryview(buf).cast("B")[:n], off)
-
-    def pwritev(self, fd, bufs, off):
-        flat = b"".join(bytes(b) for b in bufs)
-        n = self._room(len(flat))
-        return self._pwrite(fd, flat[:n], off)
 
 
 def _same(a, b, rows: int | None = None) -> None:
@@ -166,36 +138,11 @@ def test_a_write_cut_short_is_never_committed(tmp_path, monkeypatch, clean):
             _same(run, ref, run.n_rounds)
 
 
-class _FullFile(io.RawIOBase):
-    """A file with ``room`` bytes of space: the write past it is cut short, the next refused."""
-
-    def __init__(self, path, room: int):
-        self.f = open(path, "wb", buffering=0)  # noqa: SIM115 - closed by close()
-        self.room = room
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, b) -> int:
-        if self.room <= 0:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        n = min(len(b), self.room)
-        self.room -= n
-        return self.f.write(bytes(memoryview(b).cast("B")[:n]))
-
-    def fileno(self) -> int:
-        return self.f.fileno()
-
-    def close(self) -> None:
-        self.f.close()
-        super().close()
-
-
 @pytest.mark.parametrize("room", [0, 100, 3000, 40_000])
 def test_a_refused_checkpoint_file_is_one_line_and_leaves_no_temporary_file(tmp_path, monkeypatch, room):
     """torch.save reports a refused write as a RuntimeError of its own; the
     checkpoint writer names the file and the system's reason instead."""
-    monkeypatch.setattr(checkpoint, "open", lambda p, mode: io.BufferedWriter(_FullFile(p, room)), raising=False)
+    monkeypatch.setattr(checkpoint, "open", lambda p, mode: io.BufferedWriter(FullFile(p, room)), raising=False)
     target = tmp_path / "part-0000.pt"
     with pytest.raises(StorageError) as e:
         checkpoint._save({"params": torch.zeros(20_000)}, target, "the checkpoint round-000003 is kept")

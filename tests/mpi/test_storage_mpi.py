@@ -4,12 +4,11 @@ collective; the published checkpoint and the committed rounds stay, no
 temporary file is left, and running again finishes the log an undisturbed run
 writes. (tests/test_disk_full.py does this with a real full disk.)"""
 
-import errno
 import io
-import os
 
 import numpy as np
 import pytest
+from fakedisk import FakeDisk, FullFile
 
 from mpifl import checkpoint, config, runtime
 from mpifl.errors import StorageError
@@ -19,7 +18,6 @@ ARGS = {"data.name": "synthetic", "data.n_samples": 480, "data.n_clients": 8, "d
         "model.hidden": "[8]", "run.threads": 1, "run.rounds": 8, "run.checkpoint_every": 2,
         "algorithm.name": "fedavg", "algorithm.fraction": 0.5}
 TIMING = {"rounds/wall_s", "rounds/comm_s", "rounds/compute_s"}
-ENOSPC = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
 def _run(mpi, tmp, name):
@@ -65,7 +63,7 @@ def test_a_checkpoint_part_refused_on_the_last_rank_stops_every_rank(mpi, shared
         if mpi.Get_rank() == last and path.name.startswith(".part-"):
             parts.append(path)
             if len(parts) == 2:
-                return io.BufferedWriter(_Room(path, 500))
+                return io.BufferedWriter(FullFile(path, 500))
         return open(path, mode)  # noqa: SIM115 - the caller closes it
 
     monkeypatch.setattr(checkpoint, "open", opening, raising=False)
@@ -85,28 +83,15 @@ def test_a_checkpoint_part_refused_on_the_last_rank_stops_every_rank(mpi, shared
 
 
 def test_the_log_refused_on_rank_0_stops_every_rank(mpi, shared_tmp, monkeypatch, reference):
-    real = os.pwrite, os.pwritev
-    room = {"bytes": None}
-
-    def pwrite(fd, buf, off):
-        if room["bytes"] is not None:
-            if room["bytes"] <= 0:
-                raise ENOSPC
-            room["bytes"] -= len(buf)
-        return real[0](fd, buf, off)
-
-    def pwritev(fd, bufs, off):
-        return pwrite(fd, b"".join(bytes(b) for b in bufs), off)
-
     run_round = runtime._log_round
+
+    disk = FakeDisk(monkeypatch, float("inf"))
 
     def log_round(writer, ctx, t, *a, **k):  # from round index 5 on, rank 0's disk is full
         if writer is not None and t == 5:
-            room["bytes"] = 0
+            disk.left = 0
         return run_round(writer, ctx, t, *a, **k)
 
-    monkeypatch.setattr(os, "pwrite", pwrite)
-    monkeypatch.setattr(os, "pwritev", pwritev)
     monkeypatch.setattr(runtime, "_log_round", log_round)
     msg = _refused(mpi, shared_tmp, "cut")
     monkeypatch.undo()
@@ -122,25 +107,3 @@ def test_the_log_refused_on_rank_0_stops_every_rank(mpi, shared_tmp, monkeypatch
     _run(mpi, shared_tmp, "cut")
     mpi.Barrier()
     _same(open_run(shared_tmp / "cut"), reference)
-
-
-class _Room(io.RawIOBase):
-    """A file with ``room`` bytes of space: the write past it is cut short, the next refused."""
-
-    def __init__(self, path, room: int):
-        self.f = open(path, "wb", buffering=0)  # noqa: SIM115 - closed by close()
-        self.room = room
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, b) -> int:
-        if self.room <= 0:
-            raise ENOSPC
-        n = min(len(b), self.room)
-        self.room -= n
-        return self.f.write(bytes(memoryview(b).cast("B")[:n]))
-
-    def close(self) -> None:
-        self.f.close()
-        super().close()
