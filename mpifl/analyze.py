@@ -456,8 +456,11 @@ def analyze(paths: list[str | Path], out: Path, heatmaps: str = "first", rounds:
     if heatmaps != "none":
         chosen = [(g, r) for g in groups for r in (g.runs if heatmaps == "all" else g.runs[:1])]
         for g, r in chosen:
-            figures += plot_heatmaps(open_run(r.path), out / "heatmaps" / _safe(r.name), rounds, echo,
-                                     title=f"{g.label}, run.seed={r.seed}")
+            try:
+                figures += plot_heatmaps(open_run(r.path), out / "heatmaps" / _safe(r.name), rounds, echo,
+                                         title=f"{g.label}, run.seed={r.seed}")
+            except Corrupt as e:  # a round the summary did not read
+                echo(f"no heatmaps of {r.path}: corrupt: {e}")
     papers = []
     for f, layout in chosen_layouts:
         text = render(layout, runs, ddof)

@@ -162,3 +162,17 @@ def test_every_chunked_dataset_of_a_run_log_carries_a_checksum(tmp_path):
                      if isinstance(obj, h5py.Dataset) and obj.shape and not obj.fletcher32 else None)
     assert unchecked == []
     assert set(gzipped) == {"x/big", "x/once", *(f"graph/mixing_coo/{k}" for k in ("row", "col", "val"))}
+
+
+def test_a_corrupt_chunk_met_while_drawing_heatmaps_costs_that_run_its_heatmaps(tmp_path, monkeypatch):
+    """Heatmaps read rounds the summary did not (the first and middle ones)."""
+    log = _log(tmp_path / "a" / "run.h5")
+
+    def corrupt(run, *a, **k):
+        raise Corrupt("/graph/mixing fails its checksum: ...")
+
+    monkeypatch.setattr(an, "plot_heatmaps", corrupt)
+    lines: list[str] = []
+    res = an.analyze([tmp_path], tmp_path / "out", echo=lambda *a, **k: lines.append(a[0]))
+    assert len(res["runs"]) == 1 and (tmp_path / "out" / "table.md").is_file()
+    assert f"no heatmaps of {log}: corrupt: /graph/mixing fails its checksum: ..." in lines
