@@ -3,7 +3,9 @@
 PATHS are ``run.h5`` files, run directories or any folder above them (a sweep
 directory): every ``run.h5`` below is read, through ``mpifl.logging.h5`` only,
 so logs of runs still going (or killed) are read up to their last complete
-round.
+round. A log that cannot be trusted (a chunk failing its checksum, a metric no
+run produces: ``mpifl.summary.check_values``) is left out of every table and
+figure with one line, ``skipped <log>: ...``; the others are analyzed.
 
 Runs are grouped by the config keys whose values differ between them, leaving
 out the seed and where/how a run ran (``IGNORED``) and the sections of other
