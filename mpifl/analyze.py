@@ -3,7 +3,9 @@
 PATHS are ``run.h5`` files, run directories or any folder above them (a sweep
 directory): every ``run.h5`` below is read, through ``mpifl.logging.h5`` only,
 so logs of runs still going (or killed) are read up to their last complete
-round.
+round. A log that cannot be trusted (a chunk failing its checksum, a metric no
+run produces: ``mpifl.summary.check_values``) is left out of every table and
+figure with one line, ``skipped <log>: ...``; the others are analyzed.
 
 Runs are grouped by the config keys whose values differ between them, leaving
 out the seed and where/how a run ran (``IGNORED``) and the sections of other
@@ -66,8 +68,8 @@ import numpy as np
 from .config.identity import HOW, WHERE
 from .errors import ConfigError
 from .figure import finish, pyplot
-from .logging.h5 import Run, open_run
-from .summary import ACC, JOB, PCT, WINDOW, Mismatch, Summary, find_logs, nanmean, run_row, summarize
+from .logging.h5 import Corrupt, Run, open_run
+from .summary import ACC, JOB, PCT, WINDOW, Implausible, Mismatch, Summary, find_logs, nanmean, run_row, summarize
 
 # keys that say where or how a run ran, not what it computed (mpifl.config.identity),
 # the seed (the spread over seeds is the point of a group) and where its data was read
@@ -426,6 +428,12 @@ def analyze(paths: list[str | Path], out: Path, heatmaps: str = "first", rounds:
             except Mismatch as e:  # what the file says will not change by looking again
                 skipped.append((p, f"does not match its own attributes: {e}"))
                 break
+            except Corrupt as e:
+                skipped.append((p, f"corrupt: {e}"))
+                break
+            except Implausible as e:  # a table must not average it in
+                skipped.append((p, f"implausible value: {e}"))
+                break
             except ConfigError as e:  # its stored config is refused by the YAML reader (a bomb, too deep)
                 skipped.append((p, str(e)))
                 break
@@ -457,8 +465,11 @@ def analyze(paths: list[str | Path], out: Path, heatmaps: str = "first", rounds:
     if heatmaps != "none":
         chosen = [(g, r) for g in groups for r in (g.runs if heatmaps == "all" else g.runs[:1])]
         for g, r in chosen:
-            figures += plot_heatmaps(open_run(r.path), out / "heatmaps" / _safe(r.name), rounds, echo,
-                                     title=f"{g.label}, run.seed={r.seed}")
+            try:
+                figures += plot_heatmaps(open_run(r.path), out / "heatmaps" / _safe(r.name), rounds, echo,
+                                         title=f"{g.label}, run.seed={r.seed}")
+            except Corrupt as e:  # a round the summary did not read
+                echo(f"no heatmaps of {r.path}: corrupt: {e}")
     papers = []
     for f, layout in chosen_layouts:
         text = render(layout, runs, ddof)

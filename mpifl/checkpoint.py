@@ -23,6 +23,9 @@ in one line naming the damage and the ways forward (:func:`damaged`), never a
 silent start over. ``<run>/checkpoint`` may not be a symbolic link: old
 checkpoints are deleted there, and a folder shared through a link could hold
 another run's (:func:`check_dir`).
+A write refused on any rank (a full disk) raises ``StorageError`` on every
+rank, the temporary directory is removed, and the previous checkpoint stays the
+latest.
 
 Algorithm state: fields of the ``State`` dataclass marked with
 :func:`mpifl.state.per_client` hold one row (or list item) per local client — a tensor,
@@ -55,7 +58,7 @@ import numpy as np
 import torch
 
 from .config.identity import config_diff
-from .errors import ConfigError
+from .errors import ConfigError, StorageError, shorten, storage_error
 from .paths import RunDir, atomic_write_text
 from .state import saved_fields
 
@@ -68,32 +71,69 @@ _NUMPY = "__numpy__"  # an encoded numpy array: {_NUMPY: tensor} (+ "scalar": Tr
 _FIELDS = "__fields__"  # an encoded dataclass record: {_FIELDS: {name: value}}
 
 
-class _Hashing:
-    """A file's ``write`` that also hashes what passes: the checksum of a
-    checkpoint file without reading it back."""
+class _Checked:
+    """A file for ``torch.save`` that hashes what passes (a checkpoint file's
+    checksum without reading it back) and keeps the ``OSError`` of a refused write:
+    torch reports that as a ``RuntimeError`` of its own that does not say why."""
 
     def __init__(self, f) -> None:
-        self.f, self.sha, self.size = f, hashlib.sha256(), 0
+        self.f, self.sha, self.size, self.error = f, hashlib.sha256(), 0, None
 
     def write(self, b) -> int:
+        try:
+            n = self.f.write(b)
+        except OSError as e:
+            self.error = e
+            raise
         self.sha.update(b)
         self.size += len(b)
-        return self.f.write(b)
+        return n
 
     def flush(self) -> None:
         self.f.flush()
 
 
-def _save(obj: Any, path: Path) -> tuple[int, str]:
+def _kept(rd: RunDir) -> str:
+    """What a refused checkpoint write leaves: the published checkpoint, if any."""
+    try:
+        last = latest(rd)
+    except ConfigError:
+        last = None
+    return f"the checkpoint {last.name} is kept" if last else "there is no checkpoint yet: the run starts over"
+
+
+def _save(obj: Any, path: Path, kept: str) -> tuple[int, str]:
     """Write ``obj`` to ``path``; returns its (size, sha256) for the manifest."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        out = _Hashing(f)
-        torch.save(obj, out)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            out = _Checked(f)
+            try:
+                torch.save(obj, out)
+            except RuntimeError:
+                if out.error is None:
+                    raise
+                raise out.error from None
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise storage_error("the checkpoint file", path, e, kept) from None
     return out.size, out.sha.hexdigest()
+
+
+def _agreed(comm, fn, tmp: Path) -> Any:
+    """``fn`` on every rank (collective), its result; a refused write on any rank
+    removes the checkpoint being written (``tmp``) and raises on every rank."""
+    from .comm import agree
+
+    try:
+        return agree(comm, fn)
+    except StorageError:
+        if comm.is_writer:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def latest(rd: RunDir) -> Path | None:
@@ -191,10 +231,17 @@ def save(rd: RunDir, ctx, state: Any, t: int, die_before_publish: bool = False) 
     name = f"round-{t:06d}"
     final = rd.checkpoint / name
     tmp = rd.checkpoint / f".{name}.tmp"
-    if comm.is_writer:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    comm.barrier()
+    kept = _kept(rd)
+
+    def prepare() -> None:
+        if comm.is_writer:
+            shutil.rmtree(tmp, ignore_errors=True)
+            try:
+                tmp.mkdir(parents=True)
+            except OSError as e:
+                raise storage_error("the checkpoint directory", tmp, e, kept) from None
+
+    _agreed(comm, prepare, tmp)
     rows, glob = saved_fields(state)
     part = {
         "ids": torch.as_tensor(np.asarray(c.ids, np.int64)),
@@ -204,30 +251,45 @@ def save(rd: RunDir, ctx, state: Any, t: int, die_before_publish: bool = False) 
         "algo": {k: _encode(getattr(state, k), k) for k in rows},
     }
     mine = f"part-{comm.rank:04d}.pt"
-    written = {mine: _save(part, tmp / mine)}
-    if die_before_publish:
-        import signal
 
-        os.kill(os.getpid(), signal.SIGKILL)
-    parts = comm.allgather(written)  # also: every part is written before rank 0 publishes
-    if comm.is_writer:
+    def write_part() -> dict[str, tuple[int, str]]:
+        written = {mine: _save(part, tmp / mine, kept)}
+        if die_before_publish:
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)
+        return written
+
+    parts = comm.allgather(_agreed(comm, write_part, tmp))  # every part's checksum, for the manifest
+
+    def publish() -> None:
+        if not comm.is_writer:
+            return
         meta = {"round": t, "config": ctx.cfg.to_dict(), "n_ranks": comm.size,
                 "starts": torch.as_tensor(np.asarray(comm.placement.starts, np.int64)),
                 "algo": {k: _encode(getattr(state, k), k) for k in glob}}
-        files = {META: _save(meta, tmp / META)}
+        files = {META: _save(meta, tmp / META, kept)}
         for p in parts:
             files.update(p)
-        atomic_write_text(tmp / MANIFEST, json.dumps({"round": t, "files": files}, indent=1))
+        try:
+            atomic_write_text(tmp / MANIFEST, json.dumps({"round": t, "files": files}, indent=1))
+        except OSError as e:
+            raise storage_error("the checkpoint manifest", tmp / MANIFEST, e, kept) from None
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
-        atomic_write_text(rd.checkpoint / LATEST, name)
+        try:
+            atomic_write_text(rd.checkpoint / LATEST, name)
+        except OSError as e:  # unpublished: the space it took goes back
+            shutil.rmtree(final, ignore_errors=True)
+            raise storage_error("the checkpoint pointer", rd.checkpoint / LATEST, e, kept) from None
         # kept: this one and the one before it; a newer one is of a run resumed from
         # an earlier checkpoint (run.resume=previous) and no longer matches the log
         before = previous(final)
         for old in _ours(rd.checkpoint):
             if old not in (final, before):
                 shutil.rmtree(old, ignore_errors=True)
-    comm.barrier()
+
+    _agreed(comm, publish, tmp)
     return final
 
 

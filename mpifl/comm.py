@@ -499,20 +499,22 @@ class Comm:
 
 
 def agree(comm: Comm | MPI.Comm, fn: Callable):
-    """Run ``fn`` on every rank; if it raised a user error (ConfigError) on any
-    rank, raise it on all, so that a setup mistake seen by one rank cannot leave
-    the others waiting in a collective."""
-    from .errors import ConfigError
+    """Run ``fn`` on every rank; if it raised a user error (ConfigError) or a
+    refused write (StorageError) on any rank, raise it on all, so that a setup
+    mistake or a full disk seen by one rank cannot leave the others waiting in a
+    collective."""
+    from .errors import ConfigError, StorageError
 
     mpi = comm.mpi if isinstance(comm, Comm) else comm
+    kinds = (ConfigError, StorageError)
     try:
         result, err = fn(), None
-    except ConfigError as e:
-        result, err = None, str(e)
+    except kinds as e:
+        result, err = None, (int(isinstance(e, StorageError)), str(e))
     errs = mpi.allgather(err)
     first = next((e for e in errs if e is not None), None)
     if first is not None:
-        raise ConfigError(first)
+        raise kinds[first[0]](first[1])
     return result
 
 
@@ -653,8 +655,11 @@ def exit_all(code: int) -> None:
     Exiting past the interpreter keeps ``python -m mpi4py`` from turning the exit
     into an MPI_Abort with its extra lines (the user sees only our one line), and
     skips the interpreter's teardown; whatever must reach the disk has been closed."""
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for f in (sys.stdout, sys.stderr):
+        try:
+            f.flush()
+        except OSError:  # a file on a full disk: what it held is lost either way
+            pass
     MPI.Finalize()
     os._exit(code)
 

@@ -32,3 +32,11 @@ class StorageError(OSError):
     """The file system refused a write of the log or a checkpoint (ENOSPC, EDQUOT,
     EIO, EROFS): what was committed before it is kept, the run stops in one line
     with exit status :data:`STORAGE_EXIT`, and the same command resumes."""
+
+
+def storage_error(what: str, path: Any, exc: OSError, kept: str) -> StorageError:
+    """The one line of a refused write: ``what`` (``"the log"``) at ``path``, the
+    system's reason, what survives (``kept``) and the way forward."""
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    return StorageError(f"cannot write {what} {str(path)!r} ({reason}); {kept}; "
+                        f"free space and rerun the same command to resume")

@@ -23,14 +23,15 @@ the resolved config of a file with overrides:  python -m mpifl.config CONFIG.yam
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one job; returns 0, 2 (user error, on every rank) or 75 (preempted after
-    a checkpoint). Any other failure aborts every rank."""
+    """Run one job; returns 0, 2 (user error, on every rank), 74 (a write of the log
+    or a checkpoint refused: full disk or quota, I/O error; on every rank) or 75
+    (preempted after a checkpoint). Any other failure aborts every rank."""
     # arguments first: --help and usage errors must not wait for torch and MPI
     path, overrides = parse(sys.argv[1:] if argv is None else argv, prog="python -m mpifl.main",
                             description="Run one federated-learning job.", epilog=EPILOG)
     from . import config, runtime
     from .comm import report_crash, world
-    from .errors import ConfigError
+    from .errors import STORAGE_EXIT, ConfigError, StorageError
 
     mpi = world()
     try:
@@ -40,6 +41,10 @@ def main(argv: list[str] | None = None) -> int:
         if mpi.Get_rank() == 0:
             print(f"mpifl: error: {e}", file=sys.stderr, flush=True)
         return 2
+    except StorageError as e:  # every rank raised it together; what was committed is kept
+        if mpi.Get_rank() == 0:
+            print(f"mpifl: error: {e}", file=sys.stderr, flush=True)
+        return STORAGE_EXIT
     except runtime.Preempted:
         return runtime.PREEMPTED
     except BaseException as e:  # noqa: BLE001 - any crash must take every rank down

@@ -7,6 +7,7 @@ import errno
 import os
 import signal
 import socket
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ from .algorithms.base import Algorithm, Context, Round, evaluates
 from .comm import Comm, agree, node_local_rank, node_of_ranks, pick_device, set_threads, versions
 from .config import Config
 from .data import build as build_data
-from .errors import ConfigError, shorten
+from .errors import ConfigError, StorageError, shorten, storage_error
 from .logging.h5 import Writer, open_run
 from .mixing import Dense, Mixing, issparse
 from .paths import RunDir, atomic_write_text
@@ -27,8 +28,10 @@ from .yamlio import read_yaml
 
 METRICS = ("val_loss", "val_acc", "test_loss", "test_acc")
 PREEMPTED = 75  # exit status after a signal-triggered checkpoint (EX_TEMPFAIL): requeue me
+LOG_FAILED = 1 << 10  # above any signal number: rank 0's log write was refused (agreed with the stop flag)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)  # a run directory the user cannot write: a config error
+FULL = (errno.ENOSPC, errno.EDQUOT, errno.EIO)  # a directory the disk cannot hold: not the user's path's fault
 
 
 class Preempted(Exception):
@@ -137,6 +140,8 @@ def _writer(cfg: Config, s: Setup, keep_rounds: int | None) -> Writer | None:
     try:
         rd.root.mkdir(parents=True, exist_ok=True)
     except OSError as e:
+        if e.errno in FULL:
+            raise storage_error("the run directory", rd.root, e, "nothing was logged yet") from None
         raise ConfigError(f"run.out_dir={cfg.run.out_dir!r} is not allowed: cannot create {str(rd.root)!r} "
                           f"({e.strerror})") from None
     text = cfg.to_yaml()
@@ -147,7 +152,7 @@ def _writer(cfg: Config, s: Setup, keep_rounds: int | None) -> Writer | None:
         atomic_write_text(rd.config, text)  # the first write into an existing run directory
     except OSError as e:
         if e.errno not in UNWRITABLE:
-            raise
+            raise storage_error("the config", rd.config, e, "nothing was logged yet") from None
         raise ConfigError(f"run.out_dir={cfg.run.out_dir!r} is not allowed: the run directory {str(rd.root)!r} "
                           f"cannot be written ({e.strerror}); pick a run.out_dir you can write (a copy of the run "
                           f"directory there continues the run)") from None
@@ -306,7 +311,7 @@ def _run(cfg: Config, mpi_comm) -> Path:
     # a finished run started again changes nothing: its log and config.yaml stay as they are
     finished = ck is not None and first >= cfg.run.rounds
     writer = None if finished else agree(mpi_comm, lambda: _writer(cfg, s, first if ck is not None else None))
-    say = print if comm.is_writer else (lambda *a, **k: None)
+    say = _say if comm.is_writer else (lambda *a, **k: None)
     say(f"mpifl {cfg.algorithm.name}: {ctx.N} clients on {comm.size} rank(s), {ctx.clients.P} parameters, "
         f"{ctx.clients.device}, {s.threads} thread(s)/rank, {_path_text(ctx.clients)} -> {cfg.run_dir}"
         + (f" (resumed after round {first})" if ck is not None else ""), flush=True)
@@ -318,6 +323,7 @@ def _run(cfg: Config, mpi_comm) -> Path:
     last_at, last_acc = -1, float("nan")  # round of the last evaluation seen, its mean test_acc
     if comm.is_writer and first > 0:
         last_at, last_acc = last_evaluated(rd.log)
+    skipped, updates = 0, -ctx.clients.updates  # this rank's, over this run's rounds
     try:
         for t in range(first, R):
             if fault == (t, "raise"):
@@ -338,7 +344,12 @@ def _run(cfg: Config, mpi_comm) -> Path:
             # log.every thins the per-client rows (nothing is gathered in between);
             # evaluation keeps its own schedule so results do not depend on logging
             logged = (t + 1) % cfg.log.every == 0 or t == R - 1
-            gathered = _log_round(writer, ctx, t, out, metrics, times) if logged else None
+            failed = None
+            try:
+                gathered = _log_round(writer, ctx, t, out, metrics, times) if logged else None
+            except StorageError as e:  # rank 0's: the other ranks learn it at the reduction below
+                gathered, failed = None, e
+            skipped += int(ctx.clients.skipped.sum())
             if gathered is not None:
                 acc = gathered["metrics/test_acc"]
                 if not np.all(np.isnan(acc)):
@@ -346,27 +357,52 @@ def _run(cfg: Config, mpi_comm) -> Path:
                 elapsed = time.perf_counter() - t_start
                 eta = elapsed / (t + 1 - first) * (R - t - 1)
                 say(f"round {t + 1:>4}/{R}  test_acc {_acc_text(last_acc, last_at, t)}  {wall:.2f}s/round  "
-                    f"eta {eta:.0f}s", flush=True)
-            stopping = comm.allreduce_max(stop.signum) > 0
+                    f"eta {eta:.0f}s{_skipped_text(int(gathered['metrics/skipped'].sum()))}", flush=True)
+            flag = comm.allreduce_max(LOG_FAILED if failed else stop.signum)
+            if flag >= LOG_FAILED:  # every rank stops with rank 0's message
+                raise StorageError(comm.bcast(None if failed is None else str(failed)))
+            stopping = flag > 0
             if stopping or t == R - 1 or (every and (t + 1) % every == 0):
-                if writer is not None:  # the log must hold every round the checkpoint does
-                    writer.flush()
+                # the log must hold every round the checkpoint does
+                agree(comm, lambda: writer.flush() if writer is not None else None)
                 checkpoint.save(rd, ctx, state, t, die_before_publish=fault == (t, "kill_in_checkpoint"))
             if stopping and t < R - 1:
                 say(f"mpifl: stop signal after round {t + 1}/{R}; checkpoint written, resume by running the same "
                     f"command again (exit {PREEMPTED})", flush=True)
                 raise Preempted()
+        agree(comm, lambda: writer.close() if writer is not None else None)
     finally:
         if writer is not None:  # buffered rounds (log.flush_s), also when a round failed
             writer.close()
     total = time.perf_counter() - t_start
+    skipped, updates = (int(x) for x in comm.allreduce_sum(np.array([skipped, updates + ctx.clients.updates])))
     if first >= R:
         say(f"done: the run had already finished all {R} rounds (checkpoint of round {first}; nothing to do), "
             f"final mean test_acc {last_acc:.4f}; log: {rd.log}; to start over: run.resume=never", flush=True)
     else:
         ran = f" ({R - first} in this run, resumed after round {first})" if first else ""
-        say(f"done: {R} rounds{ran} in {total:.1f}s, final mean test_acc {last_acc:.4f}; log: {rd.log}", flush=True)
+        dropped = f", {skipped} of {updates} client updates skipped as non-finite" if skipped else ""
+        say(f"done: {R} rounds{ran} in {total:.1f}s, final mean test_acc {last_acc:.4f}{dropped}; log: {rd.log}",
+            flush=True)
+        if skipped and skipped == updates and comm.is_writer:
+            print(f"mpifl: warning: every client update of {'this run' if first else 'the run'} ({updates}) was "
+                  f"skipped as non-finite (train.on_nonfinite=skip): no client trained; lower train.lr",
+                  file=sys.stderr, flush=True)
     return rd.log
+
+
+def _say(*args, **kwargs) -> None:
+    """A progress line; a stdout that cannot take it (a file on a full disk) costs
+    the line, not the run: the log is the record."""
+    try:
+        print(*args, **kwargs)
+    except OSError:
+        pass
+
+
+def _skipped_text(n: int) -> str:
+    """The progress line's note of the updates ``train.on_nonfinite=skip`` dropped."""
+    return f"  {n} update{'s' if n != 1 else ''} skipped (non-finite)" if n else ""
 
 
 class _StopFlag:

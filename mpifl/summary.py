@@ -2,7 +2,9 @@
 ``mpifl.paper_table`` cells are made of. Logs are read through
 ``mpifl.logging.h5`` only, so runs still going (or killed) are read up to their
 last complete round; a log whose shapes contradict its own attributes is
-refused before anything large is read (:func:`check_shapes`)."""
+refused before anything large is read (:func:`check_shapes`), one whose metrics
+hold values no run produces is refused too (:func:`check_values`), and a chunk
+failing its checksum raises ``mpifl.logging.h5.Corrupt``."""
 
 from __future__ import annotations
 
@@ -200,6 +202,52 @@ def check_shapes(run: Run) -> None:
                            f"{max(rounds, planned or 0)} rounds logs at most {limit}")
 
 
+class Implausible(ValueError):
+    """A logged metric no run produces: outside its range, or missing (nan) or
+    infinite where a value is expected."""
+
+
+# what each metric may hold: accuracies are fractions, losses are not negative
+RANGES = {"train_loss": (0.0, math.inf), "val_loss": (0.0, math.inf), "test_loss": (0.0, math.inf),
+          "val_acc": (0.0, 1.0), "test_acc": (0.0, 1.0)}
+
+
+def check_values(run: Run, evaluated: np.ndarray, loaded: dict[str, np.ndarray] | None = None) -> None:
+    """Raise :class:`Implausible` naming the first value (dataset, round from 1,
+    client) of ``/metrics/*`` that is outside :data:`RANGES` or infinite, or nan in
+    an ``evaluated`` row (validation and test metrics of clients holding such
+    data: a client with none is never evaluated). ``loaded``: metrics already
+    read, by name."""
+    info = run.datasets
+    rounds = run.rounds
+    found: list[tuple[int, int, str, float, str]] = []  # (row, client, dataset, value, why)
+    n_bad = 0
+    for name, (lo, hi) in RANGES.items():
+        key = f"metrics/{name}"
+        if key not in info or info[key].shape[0] == 0:
+            continue
+        x = (loaded or {}).get(name)
+        x = np.asarray(run.metric(name) if x is None else x, np.float64)
+        seen = ~np.isnan(x)
+        bad = seen & (np.isinf(x) | (x < lo) | (x > hi))
+        why = f"outside [{lo:g}, {hi:g}]" if hi < math.inf else f"outside [{lo:g}, inf)"
+        if not name.startswith("train_"):  # train_loss is nan for clients that did not train
+            split = name.split("_")[0]
+            held = run.get(f"clients/n_{split}") > 0 if f"clients/n_{split}" in info else np.ones(x.shape[1], bool)
+            missing = np.zeros_like(bad)
+            missing[evaluated] = ~seen[evaluated] & held
+            bad |= missing
+        n_bad += int(bad.sum())
+        if bad.any():
+            r, c = np.argwhere(bad)[0]
+            found.append((int(r), int(c), key, float(x[r, c]),
+                          "in an evaluated round" if np.isnan(x[r, c]) else why))
+    if found:
+        r, c, key, v, why = min(found)
+        more = f"; {n_bad - 1} more such value(s)" if n_bad > 1 else ""
+        raise Implausible(f"/{key} holds {v:g} at round {int(rounds[r]) + 1} (client {c}), {why}{more}")
+
+
 def sweep_points(root: Path) -> dict[str, dict] | None:
     """The grid values of each point of the sweep directory ``root``, by point
     name, from ``<root>/sweep.yaml``; None where there is no readable record."""
@@ -252,6 +300,8 @@ def _summarize(run: Run, window: int, ari: bool, points: dict[str, dict] | None)
     val = run.metric("val_acc") if n_rounds else np.zeros((0, 0))
     n_test = run.get("clients/n_test").astype(float)
     evaluated = np.flatnonzero(~np.isnan(test).all(axis=1)) if n_rounds else np.array([], int)
+    if n_rounds:
+        check_values(run, evaluated, {"test_acc": test, "val_acc": val})
     if len(evaluated):
         last = int(evaluated[-1])
         client_final = test[last]

@@ -21,10 +21,19 @@ HDF5 ignores bytes past the end of the file it knows about.
 This protects against the process dying (SIGKILL, the OOM killer, ``scancel``),
 not against the machine losing its page cache (power loss): that would need an
 fsync per round.
+
+A write the file system refuses (a full disk or quota, an I/O error) is never
+committed: a write below the last commit's end only reaches the log through a
+commit, and one past it that fails (or is cut short) is kept in memory, so HDF5
+reads back what it wrote, and makes every later :meth:`Journaled.commit` raise
+that error. The log on disk keeps the last commit. The failure is not raised
+inside HDF5's callback: h5py would carry the exception into its next calls
+(``SystemError``, then a crash at close).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 from pathlib import Path
@@ -120,6 +129,7 @@ class Journaled:
         self.jfd: int | None = None
         self.pos = 0
         self.writes: Extents = []  # below the last commit's end, in the order made
+        self.error: OSError | None = None  # the first refused write: no commit after it
         self.seq = int.from_bytes(os.urandom(8), "little") >> 1  # an old journal's trailer never matches
         pending = None if mode == "w" else read_journal(self.journal)
         self.size = self.disk = os.fstat(self.fd).st_size
@@ -169,21 +179,32 @@ class Journaled:
         off = self.pos
         n = len(buf)
         end = off + n
-        if end <= self.committed:  # the last commit's bytes: kept until the next commit
+        if end <= self.committed or self.error is not None:
+            # the last commit's bytes: kept until the next commit (after a refused
+            # write, everything: nothing reaches the log any more)
             self.writes.append((off, bytes(buf)))
         elif off >= self.committed:  # past it: nothing committed points here
-            os.pwrite(self.fd, buf, off)
-            self.disk = max(self.disk, end)
+            self._past_end(buf, off)
         else:
             mv = memoryview(buf).cast("B")
             cut = self.committed - off
             self.writes.append((off, bytes(mv[:cut])))
-            os.pwrite(self.fd, mv[cut:], self.committed)
-            self.disk = max(self.disk, end)
+            self._past_end(mv[cut:], self.committed)
         self.pos = end
         if end > self.size:
             self.size = end
         return n
+
+    def _past_end(self, buf, off: int) -> None:
+        """Bytes past the last commit's end, straight to the log; when refused, kept
+        in memory and remembered for the next commit to raise (see the module)."""
+        try:
+            _pwrite_all(self.fd, buf, off)
+        except OSError as e:
+            self.error = self.error or e
+            self.writes.append((off, bytes(buf)))
+            return
+        self.disk = max(self.disk, off + len(buf))
 
     def truncate(self, size: int | None = None) -> int:
         self.size = self.pos if size is None else size
@@ -201,18 +222,31 @@ class Journaled:
     # -- commits
 
     def commit(self) -> None:
-        """Make every write since the last commit durable against a kill, at once."""
+        """Make every write since the last commit durable against a kill, at once.
+        Raises ``OSError`` (naming the log) when a write since the last commit, or
+        the commit's own, was refused; the log then keeps the last commit and no
+        later commit is made."""
         if self.readonly:
             return
+        if self.error is None:
+            try:
+                self._commit()
+            except OSError as e:
+                self.error = e
+        if self.error is not None:
+            e = self.error
+            raise OSError(e.errno or errno.EIO, e.strerror or str(e), str(self.path))
+
+    def _commit(self) -> None:
         if self.writes:
             self.seq += 1
             extents = _merge(self.writes)
             head = b"".join([_HEAD.pack(MAGIC, self.seq, self.size, len(extents)),
                              *(_EXTENT.pack(off, len(b)) for off, b in extents)])
             body = _pwritev(self.jfd, [head, *(b for _, b in extents)], 0)
-            os.pwrite(self.jfd, _TAIL.pack(TRAILER, self.seq, body), body)  # the commit point
+            _pwrite_all(self.jfd, _TAIL.pack(TRAILER, self.seq, body), body)  # the commit point
             self._apply(extents)
-            os.pwrite(self.jfd, bytes(8), 0)  # applied: readers need not replay it
+            _pwrite_all(self.jfd, bytes(8), 0)  # applied: readers need not replay it
         elif self.disk != self.size:
             os.ftruncate(self.fd, self.size)
             self.disk = self.size
@@ -220,12 +254,26 @@ class Journaled:
 
     def _apply(self, extents: Extents) -> None:
         for off, b in extents:
-            os.pwrite(self.fd, b, off)
+            _pwrite_all(self.fd, b, off)
             self.disk = max(self.disk, off + len(b))
         if self.disk != self.size:  # shorter than HDF5's end of file would read as truncated
             os.ftruncate(self.fd, self.size)
             self.disk = self.size
         self.writes = []
+
+
+def _pwrite_all(fd: int, buf, at: int) -> None:
+    """All of ``buf`` at ``at``: a short write (a disk filling up) is finished,
+    or fails with the system's error; it never passes for a complete one."""
+    done = os.pwrite(fd, buf, at)
+    if done == len(buf):
+        return
+    mv = memoryview(buf).cast("B")
+    while done < len(mv):
+        k = os.pwrite(fd, mv[done:], at + done)
+        if k <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        done += k
 
 
 def _pwritev(fd: int, bufs: list, at: int) -> int:
@@ -235,9 +283,7 @@ def _pwritev(fd: int, bufs: list, at: int) -> int:
         part = bufs[i:i + _IOV]
         want = sum(len(b) for b in part)
         done = os.pwritev(fd, part, at)
-        if done != want:  # short write (a full disk): finish it piece by piece
-            flat = b"".join(part)
-            while done < want:
-                done += os.pwrite(fd, flat[done:], at + done)
+        if done != want:  # short write (a full disk): finish it piece by piece, or fail
+            _pwrite_all(fd, b"".join(part)[done:], at + done)
         at += want
     return at - start

@@ -63,6 +63,7 @@ class Clients:
         self.buffers = self.layout.flatten_buffers(model).to(device).repeat(self.n, 1)
         self.opt = RowOptimizer(cfg, self.n, self.P, device, self.layout.cols)
         self.skipped = np.zeros(self.n, np.int64)  # updates dropped as non-finite (reset per round)
+        self.updates = 0  # client updates trained (skipped or not), to tell "all were skipped"
         self.bn = has_batchnorm(model)
         self.stacked = stacked_mlp(model) if self.layout.B == 0 else None
         # Which path trains: "on" / "off" as asked. Under "auto" a plain MLP is batched
@@ -152,6 +153,7 @@ class Clients:
         if len(local) == 0 or epochs == 0:
             return np.full(len(local), np.nan)
         bp = self.plan(local, epochs, round, purpose, batch_size=batch_size, subsets=subsets, max_batches=max_batches)
+        self.updates += len(local)
         skip = self.cfg.on_nonfinite == "skip"
         if skip:
             sel0 = rows_selector(local, self.device)
@@ -184,7 +186,7 @@ class Clients:
         if m == 0:
             return 0.0, 0.0
         local = np.arange(m)
-        saved = self.batched, self.buffers.clone(), self.skipped.copy()
+        saved = self.batched, self.buffers.clone(), self.skipped.copy(), self.updates
         best = {True: float("inf"), False: float("inf")}
         try:
             for r in range(reps + 1):  # the first round warms both paths up
@@ -199,6 +201,7 @@ class Clients:
             self.batched = saved[0]
             self.buffers.copy_(saved[1])
             self.skipped[:] = saved[2]
+            self.updates = saved[3]
         return best[True], best[False]
 
     # ------------------------------------------------------------------ evaluation
