@@ -3,6 +3,7 @@ phrase it. A leaf module: everything may import it, it imports nothing of mpifl.
 
 from __future__ import annotations
 
+import errno
 from typing import Any
 
 MAX_SHOWN = 200  # characters of a value echoed in an error message
@@ -25,6 +26,7 @@ def check(ok: bool, key: str, value: Any, allowed: str) -> None:
         raise ConfigError(f"{key}={value!r} is not allowed; {allowed}")
 
 
+FULL = (errno.ENOSPC, errno.EDQUOT, errno.EIO)  # a disk that cannot hold a write: not the user's path's fault
 STORAGE_EXIT = 74  # EX_IOERR: the disk refused a write; free space (or fix the disk) and rerun the same command
 
 

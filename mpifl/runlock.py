@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from .errors import ConfigError, shorten
+from .errors import FULL, ConfigError, shorten, storage_error
 from .paths import RunDir
 
 MARK = "mpifl run lock"  # first line of a lock file mpifl wrote
@@ -72,6 +72,8 @@ def acquire(rd: RunDir) -> RunLock:
         except FileNotFoundError:
             continue
         except OSError as e:
+            if e.errno in FULL:
+                raise storage_error("the run directory", rd.root, e, "nothing was logged yet") from None
             raise ConfigError(f"cannot create the run directory {where!r} or its {rd.lock.name} ({e.strerror}); "
                               f"pick a writable run.out_dir") from None
         try:

@@ -16,7 +16,7 @@ from helpers import REPO, launch
 from mpifl import analyze, config, runtime, sweep
 from mpifl.comm import world
 from mpifl.config import __main__ as config_cli
-from mpifl.errors import ConfigError
+from mpifl.errors import ConfigError, StorageError
 
 TINY = ["data.name=synthetic", "data.n_samples=240", "data.n_clients=4", "data.n_clusters=2", "model.hidden=[8]",
         "run.threads=1", "run.rounds=2", "run.name=r"]
@@ -37,8 +37,10 @@ def test_an_unwritable_run_directory_is_a_config_error(tmp_path, monkeypatch, re
 
     monkeypatch.setattr(runtime, "atomic_write_text", refuse)
     monkeypatch.setattr(runtime.checkpoint, "forget", refuse)
+    # resumed, the finished run is extended by a round: a finished run started again writes nothing
     with pytest.raises(ConfigError) as e:
-        runtime.run(config.load(None, [*TINY, f"run.out_dir={tmp_path}", f"run.resume={resume}"]), world())
+        runtime.run(config.load(None, [*TINY, f"run.out_dir={tmp_path}", f"run.resume={resume}", "run.rounds=3"]),
+                    world())
     assert str(e.value) == (f"run.out_dir={str(tmp_path)!r} is not allowed: the run directory {str(tmp_path / 'r')!r} "
                             f"cannot be written (Read-only file system); pick a run.out_dir you can write (a copy "
                             f"of the run directory there continues the run)")
@@ -51,9 +53,9 @@ def test_a_full_disk_at_the_start_is_not_called_a_config_error(tmp_path, monkeyp
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
     monkeypatch.setattr(runtime, "atomic_write_text", full)
-    with pytest.raises(OSError) as e:  # the storage errors' own handling (exit 74), not "pick another out_dir"
+    with pytest.raises(StorageError) as e:  # the storage errors' own handling (exit 74), not "pick another out_dir"
         runtime.run(config.load(None, [*TINY, f"run.out_dir={tmp_path}", "run.rounds=3"]), world())
-    assert e.value.errno == errno.ENOSPC and not isinstance(e.value, ConfigError)
+    assert "(No space left on device)" in str(e.value) and not isinstance(e.value, ConfigError)
 
 
 def test_analyze_into_an_unwritable_out_is_one_line(tmp_path, monkeypatch, capsys):

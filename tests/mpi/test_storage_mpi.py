@@ -74,7 +74,7 @@ def test_a_checkpoint_part_refused_on_the_last_rank_stops_every_rank(mpi, shared
     mpi.Barrier()
     ck = shared_tmp / "cut" / "checkpoint"
     parts = [f"round-000001/part-{r:04d}.pt" for r in range(mpi.Get_size())]
-    assert _files(ck) == sorted(["latest", "round-000001/meta.pt", *parts])
+    assert _files(ck) == sorted(["latest", "round-000001/meta.pt", "round-000001/manifest.json", *parts])
     _same(open_run(shared_tmp / "cut"), reference, 4)  # rounds 0-3 were logged before the checkpoint
     mpi.Barrier()
     _run(mpi, shared_tmp, "cut")  # space again: resumes after round 2
@@ -98,10 +98,9 @@ def test_the_log_refused_on_rank_0_stops_every_rank(mpi, shared_tmp, monkeypatch
     log = shared_tmp / "cut" / "run.h5"
     assert msg.startswith(f"cannot write the log {str(log)!r} (No space left on device); its first 5 logged round(s)")
     mpi.Barrier()
-    assert _files(shared_tmp / "cut") == sorted(["config.yaml", "run.h5", "checkpoint/latest",
-                                                 "checkpoint/round-000003/meta.pt",
-                                                 *(f"checkpoint/round-000003/part-{r:04d}.pt"
-                                                   for r in range(mpi.Get_size()))])
+    kept = [f"checkpoint/round-{t:06d}/{f}" for t in (1, 3)  # the last two checkpoints
+            for f in ("meta.pt", "manifest.json", *(f"part-{r:04d}.pt" for r in range(mpi.Get_size())))]
+    assert _files(shared_tmp / "cut") == sorted(["config.yaml", "run.h5", "checkpoint/latest", *kept])
     _same(open_run(log), reference, 5)
     mpi.Barrier()
     _run(mpi, shared_tmp, "cut")
