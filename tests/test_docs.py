@@ -77,3 +77,16 @@ def test_every_algorithm_has_a_row_and_every_job_file_a_result():
             result = results[f"jobs/{Path(job.group(1)).name}"]
             assert result["algorithm"] == f"`{name}`"
             assert all(re.search(r"\d", result[k]) for k in ("final test acc %", "Local on the same job")), name
+
+
+def test_every_test_the_reliability_page_cites_exists():
+    """docs/reliability.md backs each guarantee with a test by name: a renamed or
+    deleted test must not leave a guarantee pointing at nothing."""
+    import ast
+
+    cited = re.findall(r"`(tests/[\w/]+\.py)::(\w+)`", (REPO / "docs/reliability.md").read_text())
+    assert len(cited) > 20
+    for path, name in cited:
+        tree = ast.parse((REPO / path).read_text())
+        names = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+        assert name in names, f"docs/reliability.md cites {path}::{name}, which does not exist"
