@@ -74,8 +74,7 @@ def acquire(rd: RunDir) -> RunLock:
         except OSError as e:
             if e.errno in FULL:
                 raise storage_error("the run directory", rd.root, e, "nothing was logged yet") from None
-            raise ConfigError(f"cannot create the run directory {where!r} or its {rd.lock.name} ({e.strerror}); "
-                              f"pick a writable run.out_dir") from None
+            raise  # the caller names the key (run.out_dir) of a directory the user cannot write
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -99,8 +98,15 @@ def acquire(rd: RunDir) -> RunLock:
             os.close(fd)
             raise ConfigError(f"run directory {where!r} holds a file {rd.lock.name!r} that mpifl did not write; "
                               f"use another run.name")
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, _me().encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, _me().encode(), 0)
+        except OSError as e:
+            RunLock(rd.lock, fd, made).release()
+            if e.errno in FULL:
+                raise storage_error("the run lock", rd.lock, e, "nothing else in the run directory was changed") \
+                    from None
+            raise
         return RunLock(rd.lock, fd, made)
     raise ConfigError(f"run directory {where!r} could not be locked: its {rd.lock.name} kept changing; "
                       f"is another job starting and stopping there?")

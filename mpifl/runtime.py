@@ -152,9 +152,7 @@ def _writer(cfg: Config, s: Setup, keep_rounds: int | None) -> Writer | None:
     except OSError as e:
         if e.errno not in UNWRITABLE:
             raise storage_error("the config", rd.config, e, "nothing was logged yet") from None
-        raise ConfigError(f"run.out_dir={cfg.run.out_dir!r} is not allowed: the run directory {str(rd.root)!r} "
-                          f"cannot be written ({e.strerror}); pick a run.out_dir you can write (a copy of the run "
-                          f"directory there continues the run)") from None
+        raise _unwritable(cfg, rd, e) from None
     d = ctx.data
     attrs = {
         "mpifl_version": __version__, "algorithm": cfg.algorithm.name, "seed": cfg.run.seed,
@@ -177,6 +175,12 @@ def _writer(cfg: Config, s: Setup, keep_rounds: int | None) -> Writer | None:
     if keep_rounds is not None:  # the stored config is the latest: an extension's run.rounds, a moved run's place
         writer.set_attrs(config_yaml=text)
     return writer
+
+
+def _unwritable(cfg: Config, rd: RunDir, e: OSError) -> ConfigError:
+    return ConfigError(f"run.out_dir={cfg.run.out_dir!r} is not allowed: the run directory {str(rd.root)!r} "
+                       f"cannot be written ({e.strerror}); pick a run.out_dir you can write (a copy of the run "
+                       f"directory there continues the run)")
 
 
 def _check_fresh(cfg: Config, rd: RunDir) -> None:
@@ -288,7 +292,18 @@ def run(cfg: Config, mpi_comm) -> Path:
     """One job: the run directory is locked first (one job per directory, before
     anything there changes) and released when the job ends, however it ends."""
     rd = RunDir(cfg.run_dir)
-    lock = agree(mpi_comm, lambda: runlock.acquire(rd) if mpi_comm.Get_rank() == 0 else None)
+
+    def acquire() -> runlock.RunLock | None:
+        if mpi_comm.Get_rank() != 0:
+            return None
+        try:
+            return runlock.acquire(rd)
+        except OSError as e:
+            if e.errno not in UNWRITABLE:
+                raise
+            raise _unwritable(cfg, rd, e) from None
+
+    lock = agree(mpi_comm, acquire)
     try:
         return _run(cfg, mpi_comm)
     finally:

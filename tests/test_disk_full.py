@@ -32,8 +32,8 @@ DISK_KIB = 1024
 # disk: the config, the new log, its first rounds, the first checkpoint's parts
 # and meta, the log growing after a checkpoint, later checkpoints
 FILL = (0.0, 0.1, 0.42, 0.55, 0.62, 0.66, 0.72, 0.86, 0.95, 1.04)
-LINE = re.compile(r"mpifl: error: cannot write the (log|config|checkpoint \w+) '([^']+)' \(No space left on device\); "
-                  r"(.+); free space and rerun the same command to resume")
+LINE = re.compile(r"mpifl: error: cannot write the (log|config|run lock|checkpoint \w+) '([^']+)' "
+                  r"\(No space left on device\); (.+); free space and rerun the same command to resume")
 
 
 @pytest.fixture
@@ -74,7 +74,7 @@ def _leftovers(run_dir: Path) -> list[str]:
                 out.append(str(rel))
             continue
         ok = (str(rel) in ("config.yaml", "run.h5", "checkpoint/latest")
-              or re.fullmatch(r"checkpoint/round-\d{6}/(meta|part-\d{4})\.pt", str(rel))
+              or re.fullmatch(r"checkpoint/round-\d{6}/((meta|part-\d{4})\.pt|manifest\.json)", str(rel))
               or (p.name == "run.h5.journal" and read_journal(p) is not None))
         if not ok:
             out.append(str(rel))
@@ -125,7 +125,8 @@ def test_a_full_disk_at_ten_points_costs_nothing_committed_and_the_same_command_
         assert not journal_path(run_dir / "run.h5").exists() and _leftovers(run_dir) == []
         subprocess.run(["rm", "-rf", str(run_dir)], check=True)
     # the ten points between them fill the disk while writing each kind of file
-    assert {w for w, _, _ in seen} >= {"config", "log", "checkpoint file"}, seen
+    assert {w for w, _, _ in seen} >= {"log", "checkpoint file"}, seen
+    assert {w for w, _, _ in seen} & {"run lock", "config"}, seen  # the run's first write (the lock's holder line)
     assert any(w == "log" and n == 0 for w, n, _ in seen), seen  # a new log
     assert any(w == "log" and ck for w, _, ck in seen), seen  # rounds after a checkpoint
     assert any(w == "checkpoint file" and ck is None for w, _, ck in seen), seen  # the first checkpoint
