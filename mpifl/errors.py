@@ -26,6 +26,7 @@ def check(ok: bool, key: str, value: Any, allowed: str) -> None:
         raise ConfigError(f"{key}={value!r} is not allowed; {allowed}")
 
 
+UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)  # a place the user cannot write: a user error
 FULL = (errno.ENOSPC, errno.EDQUOT, errno.EIO)  # a disk that cannot hold a write: not the user's path's fault
 STORAGE_EXIT = 74  # EX_IOERR: the disk refused a write; free space (or fix the disk) and rerun the same command
 

@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from .errors import FULL, ConfigError, shorten, storage_error
+from .errors import FULL, UNWRITABLE, ConfigError, shorten, storage_error
 from .paths import RunDir
 
 MARK = "mpifl run lock"  # first line of a lock file mpifl wrote
@@ -74,7 +74,10 @@ def acquire(rd: RunDir) -> RunLock:
         except OSError as e:
             if e.errno in FULL:
                 raise storage_error("the run directory", rd.root, e, "nothing was logged yet") from None
-            raise  # the caller names the key (run.out_dir) of a directory the user cannot write
+            if e.errno in UNWRITABLE:
+                raise  # the caller names the key (run.out_dir) of a directory the user cannot write
+            raise ConfigError(f"cannot create the run directory {where!r} or its {rd.lock.name} ({e.strerror}); "
+                              f"pick a writable run.out_dir") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

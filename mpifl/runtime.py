@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import errno
 import os
 import signal
 import socket
@@ -19,7 +18,7 @@ from .algorithms.base import Algorithm, Context, Round, evaluates
 from .comm import Comm, agree, node_local_rank, node_of_ranks, pick_device, set_threads, versions
 from .config import Config
 from .data import build as build_data
-from .errors import FULL, ConfigError, StorageError, shorten, storage_error
+from .errors import FULL, UNWRITABLE, ConfigError, StorageError, shorten, storage_error
 from .logging.h5 import Writer, open_run
 from .mixing import Dense, Mixing, issparse
 from .paths import RunDir, atomic_write_text
@@ -30,7 +29,6 @@ METRICS = ("val_loss", "val_acc", "test_loss", "test_acc")
 PREEMPTED = 75  # exit status after a signal-triggered checkpoint (EX_TEMPFAIL): requeue me
 LOG_FAILED = 1 << 10  # above any signal number: rank 0's log write was refused (agreed with the stop flag)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)  # a run directory the user cannot write: a config error
 
 
 class Preempted(Exception):
