@@ -1,6 +1,7 @@
 """Config loading details not covered by the bad-input corpus."""
 
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -173,3 +174,13 @@ def test_config_command_reports_an_algorithms_bad_value_in_one_line():
     res = launch([str(REPO / "jobs" / "quickstart.yaml"), "fedprox.mu=-1"], n=0, module="mpifl.config")
     assert res.returncode == 2 and res.stdout == ""
     assert res.stderr == "mpifl.config: error: fedprox.mu=-1.0 is not allowed; must be a finite number >= 0\n"
+
+
+@pytest.mark.parametrize("override", ["train.lr=1e300", "train.lr=-1e39", "fedprox.mu=4e38"])
+def test_a_number_beyond_float32_is_refused_naming_its_key(override):
+    """Training computes in float32: a finite 1e300 overflowed there, in a traceback."""
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"^{re.escape(key)}=.* is not allowed; a finite number must be at most "
+                                          r"3.4e38 in size"):
+        config.load(None, [override])
+    assert config.load(None, ["train.lr=3e38"]).train.lr == 3e38  # within float32's range

@@ -85,6 +85,8 @@ def from_dict(raw: dict, n_ranks: int = 1) -> Any:
     return cfg
 
 
+FLOAT32_MAX = 3.4028234663852886e38  # beyond it a hyper-parameter overflows where training computes in float32
+
 # a number as YAML 1.2 writes it; YAML 1.1 (PyYAML) reads 1e-3 (no dot) and inf as strings
 _NUMBER = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")
 _INF = re.compile(r"([-+]?)\.?(inf|Inf|INF)")
@@ -171,10 +173,14 @@ def coerce(value: Any, hint: Any, key: str) -> Any:
             number = _number(value)
             if number is None:
                 raise ConfigError(f"{key}={shorten(repr(value))} must be a number, e.g. 0.05, 1e-3 or inf")
-            return number
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        elif isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key}={shorten(repr(value))} must be a number")
-        return float(value)
+        else:
+            number = float(value)
+        if math.isfinite(number) and abs(number) > FLOAT32_MAX:
+            raise ConfigError(f"{key}={shorten(repr(value))} is not allowed; a finite number must be at most 3.4e38 "
+                              f"in size (float32's range: training computes in float32)")
+        return number
     if hint is str:
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
             raise ConfigError(f"{key}={value!r} must be a string")
