@@ -66,10 +66,9 @@ from typing import Any
 import numpy as np
 
 from .config.identity import HOW, WHERE
-from .errors import ConfigError
 from .figure import finish, pyplot
 from .logging.h5 import Corrupt, Run, open_run
-from .summary import ACC, JOB, PCT, WINDOW, Implausible, Mismatch, Summary, find_logs, nanmean, run_row, summarize
+from .summary import ACC, JOB, PCT, WINDOW, Summary, find_logs, nanmean, run_row, summarize, unusable
 
 # keys that say where or how a run ran, not what it computed (mpifl.config.identity),
 # the seed (the spread over seeds is the point of a group) and where its data was read
@@ -425,19 +424,11 @@ def analyze(paths: list[str | Path], out: Path, heatmaps: str = "first", rounds:
             try:
                 runs.append(summarize(p, window))
                 break
-            except Mismatch as e:  # what the file says will not change by looking again
-                skipped.append((p, f"does not match its own attributes: {e}"))
-                break
-            except Corrupt as e:
-                skipped.append((p, f"corrupt: {e}"))
-                break
-            except Implausible as e:  # a table must not average it in
-                skipped.append((p, f"implausible value: {e}"))
-                break
-            except ConfigError as e:  # its stored config is refused by the YAML reader (a bomb, too deep)
-                skipped.append((p, str(e)))
-                break
             except Exception as e:  # noqa: BLE001 - one broken log must not hide the others
+                why = unusable(e)
+                if why is not None:
+                    skipped.append((p, why))
+                    break
                 if attempt == 2 or str(e) == "not an HDF5 file":
                     skipped.append((p, str(e) if str(e) == "not an HDF5 file" else f"{type(e).__name__}: {e}"))
                     break

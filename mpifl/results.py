@@ -15,13 +15,14 @@ are numbered from 1. pandas is an optional dependency:
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .logging import h5
-from .summary import JOB, WINDOW, find_logs, run_row, summarize, sweep_points
+from .summary import JOB, WINDOW, find_logs, run_row, summarize, sweep_points, unusable
 from .yamlio import read_yaml
 
 __all__ = ["Run", "frame", "load_sweep", "open_run", "pandas", "run_summary"]
@@ -112,12 +113,24 @@ def load_sweep(path: str | Path, window: int = WINDOW, ari: bool = True):
     weighted forms) and ``ari_<source>``. For a folder without ``sweep.yaml`` the
     key columns are the config keys whose values differ between the runs. Only the
     logs' small datasets are read (per-client metrics, clusterings, the last
-    ``window`` rounds of ``[N, N]`` logs; ``ari=False`` skips the latter)."""
+    ``window`` rounds of ``[N, N]`` logs; ``ari=False`` skips the latter). A log
+    that analyze leaves out (corrupt, an impossible value, not matching its own
+    attributes) is left out here too, with a warning; ``frame.attrs["skipped"]``
+    holds each one's (path, reason)."""
     pd = pandas()
     root = Path(path)
     logs = find_logs([root])
     points = sweep_points(root)
-    summaries = [summarize(p, window, ari=ari, points=points) for p in logs]
+    summaries, skipped = [], []
+    for p in logs:
+        try:
+            summaries.append(summarize(p, window, ari=ari, points=points))
+        except Exception as e:  # noqa: BLE001 - analyze's rule: a log it would leave out is left out here too
+            why = unusable(e)
+            if why is None:
+                raise
+            skipped.append((str(p), why))
+            warnings.warn(f"skipped {p}: {why}", stacklevel=2)
     keys = _swept(root) if root.is_dir() else None
     if keys is None:
         from .analyze import varying_keys
@@ -126,7 +139,9 @@ def load_sweep(path: str | Path, window: int = WINDOW, ari: bool = True):
     rows: list[dict[str, Any]] = []
     for s in summaries:
         rows.append({**{k: _cell(s.config.get(k)) for k in keys}, **run_row(s)})
-    return pd.DataFrame(rows, columns=list(dict.fromkeys([*keys, *(k for r in rows for k in r)])))
+    frame = pd.DataFrame(rows, columns=list(dict.fromkeys([*keys, *(k for r in rows for k in r)])))
+    frame.attrs["skipped"] = skipped  # (path, why) of each log left out
+    return frame
 
 
 def _cell(v: Any) -> Any:

@@ -20,7 +20,7 @@ import numpy as np
 
 from .config.identity import flatten
 from .errors import ConfigError
-from .logging.h5 import Run, open_run
+from .logging.h5 import Corrupt, Run, open_run
 from .yamlio import read_yaml
 
 WINDOW = 10  # rounds averaged by tail_acc and joined for graph ARI
@@ -205,6 +205,21 @@ def check_shapes(run: Run) -> None:
 class Implausible(ValueError):
     """A logged metric no run produces: outside its range, or missing (nan) or
     infinite where a value is expected."""
+
+
+def unusable(e: Exception) -> str | None:
+    """Why a log that raised ``e`` while summarized is left out of results (the
+    reason analyze and ``mpifl.results`` print), or None for an error that looking
+    again may not repeat (a log caught mid-write)."""
+    if isinstance(e, Mismatch):  # what the file says will not change by looking again
+        return f"does not match its own attributes: {e}"
+    if isinstance(e, Corrupt):
+        return f"corrupt: {e}"
+    if isinstance(e, Implausible):  # a table must not average it in
+        return f"implausible value: {e}"
+    if isinstance(e, ConfigError):  # its stored config is refused by the YAML reader (a bomb, too deep)
+        return str(e)
+    return None
 
 
 # what each metric may hold: accuracies are fractions, losses are not negative

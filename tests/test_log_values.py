@@ -176,3 +176,15 @@ def test_a_corrupt_chunk_met_while_drawing_heatmaps_costs_that_run_its_heatmaps(
     res = an.analyze([tmp_path], tmp_path / "out", echo=lambda *a, **k: lines.append(a[0]))
     assert len(res["runs"]) == 1 and (tmp_path / "out" / "table.md").is_file()
     assert f"no heatmaps of {log}: corrupt: /graph/mixing fails its checksum: ..." in lines
+
+
+def test_load_sweep_leaves_out_what_analyze_leaves_out(tmp_path):
+    pytest.importorskip("pandas")
+    from mpifl import results
+
+    good = _log(tmp_path / "good" / "run.h5")
+    bad = _log(tmp_path / "bad" / "run.h5", change=_set(3, "metrics/test_acc", 2, -6.2))
+    with pytest.warns(UserWarning, match=r"implausible value: /metrics/test_acc holds -6\.2 at round 4"):
+        frame = results.load_sweep(tmp_path)
+    assert [Path(p).parent.name for p in frame["path"]] == [good.parent.name]
+    assert [p for p, _ in frame.attrs["skipped"]] == [str(bad)]
