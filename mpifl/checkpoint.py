@@ -180,6 +180,14 @@ def check_dir(rd: RunDir) -> None:
                           f"checkpoints into it), or put the whole run on that disk with run.out_dir")
 
 
+def unpublished(rd: RunDir) -> Path | None:
+    """Without a ``latest`` pointer, the newest checkpoint directory, or None: a job
+    killed between publishing its first checkpoint and writing ``latest`` leaves one
+    that is whole (its manifest, checked as it is read, says so) and that a fresh
+    start would delete."""
+    return max(_ours(rd.checkpoint), key=lambda d: d.name, default=None)
+
+
 def damaged(ck: Path, what: str) -> ConfigError:
     """The one-line error for a checkpoint that cannot be trusted, with the ways
     forward that work: the checkpoint before it (when ``ck`` is the one ``latest``

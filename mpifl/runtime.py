@@ -84,7 +84,7 @@ def find_checkpoint(cfg: Config) -> Path | None:
     and a damaged checkpoint (never a silent start over)."""
     rd = RunDir(cfg.run_dir)
     checkpoint.check_dir(rd)
-    ck = checkpoint.latest(rd) if cfg.run.resume != "never" else None
+    ck = (checkpoint.latest(rd) or checkpoint.unpublished(rd)) if cfg.run.resume != "never" else None
     if cfg.run.resume == "previous":
         before = checkpoint.previous(ck) if ck is not None else None
         if before is None:

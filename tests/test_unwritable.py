@@ -11,12 +11,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import REPO, launch
+from helpers import REPO, assert_same_logs, launch
 
 from mpifl import analyze, config, runtime, sweep
 from mpifl.comm import world
 from mpifl.config import __main__ as config_cli
 from mpifl.errors import ConfigError, StorageError
+from mpifl.logging.h5 import open_run
 
 TINY = ["data.name=synthetic", "data.n_samples=240", "data.n_clients=4", "data.n_clusters=2", "model.hidden=[8]",
         "run.threads=1", "run.rounds=2", "run.name=r"]
@@ -130,3 +131,18 @@ def test_a_run_and_its_analysis_on_a_read_only_file_system(read_only):
     shutil.copytree(ro / "r", src.parent / "copy" / "r")
     again = launch([*TINY, f"run.out_dir={src.parent / 'copy'}", "run.rounds=3"])
     assert again.returncode == 0 and "resumed after round 2" in again.stdout, again.stderr
+
+
+def test_a_checkpoint_its_pointer_does_not_name_yet_is_resumed_not_deleted(tmp_path):
+    """A job killed between publishing its first checkpoint and writing ``latest``
+    leaves a whole checkpoint: the same command resumes from it (a fresh start
+    deleted it)."""
+    straight = tmp_path / "straight"
+    runtime.run(config.load(None, [*TINY, f"run.out_dir={straight}", "run.rounds=4"]), world())
+    args = [*TINY, f"run.out_dir={tmp_path}", "run.rounds=4"]
+    runtime.run(config.load(None, [*args, "run.rounds=2"]), world())
+    ck = tmp_path / "r" / "checkpoint"
+    (ck / "latest").unlink()
+    assert runtime.find_checkpoint(config.load(None, args)) == ck / "round-000001"
+    runtime.run(config.load(None, args), world())
+    assert_same_logs(open_run(tmp_path / "r"), open_run(straight / "r"))
