@@ -43,7 +43,7 @@ def _fast_tier_starts_no_process(request, monkeypatch):
 
 @pytest.fixture(autouse=True, scope="session")
 def _dataset_cache(tmp_path_factory):
-    """Built-in datasets cached for this session only (runs started by tests inherit
+    """Built-in datasets cached for this pytest run only (runs started by tests inherit
     it): the suite neither reads nor fills the user's ~/.cache/mpifl."""
     mp = pytest.MonkeyPatch()
     mp.setenv("MPIFL_CACHE", str(tmp_path_factory.mktemp("dataset-cache")))
