@@ -18,7 +18,7 @@ from .algorithms.base import Algorithm, Context, Round, evaluates
 from .comm import Comm, agree, node_local_rank, node_of_ranks, pick_device, set_threads, versions
 from .config import Config
 from .data import build as build_data
-from .errors import FULL, UNWRITABLE, ConfigError, StorageError, shorten, storage_error
+from .errors import UNWRITABLE, ConfigError, StorageError, shorten, storage_error
 from .logging.h5 import Writer, open_run
 from .mixing import Dense, Mixing, issparse
 from .paths import RunDir, atomic_write_text
@@ -134,14 +134,7 @@ def _writer(cfg: Config, s: Setup, keep_rounds: int | None) -> Writer | None:
     if not ctx.comm.is_writer:
         return None
     rd = RunDir(cfg.run_dir)
-    try:
-        rd.root.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        if e.errno in FULL:
-            raise storage_error("the run directory", rd.root, e, "nothing was logged yet") from None
-        raise ConfigError(f"run.out_dir={cfg.run.out_dir!r} is not allowed: cannot create {str(rd.root)!r} "
-                          f"({e.strerror})") from None
-    text = cfg.to_yaml()
+    text = cfg.to_yaml()  # the run directory exists: the run lock made it (run)
     try:
         if keep_rounds is None:
             _check_fresh(cfg, rd)
