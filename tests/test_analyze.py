@@ -116,6 +116,7 @@ def test_csv_and_markdown_tables_hold_the_same_numbers_in_the_unit_their_headers
         assert float(row["final_acc_pct_mean"]) == pytest.approx(np.mean(by_algo[row["algorithm.name"]]), rel=1e-5)
 
 
+@pytest.mark.slow
 def test_figures_are_non_empty_pngs(sweep_dir, tmp_path):
     res = an.analyze([sweep_dir], tmp_path, heatmaps="all", rounds=[1, -1], echo=lambda *a, **k: None)
     names = {p.relative_to(tmp_path).as_posix() for p in res["figures"]}
@@ -125,6 +126,7 @@ def test_figures_are_non_empty_pngs(sweep_dir, tmp_path):
         _png_ok(p)
 
 
+@pytest.mark.slow
 def test_cli_defaults_to_an_analysis_folder_and_reports_missing_paths(sweep_dir, tmp_path, capsys):
     one = sweep_dir / "runs" / "oracle-1"
     assert an.main([str(one)]) == 0
@@ -216,6 +218,7 @@ def test_best_val_and_final_follow_their_definitions(tmp_path):
     assert np.isnan(s.curve[1]) and s.curve[3] == pytest.approx(0.1 * R)
 
 
+@pytest.mark.slow
 def test_every_matrix_log_gets_a_heatmap_and_clusterings_an_ari(tmp_path):
     _write_log(tmp_path / "a" / "run.h5")
     run = open_run(tmp_path / "a")
@@ -363,6 +366,7 @@ def test_a_sweep_over_job_files_is_grouped_by_file_and_algorithm(tmp_path):
 # --------------------------------------------------------------------------- figures that explain themselves
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("classes", [N, 10])  # as many classes as clients, and more
 def test_label_hist_is_drawn_as_clients_by_classes_whatever_its_shape(tmp_path, classes):
     import matplotlib.image as mpimg

@@ -22,7 +22,8 @@ def make(batched: str, **over) -> Clients:
     return Clients(model, data, cfg.train, torch.device("cpu"), 0)
 
 
-@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
+# two threads take the other kernels (no fused SGD): every case again, in the slow tier
+@pytest.fixture(params=[1, pytest.param(2, marks=pytest.mark.slow)], ids=["1thread", "2threads"])
 def threads(request, monkeypatch):
     """torch's thread count, and the SGD-fusion flags of the stacked step's calls:
     plain SGD is fused into the weight-gradient kernel on one CPU thread only."""

@@ -99,6 +99,7 @@ def test_a_gap_within_the_seeds_std_is_level():
     assert [s for _, s, _ in x.signs] == ["level", "level"] and x.last_above is None and x.no_longer == 1.0
 
 
+@pytest.mark.slow
 def test_the_baseline_is_taken_from_the_same_setting_of_other_keys(tmp_path):
     for lr, shift in ((0.05, 0.0), (0.5, 0.3)):
         for algo in ("local", "oracle"):
@@ -122,6 +123,7 @@ def test_log_axis_only_across_a_decade():
     assert not cv.log_x([100, 400, 700]) and not cv.log_x([0, 10, 100]) and not cv.log_x([])
 
 
+@pytest.mark.slow
 def test_cli_writes_figure_and_tables_and_prints_the_crossover(sweep, tmp_path, capsys):
     out = tmp_path / "a"
     assert an.main([str(sweep), "--out", str(out), "--heatmaps", "none", "--x", "data.train_per_client",

@@ -82,6 +82,7 @@ def test_builtin_dataset_from_cache_is_bitwise_the_made_one(tmp_path, monkeypatc
             assert (a is None and b is None) or (a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b))
 
 
+@pytest.mark.slow
 def test_flat_fashionmnist_is_read_back_until_its_files_change(tmp_path, monkeypatch):
     from test_datasets import _write_flat_fashion
 

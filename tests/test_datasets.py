@@ -214,6 +214,7 @@ def test_fashionmnist_without_root_or_package_names_both_in_one_line(tmp_path, m
     assert "\n" not in msg and "dataset-fashion-mnist" in msg and "data.root" in msg
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not datasets.DEBIAN_FASHION_MNIST.is_dir(), reason="Debian's dataset-fashion-mnist not installed")
 def test_the_real_fashion_mnist_from_debians_package():
     # CI installs the package, so the real files are read on every change

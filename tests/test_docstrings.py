@@ -8,6 +8,7 @@ import ast
 import importlib.util
 import re
 
+import pytest
 from helpers import REPO
 
 from mpifl import config
@@ -35,6 +36,7 @@ def docstrings() -> list[tuple[str, str]]:
     return out
 
 
+@pytest.mark.slow
 def test_every_module_script_and_file_a_docstring_names_exists():
     docs = docstrings()
     assert len(docs) > 200
@@ -50,6 +52,7 @@ def test_every_module_script_and_file_a_docstring_names_exists():
     assert not missing, "\n".join(missing)
 
 
+@pytest.mark.slow
 def test_every_docstring_run_command_loads():
     bad, seen = [], 0
     for where, text in docstrings():

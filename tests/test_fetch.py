@@ -101,7 +101,8 @@ class Server:
 
         self.httpd = Quiet(("127.0.0.1", 0), partial(Handler, directory=str(folder)))
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        # a short poll: shutdown() waits up to one poll interval (0.5 s by default)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.02,), daemon=True)
         self.thread.start()
 
     def close(self) -> None:

@@ -81,6 +81,7 @@ def test_lenet_classifier_is_last_linear():
     assert last.weight.shape == (7, 192)
 
 
+@pytest.mark.slow
 def test_weights_from_file(tmp_path):
     src = models.build(ModelConfig(name="resnet18"), (3, 32, 32), 1000, seed=5)  # an "ImageNet" head
     torch.save(src.state_dict(), tmp_path / "r18.pt")
@@ -122,6 +123,7 @@ def test_batchnorm_statistics_are_per_client():
     np.testing.assert_allclose(own[1], shared[1])
 
 
+@pytest.mark.slow
 def test_batchnorm_skips_single_sample_batches():
     c, _ = bn_clients(batch=64)
     n = int(c.sizes[0, 0])

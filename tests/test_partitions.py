@@ -242,6 +242,7 @@ def test_too_many_clusters_or_classes_is_config_error():
         parts_of(data_cfg("data.partition=permuted_clusters", "data.n_clusters=13"))
 
 
+@pytest.mark.slow
 def test_test_set_follows_each_clients_label_mix():
     """DPFL: the dataset's own test set, shared out by each client's label mix."""
     cfg = config.load(None, ["data.name=mnist1d", "data.n_samples=3000", "data.partition=dirichlet",

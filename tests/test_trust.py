@@ -333,6 +333,7 @@ def test_a_hostile_cifar_pickle_is_refused(tmp_path, name, file):
 # --------------------------------------------------------------------------- analysis
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lie", ["wide metric", "long clients", "more rounds than planned"])
 def test_analyze_skips_a_log_whose_shapes_do_not_match_its_attributes(tmp_path, lie):
     import h5py
