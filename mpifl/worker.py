@@ -99,21 +99,25 @@ def serve() -> int:
     answers = os.dup(1)
     os.dup2(2, 1)  # anything the worker itself prints goes to stderr, never into the answers
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the running child's; the worker ends with stdin
-    with os.fdopen(answers, "w", closefd=False) as reply:
+    try:
+        with os.fdopen(answers, "w", closefd=False) as reply:
 
-        def say(**answer: int) -> None:
-            try:
-                reply.write(json.dumps(answer) + "\n")
-                reply.flush()
-            except BrokenPipeError:  # the sweep is gone: the run goes on, nobody listens
-                pass
+            def say(**answer: int) -> None:
+                try:
+                    reply.write(json.dumps(answer) + "\n")
+                    reply.flush()
+                except BrokenPipeError:  # the sweep is gone: the run goes on, nobody listens
+                    pass
 
-        while True:
-            line = sys.stdin.readline()
-            if not line:
-                return 0
-            job = json.loads(line)
-            say(rc=run_forked(str(job["config"]), str(job["log"]), answers, lambda pid: say(pid=pid)))
+            while True:
+                line = sys.stdin.readline()
+                if not line:
+                    break
+                job = json.loads(line)
+                say(rc=run_forked(str(job["config"]), str(job["log"]), answers, lambda pid: say(pid=pid)))
+    except BrokenPipeError:  # the sweep went first: an answer say() could not send fails again at close
+        pass
+    return 0
 
 
 class Pool:

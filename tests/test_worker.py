@@ -88,3 +88,20 @@ def test_a_worker_that_dies_fails_its_point_and_is_replaced(tmp_path):
     assert "warm worker running this point died (exit 3)" in log.read_text()
     assert pool.run(tmp_path / "config.yaml", tmp_path / "b.out") == 3  # a new worker took the next point
     pool.close()
+
+
+def test_a_worker_whose_sweep_is_gone_finishes_its_point_and_ends_quietly(tmp_path):
+    """The sweep killed (its terminal closed, its job cancelled): the worker cannot
+    answer any more, runs its point on and ends with its stdin, without a traceback."""
+    import subprocess
+
+    proc = subprocess.Popen([sys.executable, "-m", "mpifl.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    proc.stdout.close()  # nobody reads the answers
+    log = tmp_path / "point.out"
+    proc.stdin.write(f'{{"config": "{tmp_path / "missing.yaml"}", "log": "{log}"}}\n')
+    proc.stdin.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 0, err
+    assert "Traceback" not in err, err
+    assert "missing.yaml" in log.read_text()  # the point ran: its user error is in its log
