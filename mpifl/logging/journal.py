@@ -15,22 +15,20 @@ into the log:
   writes are already in the log changes nothing.
 
 Writes past the end of the last commit's file (new chunks: most of a round's
-bytes at large N) need no journal: nothing committed points there, and HDF5
-ignores bytes past the end of the file it knows about. They are kept in memory
-and written to the log at the commit, before the journal, in as few calls as
-their layout allows (a round's dozen new chunks lie side by side: one call).
+bytes at large N) go straight to the log: nothing committed points there, and
+HDF5 ignores bytes past the end of the file it knows about.
 
 This protects against the process dying (SIGKILL, the OOM killer, ``scancel``),
 not against the machine losing its page cache (power loss): that would need an
 fsync per round.
 
 A write the file system refuses (a full disk or quota, an I/O error) is never
-committed: every write reaches the log through a commit, which stops at the
-first refused (or cut short) write, keeps what HDF5 wrote in memory so that it
-reads it back, and makes every later :meth:`Journaled.commit` raise that
-error. The log on disk keeps the last commit. No failure is raised inside
-HDF5's callbacks (h5py would carry the exception into its next calls:
-``SystemError``, then a crash at close): HDF5's writes only reach memory.
+committed: a write below the last commit's end only reaches the log through a
+commit, and one past it that fails (or is cut short) is kept in memory, so HDF5
+reads back what it wrote, and makes every later :meth:`Journaled.commit` raise
+that error. The log on disk keeps the last commit. The failure is not raised
+inside HDF5's callback: h5py would carry the exception into its next calls
+(``SystemError``, then a crash at close).
 """
 
 from __future__ import annotations
@@ -131,7 +129,6 @@ class Journaled:
         self.jfd: int | None = None
         self.pos = 0
         self.writes: Extents = []  # below the last commit's end, in the order made
-        self.tail: Extents = []  # past it, in the order made: written at the commit, before the journal
         self.error: OSError | None = None  # the first refused write: no commit after it
         self.seq = int.from_bytes(os.urandom(8), "little") >> 1  # an old journal's trailer never matches
         pending = None if mode == "w" else read_journal(self.journal)
@@ -163,9 +160,7 @@ class Journaled:
         if got < n:
             mv[got:] = bytes(n - got)
         end = off + n
-        # in the order made, the last one winning (after a refused write, writes past
-        # the end go to self.writes too: made after those in self.tail)
-        for w_off, b in (*self.tail, *self.writes) if self.tail else self.writes:
+        for w_off, b in self.writes:  # in the order made: the last one wins
             lo, hi = max(off, w_off), min(end, w_off + len(b))
             if lo < hi:
                 mv[lo - off:hi - off] = b[lo - w_off:hi - w_off]
@@ -189,16 +184,27 @@ class Journaled:
             # write, everything: nothing reaches the log any more)
             self.writes.append((off, bytes(buf)))
         elif off >= self.committed:  # past it: nothing committed points here
-            self.tail.append((off, bytes(buf)))
+            self._past_end(buf, off)
         else:
             mv = memoryview(buf).cast("B")
             cut = self.committed - off
             self.writes.append((off, bytes(mv[:cut])))
-            self.tail.append((self.committed, bytes(mv[cut:])))
+            self._past_end(mv[cut:], self.committed)
         self.pos = end
         if end > self.size:
             self.size = end
         return n
+
+    def _past_end(self, buf, off: int) -> None:
+        """Bytes past the last commit's end, straight to the log; when refused, kept
+        in memory and remembered for the next commit to raise (see the module)."""
+        try:
+            _pwrite_all(self.fd, buf, off)
+        except OSError as e:
+            self.error = self.error or e
+            self.writes.append((off, bytes(buf)))
+            return
+        self.disk = max(self.disk, off + len(buf))
 
     def truncate(self, size: int | None = None) -> int:
         self.size = self.pos if size is None else size
@@ -232,19 +238,13 @@ class Journaled:
             raise OSError(e.errno or errno.EIO, e.strerror or str(e), str(self.path))
 
     def _commit(self) -> None:
-        if self.tail:  # first: the journal's metadata may point there
-            for off, run in _runs(_merge(self.tail)):
-                self.disk = max(self.disk, off + _pwritev(self.fd, run, off))
-            self.tail = []
         if self.writes:
             self.seq += 1
             extents = _merge(self.writes)
             head = b"".join([_HEAD.pack(MAGIC, self.seq, self.size, len(extents)),
                              *(_EXTENT.pack(off, len(b)) for off, b in extents)])
-            body = len(head) + sum(len(b) for _, b in extents)
-            # one call, the trailer (the commit point) last: a write cut short, by a
-            # full disk or a kill between pages, ends before it
-            _pwritev(self.jfd, [head, *(b for _, b in extents), _TAIL.pack(TRAILER, self.seq, body)], 0)
+            body = _pwritev(self.jfd, [head, *(b for _, b in extents)], 0)
+            _pwrite_all(self.jfd, _TAIL.pack(TRAILER, self.seq, body), body)  # the commit point
             self._apply(extents)
             _pwrite_all(self.jfd, bytes(8), 0)  # applied: readers need not replay it
         elif self.disk != self.size:
@@ -260,19 +260,6 @@ class Journaled:
             os.ftruncate(self.fd, self.size)
             self.disk = self.size
         self.writes = []
-
-
-def _runs(extents: Extents) -> list[tuple[int, list[bytes]]]:
-    """Disjoint extents sorted by offset -> (offset, buffers) of each run of touching ones."""
-    out: list[tuple[int, list[bytes]]] = []
-    end = -1
-    for off, b in extents:
-        if off == end:
-            out[-1][1].append(b)
-        else:
-            out.append((off, [b]))
-        end = off + len(b)
-    return out
 
 
 def _pwrite_all(fd: int, buf, at: int) -> None:
