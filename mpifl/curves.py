@@ -6,7 +6,9 @@ varies between them (as ``mpifl.analyze`` groups), leaving out KEY and the seed;
 each method's curve is, at every value of KEY, the mean ± std over seeds of the
 summary metric (``--metric``, default ``final_acc``: the last evaluated round's
 test accuracy, mean over clients, as the reproduction pages report). KEY must
-hold numbers (``data.train_per_client``, ``train.lr``, ...).
+hold numbers (``data.train_per_client``, ``train.lr``, ...). Only complete runs
+(every planned round logged) make a point: a run still going or stopped would
+give its last logged round as its final one; those left out are named.
 
 Written to the analysis folder (names from the key, ``data.train_per_client`` ->
 ``curves_train_per_client.*``): a PNG (log x axis where the largest value is at
@@ -114,6 +116,9 @@ def curves(runs: list[Summary], key: str, grouping: Grouping, metric: str = "fin
     """The grouping keys without ``key`` and one curve per method, x ascending."""
     if not any(key in r.config for r in runs):
         raise CurveError(f"--x {key}: no run's config has that key")
+    runs = [r for r in runs if r.complete]
+    if not runs:
+        raise CurveError(f"--x {key}: no run is complete (every one is still going or stopped)")
     keys = [k for k in grouping.keys if k != key]
     by: dict[tuple[str, ...], dict[float, list[Summary]]] = {}
     for r in runs:
@@ -259,6 +264,10 @@ def report(runs: list[Summary], key: str, grouping: Grouping, out: Path, metric:
     if cross:
         md += "\nCrossover (above: the mean exceeds the baseline's by more than the larger seed std):\n\n" + \
             "".join(f"- {c.sentence(key)}\n" for c in cross)
+    left = [r for r in runs if not r.complete]
+    if left:
+        md += (f"\nLeft out, not complete ({len(left)}): " +
+               ", ".join(f"{r.name} ({r.rounds_done}/{r.rounds_planned or '?'} rounds)" for r in left) + "\n")
     base.with_suffix(".md").write_text(md)
     png = plot(base.with_suffix(".png"), key, metric, cs)
     echo(md, end="")

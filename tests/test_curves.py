@@ -17,7 +17,7 @@ from mpifl.logging.h5 import Writer
 N = 6
 SIZES = (10, 20, 40, 80, 160)
 SEEDS = (0, 1, 2)
-NOISE = {0: -0.01, 1: 0.0, 2: 0.01}  # per seed: std over seeds 0.01
+NOISE = {0: -0.01, 1: 0.0, 2: 0.01, 3: 0.0}  # per seed: std over seeds 0-2 0.01
 
 
 def truth(algo: str, n: int) -> float:
@@ -28,7 +28,7 @@ def truth(algo: str, n: int) -> float:
     return {"local": local, "oracle": 0.8, "fedavg": 0.3, "fedprox": local + 0.05}[algo]
 
 
-def write(path: Path, algo: str, n: int, seed: int, lr: float = 0.05, shift: float = 0.0) -> None:
+def write(path: Path, algo: str, n: int, seed: int, lr: float = 0.05, shift: float = 0.0, rounds: int = 2) -> None:
     path.parent.mkdir(parents=True)
     cfg = config.from_dict({"run": {"rounds": 2, "seed": seed, "name": path.parent.name},
                             "data": {"name": "synthetic", "n_clients": N, "train_per_client": n},
@@ -36,7 +36,7 @@ def write(path: Path, algo: str, n: int, seed: int, lr: float = 0.05, shift: flo
     w = Writer(path, {"algorithm": algo, "seed": seed, "n_clients": N, "config_yaml": cfg.to_yaml()},
                {"cluster": np.arange(N) % 2, "n_test": np.full(N, 10)}, N)
     acc = truth(algo, n) + NOISE[seed] + shift
-    for t in range(2):  # per client around the mean: the client mean is acc at the last round
+    for t in range(rounds):  # per client around the mean: the client mean is acc at the last round
         test = np.full(N, acc if t == 1 else 0.1) + np.array([-0.02, 0.02, 0, 0, -0.01, 0.01])
         w.write_round(t, {"wall_s": 1.0}, {"metrics/test_acc": test, "metrics/val_acc": test})
     w.close()
@@ -140,6 +140,22 @@ def test_cli_writes_figure_and_tables_and_prints_the_crossover(sweep, tmp_path, 
     assert len(csv_rows) == 1 + 4 * len(SIZES)
     md = (out / "curves_train_per_client.md").read_text()
     assert "| oracle | 80.00 ± 1.00 [3] |" in md and "no longer at 80" in md
+
+
+def test_a_run_not_complete_makes_no_point_and_is_named(tmp_path):
+    for s in SEEDS:
+        write(tmp_path / "runs" / f"local-10-{s}" / "run.h5", "local", 10, s)
+    # seed 3 stopped after its first of 2 rounds: its last logged accuracy is round 1's 0.1
+    write(tmp_path / "runs" / "local-10-3" / "run.h5", "local", 10, 3, rounds=1)
+    res = an.analyze([tmp_path / "runs"], tmp_path / "out", heatmaps="none", echo=quiet)
+    got = cv.report(res["runs"], "data.train_per_client", grouping(res["runs"]), tmp_path / "out", echo=quiet)
+    (c,) = got["curves"]
+    assert c.seeds == [[0, 1, 2]] and c.mean[0] == pytest.approx(truth("local", 10))
+    md = (tmp_path / "out" / "curves_train_per_client.md").read_text()
+    assert "Left out, not complete (1): local-10-3 (1/2 rounds)" in md
+    only = [r for r in res["runs"] if not r.complete]
+    with pytest.raises(cv.CurveError, match="no run is complete"):
+        cv.curves(only, "data.train_per_client", grouping(res["runs"]))
 
 
 def test_cli_refuses_in_one_line(sweep, tmp_path, capsys):
