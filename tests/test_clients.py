@@ -268,3 +268,29 @@ def test_grads_api_returns_flat_rows_on_both_paths():
     new = a.opt.step(slice(0, 3), a.params[:3], ga)
     torch.testing.assert_close(a.params[:3], before)
     torch.testing.assert_close(new, before - a.cfg.lr * ga)
+
+
+@pytest.mark.parametrize("stacked", [True, False], ids=["stacked", "vmap"])
+@pytest.mark.parametrize("frozen", [("1.weight", "1.bias", "3.weight", "3.bias"), ("5.weight", "5.bias"),
+                                    ("1.weight",)], ids=["body", "head", "first-weight"])
+def test_frozen_blocks_are_skipped_and_the_others_keep_their_bits(stacked, frozen):
+    """FedRep's head and body epochs ask for part of the gradient: the skipped
+    blocks come back None and every other block (and the loss) is bit for bit the
+    full gradient's."""
+    from mpifl.train import rowmodel
+    c = make("on")
+    if not stacked:
+        c.stacked = None
+    names = list(c.layout.names)
+    assert set(frozen) <= set(names) and names[-1] == "5.bias"
+    plan = c.plan(np.arange(4), 1, 0)
+    x, y, w = c.batch(plan.idx[:, 0])
+    full, lf = rowmodel.grads(c, c.params[:4], x, y, w, np.arange(4))
+    full = [g.clone() for g in full]  # the stacked path reuses its output blocks
+    part, lp = rowmodel.grads(c, c.params[:4], x, y, w, np.arange(4), frozen=frozen)
+    assert torch.equal(lf, lp)
+    for name, gf, gp in zip(names, full, part):
+        if name in frozen:
+            assert gp is None, name
+        else:
+            assert gp is not None and torch.equal(gf, gp), name

@@ -101,10 +101,11 @@ def _step(c: Clients, sel: slice | torch.Tensor, rows: np.ndarray, x: torch.Tens
             n, tot = w.sum(1), v.sum(1)
             w = torch.where(tot[:, None] > 0, v * (n / tot.clamp_min(1e-30))[:, None], w)
             scale = tot / n.clamp_min(1.0)
-        g, loss = grads(c, p, x, y, w, rows, None if objective is None else objective.bias(rows), valid)
+        g, loss = grads(c, p, x, y, w, rows, None if objective is None else objective.bias(rows), valid,
+                        frozen=() if objective is None else objective.frozen)
         if scale is not None:
             loss = loss * scale
-            for gb in ([g] if torch.is_tensor(g) else g):
+            for gb in ([g] if torch.is_tensor(g) else [b for b in g if b is not None]):
                 gb.mul_(scale.view(-1, *(1,) * (gb.dim() - 1)))
         if objective is not None:
             g = objective.apply(c.layout, p, g, rows)

@@ -8,6 +8,8 @@ kernels keep every weight in the rows' own ``[m, out, in]`` layout instead.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import torch
 from torch import nn
 
@@ -55,7 +57,8 @@ def stacked_forward(ops: list[tuple[str, ...]], p: dict[str, torch.Tensor], x: t
 
 def stacked_grads(ops: list[tuple[str, ...]], p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
                   w: torch.Tensor, out: list[torch.Tensor], sgd: tuple[float, float] | None = None,
-                  bias: torch.Tensor | None = None) -> tuple[list[torch.Tensor | None], torch.Tensor]:
+                  bias: torch.Tensor | None = None,
+                  frozen: Collection[str] = ()) -> tuple[list[torch.Tensor | None], torch.Tensor]:
     """Loss ``[m]`` (weighted mean CE per row, :func:`~mpifl.train.loss.cross_entropy`'s
     closed form) of m MLPs and its gradient, written into ``out`` (per-parameter
     blocks ``[m, *shape]`` in ``p``'s order), by a hand-written backward:
@@ -68,18 +71,33 @@ def stacked_grads(ops: list[tuple[str, ...]], p: dict[str, torch.Tensor], x: tor
     gradient is stored and read back: 7% less time per call at 128 clients on one
     thread, although torch runs an in-place baddbmm_ into rows of the [n, P]
     parameters (not contiguous) client by client, which is why the caller fuses on
-    one thread only (bench/README.md)."""
+    one thread only (bench/README.md).
+
+    ``frozen``: parameter names whose gradient is not wanted (None in the list):
+    their matmuls are skipped, and the backward stops below the lowest layer that
+    still trains (FedRep's head epochs: the last layer's gradient alone). What is
+    computed is computed by the same kernels, so the other blocks keep their bits."""
     keep: list[torch.Tensor] = []
     logits = stacked_forward(ops, p, x, keep)
     loss, dz = cross_entropy(logits, y, w, bias=bias, grad=True)
     grad: dict[str, torch.Tensor | None] = dict(zip(p, out))
-    for op in reversed(ops):
+    for k in frozen:
+        grad[k] = None
+    # linear layers at or below each position that still train: the backward goes on while one does
+    trains = [op[0] == "linear" and any(k and k not in frozen for k in op[1:]) for op in ops]
+    below = [any(trains[:i]) for i in range(len(ops))]
+    for i in range(len(ops) - 1, -1, -1):
+        op = ops[i]
+        if not trains[i] and not below[i]:
+            break
         if op[0] == "linear":
             h, W = keep.pop(), p[op[1]]
-            if op[2]:
+            if op[2] and op[2] not in frozen:
                 torch.sum(dz, 1, out=grad[op[2]])
-            dz_in = torch.bmm(dz, W) if keep else None  # the first layer's input gradient is not needed
-            if sgd is not None:
+            dz_in = torch.bmm(dz, W) if below[i] else None  # the lowest training layer's input gradient is not needed
+            if op[1] in frozen:
+                pass  # no weight gradient wanted
+            elif sgd is not None:
                 lr, wd = sgd
                 W.baddbmm_(dz.transpose(1, 2), h, beta=1 - lr * wd, alpha=-lr)
                 grad[op[1]] = None

@@ -10,6 +10,7 @@ BatchNorm's running statistics (``Clients.buffers``) advance, as in training.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -64,18 +65,22 @@ class RowModel:
 
 def grads(c: Clients, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
           local: np.ndarray | None = None, bias: torch.Tensor | None = None,
-          valid: torch.Tensor | None = None) -> tuple[torch.Tensor | list[torch.Tensor], torch.Tensor]:
+          valid: torch.Tensor | None = None,
+          frozen: Collection[str] = ()) -> tuple[torch.Tensor | list[torch.Tensor | None], torch.Tensor]:
     """Gradient and loss ``[m]`` of each row ``params[i]`` on its batch ``(x[i], y[i],
     w[i])``: a flat ``[m, P]`` gradient, or per-parameter blocks ``[m, *shape]`` on the
     batched paths. ``local`` names the clients whose BatchNorm buffers the rows
     use; ``bias [m, C]`` is added to row i's logits in the loss. ``valid``: the
     batch's real samples where ``w`` may be zero on some of them (per-sample
     weights): the row-by-row path still forwards them, so BatchNorm sees the whole
-    batch."""
+    batch. ``frozen``: parameter names whose gradient is not wanted; the batched
+    paths without BatchNorm skip their work and return None for their blocks (the
+    others compute every block)."""
     m = params.shape[0]
     if c.batched and c.stacked is not None:  # Linear/ReLU only: no train mode
         with torch.no_grad():
-            return mlp.stacked_grads(c.stacked, c.layout.parts(params), x, y, w, grad_blocks(c, m), bias=bias)
+            return mlp.stacked_grads(c.stacked, c.layout.parts(params), x, y, w, grad_blocks(c, m), bias=bias,
+                                     frozen=frozen)
     c.model.train()
     # Differentiate with respect to per-parameter views, not the flat row: the
     # backward of slicing a flat row materialises a zero [m, P] tensor per
@@ -88,9 +93,13 @@ def grads(c: Clients, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor, w:
         if c.batched and c.layout.B and local is not None:
             return _grads_bn(c, params, x, y, w, local, bias, valid)
         if c.batched:
-            leaves = {k: v.detach().requires_grad_(True) for k, v in c.layout.parts(params).items()}
+            leaves = {k: v.detach().requires_grad_(k not in frozen) for k, v in c.layout.parts(params).items()}
             loss = fn.vloss(leaves, x, y, w) if bias is None else fn.vloss_bias(leaves, x, y, w, None, bias)
-            return list(torch.autograd.grad(loss.sum(), list(leaves.values()))), loss.detach()
+            want = [k for k in leaves if k not in frozen]
+            got: dict[str, torch.Tensor | None] = dict.fromkeys(leaves)
+            if want:
+                got.update(zip(want, torch.autograd.grad(loss.sum(), [leaves[k] for k in want])))
+            return list(got.values()), loss.detach()
         g = torch.empty(m, c.P, dtype=params.dtype, device=params.device)
         ls = []
         for i in range(m):
