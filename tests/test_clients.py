@@ -294,3 +294,36 @@ def test_frozen_blocks_are_skipped_and_the_others_keep_their_bits(stacked, froze
             assert gp is None, name
         else:
             assert gp is not None and torch.equal(gf, gp), name
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 1e-2])
+def test_adam_rows_are_torch_fused_adam_bit_for_bit_whoever_steps_with_them(weight_decay):
+    """Each row's Adam update equals ``torch.optim.Adam(fused=True)`` on that client's
+    own nn.Module, bit for bit, whether the row steps alone, with others, or after
+    others have taken more steps (per-row step counts), and with the gradient given
+    flat or as per-parameter blocks."""
+    from mpifl.train.optimizer import RowOptimizer
+    c = make("on", **{"train.optimizer": "adam", "train.lr": 1e-2, "train.weight_decay": weight_decay})
+    gen = torch.Generator().manual_seed(0)
+    n = 4
+    refs, opts = [], []
+    for i in range(n):
+        model = models.build(config.ModelConfig(hidden=[16, 8]), c.data.in_shape, c.n_classes, i)
+        refs.append(model)
+        opts.append(torch.optim.Adam(model.parameters(), lr=1e-2, weight_decay=weight_decay, fused=True))
+    rows = torch.stack([Layout(m).flatten(m) for m in refs])
+    ro = RowOptimizer(c.cfg, n, c.P, torch.device("cpu"), c.layout.cols)
+    # who steps together at each step, and whether the gradient comes flat or in blocks
+    schedule = [([0, 1, 2, 3], "flat"), ([1], "blocks"), ([1, 2], "flat"), ([0, 1, 2, 3], "blocks"), ([3], "flat")]
+    for who, form in schedule:
+        g = torch.randn(len(who), c.P, generator=gen)
+        for j, i in enumerate(who):
+            for prm, blk in zip(refs[i].parameters(), c.layout.parts(g[j:j + 1]).values()):
+                prm.grad = blk[0].clone()
+            opts[i].step()
+        sel = slice(who[0], who[-1] + 1)
+        p = rows[sel]
+        gg = g.clone() if form == "flat" else [b.clone() for b in c.layout.parts(g).values()]
+        ro.step_(sel, p, gg)
+    for i in range(n):
+        assert torch.equal(rows[i], Layout(refs[i]).flatten(refs[i])), i
