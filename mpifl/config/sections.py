@@ -84,6 +84,7 @@ class ModelConfig:
 
 @dataclass
 class TrainConfig:
+    # adam: torch.optim.Adam(fused=True)'s update (betas 0.9, 0.999, eps 1e-8; weight_decay as L2)
     optimizer: Literal["sgd", "adam"] = "sgd"
     lr: float = 0.05
     momentum: float = 0.0  # sgd only
