@@ -80,9 +80,7 @@ def stacked_grads(ops: list[tuple[str, ...]], p: dict[str, torch.Tensor], x: tor
     keep: list[torch.Tensor] = []
     logits = stacked_forward(ops, p, x, keep)
     loss, dz = cross_entropy(logits, y, w, bias=bias, grad=True)
-    grad: dict[str, torch.Tensor | None] = dict(zip(p, out))
-    for k in frozen:
-        grad[k] = None
+    grad: dict[str, torch.Tensor | None] = {k: None if k in frozen else o for k, o in zip(p, out)}
     # linear layers at or below each position that still train: the backward goes on while one does
     trains = [op[0] == "linear" and any(k and k not in frozen for k in op[1:]) for op in ops]
     below = [any(trains[:i]) for i in range(len(ops))]
