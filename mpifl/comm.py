@@ -29,6 +29,8 @@ _SMALL = 32  # below this many ids a plain Python loop beats numpy's per-call co
 ABORT_GRACE_S = 0.5  # seconds a crashing rank waits after printing before MPI_Abort (report_crash)
 # floats per chunk of an ordered sum's pipeline (Comm._ordered_sum): 256 KiB messages
 _CHAIN_FLOATS = 1 << 16
+# clients whose products w_i * row_i an ordered sum makes in one kernel (its scratch: this many rows of a chunk)
+_PRODUCT_ROWS = 64
 
 
 def _timed(fn):
@@ -65,6 +67,20 @@ class Placement:
 
     def counts(self) -> np.ndarray:
         return np.diff(self.starts)
+
+
+def _runs(terms: list[int], groups: np.ndarray) -> list[tuple[int, list[int]]]:
+    """``terms`` (client positions, in order) as (group, positions) runs: each group's
+    clients in their order, cut into runs of at most ``_PRODUCT_ROWS``."""
+    if not terms:
+        return []
+    t = np.asarray(terms)
+    order = t[np.argsort(groups[t], kind="stable")]
+    out = []
+    for gk in np.unique(groups[t]).tolist():
+        ids = order[groups[order] == gk].tolist()
+        out += [(gk, ids[j:j + _PRODUCT_ROWS]) for j in range(0, len(ids), _PRODUCT_ROWS)]
+    return out
 
 
 class BufferPool:
@@ -109,6 +125,7 @@ class Comm:
         self.n_local = len(self.local_ids)
         self.first = int(self.local_ids[0]) if self.n_local else 0
         self.pool = BufferPool()
+        self._scratch_buf: np.ndarray | None = None  # see _scratch
         self._bounds = self.placement.starts.tolist()  # plain ints: small requests skip numpy
         self._layouts: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.reset_counters()
@@ -199,6 +216,14 @@ class Comm:
         w = weights.detach().cpu().numpy() if torch.is_tensor(weights) else np.asarray(weights)
         self.count(np.flatnonzero(w), sent=P * F32)
 
+    def _scratch(self, n: int, L: int) -> np.ndarray:
+        """A reused ``[n, L]`` float32 scratch (an ordered sum's products): a fresh one
+        would page-fault its megabytes in every round."""
+        s = self._scratch_buf
+        if s is None or s.shape[0] < n or s.shape[1] != L:
+            s = self._scratch_buf = np.empty((n, L), np.float32)
+        return s
+
     def _ordered_sum(self, rows: torch.Tensor, weights, groups: np.ndarray | None, K: int) -> torch.Tensor:
         """``[K, P]``: for every client i in order 0..N-1 with w_i != 0,
         ``acc[g_i] = acc[g_i] + fl(w_i * row_i)``, whatever the placement.
@@ -215,7 +240,10 @@ class Comm:
         once in the broadcast, as a reduce-scatter + allgather Allreduce does; it
         costs more latency (R - 1 hops in a row), which only small models notice.
         Each term is rounded before it is added (two IEEE operations, never a fused
-        multiply-add), so threads, SIMD width and the device change no bit.
+        multiply-add), so threads, SIMD width and the device change no bit. On the
+        CPU a rank makes a run of products in one kernel (before its partial sum
+        arrives, for the first run) and adds them in order in one numpy reduction;
+        on a GPU it loops over its clients.
         """
         P, dev = rows.shape[1], rows.device
         w = (weights.detach().cpu().numpy() if torch.is_tensor(weights) else np.asarray(weights)).astype(np.float32)
@@ -231,20 +259,48 @@ class Comm:
         if left is None:
             buf[:] = 0
         sends = []
-        tmp = torch.empty(L, dtype=torch.float32, device=dev)
+        cpu = dev.type == "cpu"
+        if cpu:
+            X = rows.detach().numpy()
+            runs = _runs(terms, g)
+            stack = self._scratch(1 + max((len(ids) for _, ids in runs), default=0), L)
+        else:
+            tmp = torch.empty(L, dtype=torch.float32, device=dev)
+
+        def products(ids: list[int], a: int, b: int) -> None:
+            """fl(w_i * row_i) of the clients ``ids`` on columns a:b into rows 1.. of
+            ``stack``: one kernel, and a product is one rounding in any kernel."""
+            out, lo, hi = stack[1:1 + len(ids), :b - a], ids[0], ids[-1] + 1
+            if hi - lo == len(ids):  # consecutive clients: views, no gather
+                np.multiply(X[lo:hi, a:b], w[lo:hi, None], out=out)
+            else:
+                np.multiply(X[ids, a:b], w[ids, None], out=out)
+
         for k in range(n_chunks):
             a, b = k * L, min(P, (k + 1) * L)
+            work = bool(terms) and b > a
+            if work and cpu:  # the products need no partial sum: made while the left neighbour still adds
+                products(runs[0][1], a, b)
             if recvs:
                 recvs[k].Wait()
                 self.wire_recv += buf[k].nbytes
-            if terms and b > a:
-                acc = torch.from_numpy(buf[k]).to(dev)  # a view on the CPU
+            if work and cpu:
+                for n, (kk, ids) in enumerate(runs):
+                    if n:
+                        products(ids, a, b)
+                    acc = buf[k, kk, :b - a]
+                    stack[0, :b - a] = acc
+                    # numpy reduces an axis that is not the fastest in memory by adding
+                    # row after row in order (pairwise summation is only along the fast
+                    # axis): ((acc + t_1) + t_2) + ..., the bits of a loop of adds
+                    np.add.reduce(stack[:1 + len(ids), :b - a], axis=0, out=acc)
+            elif work:
+                acc_t = torch.from_numpy(buf[k]).to(dev)
                 t = tmp[:b - a]
                 for i in terms:
                     torch.mul(rows[i, a:b], float(w[i]), out=t)
-                    acc[g[i], :b - a].add_(t)
-                if dev.type != "cpu":
-                    buf[k] = acc.cpu().numpy()
+                    acc_t[g[i], :b - a].add_(t)
+                buf[k] = acc_t.cpu().numpy()
             if right is not None:
                 sends.append(self.mpi.Isend([buf[k], MPI.FLOAT], dest=right, tag=15))
                 self.wire_sent += buf[k].nbytes

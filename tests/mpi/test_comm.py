@@ -68,11 +68,14 @@ def left_fold(rows: torch.Tensor, w: np.ndarray, groups: np.ndarray, k: int) -> 
 
 
 @pytest.mark.parametrize("chunk", [None, 16])  # 16 floats: several chunks in the pipeline, the last one short
-def test_sums_add_the_clients_in_client_order_on_any_placement(mpi, monkeypatch, chunk):
+@pytest.mark.parametrize("run", [None, 2])  # 2: a rank's clients of a group in several runs of products
+def test_sums_add_the_clients_in_client_order_on_any_placement(mpi, monkeypatch, chunk, run):
     """Bit for bit one left-to-right fold over the clients, so the same on any number
     of ranks and nodes (run under 1, 2, 3, 4 ranks and simulated nodes)."""
     if chunk:
         monkeypatch.setattr(comm_mod, "_CHAIN_FLOATS", chunk)
+    if run:
+        monkeypatch.setattr(comm_mod, "_PRODUCT_ROWS", run)
     n, k = 13, 3
     comm = Comm(n, mpi)
     g = torch.Generator().manual_seed(7)
