@@ -76,10 +76,11 @@ def _runs(terms: list[int], groups: np.ndarray) -> list[tuple[int, list[int]]]:
         return []
     t = np.asarray(terms)
     order = t[np.argsort(groups[t], kind="stable")]
+    keys = groups[order]
     out = []
-    for gk in np.unique(groups[t]).tolist():
-        ids = order[groups[order] == gk].tolist()
-        out += [(gk, ids[j:j + _PRODUCT_ROWS]) for j in range(0, len(ids), _PRODUCT_ROWS)]
+    for part in np.split(order, np.flatnonzero(np.diff(keys)) + 1):  # one part per group, in one pass
+        ids = part.tolist()
+        out += [(int(groups[ids[0]]), ids[j:j + _PRODUCT_ROWS]) for j in range(0, len(ids), _PRODUCT_ROWS)]
     return out
 
 
