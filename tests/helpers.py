@@ -1,14 +1,22 @@
 """Shared helpers for serial tests that launch ``python -m mpifl.main``."""
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
+# the launcher beside the interpreter (a venv with the mpich wheel), else the one on PATH
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
+if not MPIEXEC.exists() and shutil.which("mpiexec"):
+    MPIEXEC = Path(shutil.which("mpiexec"))
+# MPIFL_TEST_DEVICE=cuda: the tests that build clients in process put them on the GPU (tests/run.sh
+# --gpu); runs started with python -m mpifl.main take run.device=auto, the GPU wherever there is one
+DEVICE = torch.device(os.environ.get("MPIFL_TEST_DEVICE", "cpu"))
 TIMING = {"rounds/wall_s", "rounds/comm_s", "rounds/compute_s"}  # wall-clock datasets of a log
 
 

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
+from helpers import DEVICE
 from torch.func import functional_call
 
 from mpifl import config, models
@@ -24,7 +25,7 @@ def make_ctx(cfg, mpi_comm) -> Context:
     comm = Comm(cfg.data.n_clients, mpi_comm)
     data = build(cfg.data, cfg.run.seed, comm.local_ids)
     model = models.build(cfg.model, data.in_shape, data.n_classes, cfg.run.seed)
-    clients = Clients(model, data, cfg.train, torch.device("cpu"), cfg.run.seed)
+    clients = Clients(model, data, cfg.train, DEVICE, cfg.run.seed)
     return Context(cfg, comm, clients, data)
 
 

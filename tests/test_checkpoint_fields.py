@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import torch
+from helpers import DEVICE
 
 from mpifl import checkpoint, config, models
 from mpifl.algorithms import fedavg_ft
@@ -21,7 +22,7 @@ def test_state_field_missing_from_an_older_checkpoint_keeps_its_initial_value(tm
                              "model.hidden=[8]", "algorithm.name=fedavg_ft", "fedavg_ft.start=best_val"])
     comm = Comm(3, solo())
     data = build(cfg.data, 0, comm.local_ids)
-    c = Clients(models.build(cfg.model, data.in_shape, data.n_classes, 0), data, cfg.train, torch.device("cpu"), 0)
+    c = Clients(models.build(cfg.model, data.in_shape, data.n_classes, 0), data, cfg.train, DEVICE, 0)
     ctx = Context(cfg, comm, c, data)
     state = fedavg_ft.init(ctx)
     fedavg_ft.round(ctx, state, 0)

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import DEVICE
 from torch.func import functional_call
 
 from mpifl import config, models
@@ -19,7 +20,7 @@ def make(batched: str, **over) -> Clients:
     cfg = config.load(None, [f"{k}={v}" for k, v in args.items()])
     data = build(cfg.data, 0, np.arange(cfg.data.n_clients))
     model = models.build(cfg.model, data.in_shape, data.n_classes, 0)
-    return Clients(model, data, cfg.train, torch.device("cpu"), 0)
+    return Clients(model, data, cfg.train, DEVICE, 0)
 
 
 # two threads take the other kernels (no fused SGD): every case again, in the slow tier
@@ -202,7 +203,7 @@ def make_conv(batched: str, bn: bool = False, **over) -> Clients:
     nn = torch.nn
     model = nn.Sequential(nn.Conv2d(1, 4, 3), *([nn.BatchNorm2d(4)] if bn else []), nn.ReLU(), nn.MaxPool2d(2),
                           nn.Flatten(), nn.Linear(4 * 3 * 3, 10))
-    return Clients(model, data, cfg.train, torch.device("cpu"), 0)
+    return Clients(model, data, cfg.train, DEVICE, 0)
 
 
 @pytest.mark.parametrize("bn", [False, True], ids=["conv", "conv+batchnorm"])

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import DEVICE
 from torch import nn
 
 from mpifl import config
@@ -49,7 +50,7 @@ def clients_for(model: nn.Module, batched: str = "auto") -> Clients:
     y = g.integers(0, 10, n).astype(np.int64)
     data = FederatedData(10, (1, 8, 8), np.zeros(1, np.int64), np.array([[20, 5, 5]]), np.zeros((1, 10)),
                          x, y, np.array([[0, 20, 25]]), np.array([0]))
-    return Clients(model, data, config.TrainConfig(batched=batched), torch.device("cpu"), seed=0)
+    return Clients(model, data, config.TrainConfig(batched=batched), DEVICE, seed=0)
 
 
 @pytest.mark.parametrize("batched", ["auto", "off"])

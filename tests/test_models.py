@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import DEVICE
 
 from mpifl import config, models
 from mpifl.config import ModelConfig
@@ -104,7 +105,7 @@ def bn_clients(batch: int, n_clients: int = 3):
                              f"train.batch_size={batch}"])
     data = build(cfg.data, 0, np.arange(n_clients))
     m = models.build(cfg.model, data.in_shape, data.n_classes, 0)
-    return Clients(m, data, cfg.train, torch.device("cpu"), 0), m
+    return Clients(m, data, cfg.train, DEVICE, 0), m
 
 
 def test_batchnorm_statistics_are_per_client():
@@ -142,7 +143,7 @@ def test_sequential_gradients_equal_batched():
                              "data.subsample=0.3", "train.batched=on"])
     data = build(cfg.data, 0, np.arange(3))
     m = models.build(cfg.model, data.in_shape, data.n_classes, 0)
-    c = Clients(m, data, cfg.train, torch.device("cpu"), 0)
+    c = Clients(m, data, cfg.train, DEVICE, 0)
     assert c.batched
     g = torch.Generator().manual_seed(0)
     params = c.params + 0.01 * torch.randn(c.params.shape, generator=g)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import DEVICE
 from serial_ref import sgd
 from torch.func import functional_call
 
@@ -26,7 +27,7 @@ def make(path: str, **over) -> Clients:
     model = models.build(cfg.model, data.in_shape, data.n_classes, 0)
     if path == "vmap":  # an MLP that is not a plain Sequential of Linear/ReLU takes the vmap path
         model = torch.nn.Sequential(*model, torch.nn.Identity())
-    c = Clients(model, data, cfg.train, torch.device("cpu"), 0)
+    c = Clients(model, data, cfg.train, DEVICE, 0)
     assert (c.batched and c.stacked is not None) == (path == "stacked") and c.batched == (batched == "on")
     return c
 
@@ -169,7 +170,7 @@ def test_zero_sample_weights_keep_the_sample_in_a_batchnorm_batch():
     d = c0.data
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(int(np.prod(d.in_shape)), 8),
                                 torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, d.n_classes))
-    c = Clients(model, d, c0.cfg, torch.device("cpu"), 0)
+    c = Clients(model, d, c0.cfg, DEVICE, 0)
     v = torch.rand(len(c.x), generator=torch.Generator().manual_seed(2))
     v[::2] = 0.0
     start, bufs0 = c.params.clone(), c.buffers.clone()

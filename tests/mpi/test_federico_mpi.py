@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import DEVICE
 from torch.func import functional_call
 
 from mpifl import config, runtime
@@ -68,7 +69,7 @@ class Reference:
         data = build_data(cfg.data, cfg.run.seed, np.arange(N))
         from mpifl import models
         model = models.build(cfg.model, data.in_shape, data.n_classes, cfg.run.seed)
-        self.c = Clients(model, data, cfg.train, torch.device("cpu"), cfg.run.seed)
+        self.c = Clients(model, data, cfg.train, DEVICE, cfg.run.seed)
         self.params = perturbed(cfg, np.arange(N), self.c.init)
         self.m = torch.zeros_like(self.params)
         self.v = torch.zeros_like(self.params)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import DEVICE
 from torch.func import functional_call
 
 from mpifl import models
@@ -28,7 +29,7 @@ def _context(cfg, mpi_comm) -> Context:
     comm = Comm(cfg.data.n_clients, mpi_comm)
     data = build_data(cfg.data, cfg.run.seed, comm.local_ids)
     model = models.build(cfg.model, data.in_shape, data.n_classes, cfg.run.seed)
-    return Context(cfg, comm, Clients(model, data, cfg.train, torch.device("cpu"), cfg.run.seed), data)
+    return Context(cfg, comm, Clients(model, data, cfg.train, DEVICE, cfg.run.seed), data)
 
 
 def _cfg(**pf):
