@@ -162,7 +162,7 @@ def agree(device: torch.device, out: str) -> dict:
     return row
 
 
-def fit(tp: list[dict], device: torch.device) -> list[dict]:
+def fit(tp: list[dict], device: torch.device, samples: int) -> list[dict]:
     rows = []
     free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 0
     for model in dict.fromkeys(r["model"] for r in tp):
@@ -171,7 +171,7 @@ def fit(tp: list[dict], device: torch.device) -> list[dict]:
             continue
         r = max(measured, key=lambda r: r["clients"])
         cfg = config.load(None, ["data.name=synthetic", "data.synthetic_dim=784", f"model.name={model}",
-                                 f"data.n_clients={r['clients']}", "data.n_samples=1"])
+                                 f"data.n_clients={r['clients']}", f"data.n_samples={samples * r['clients']}"])
         est = sizes.estimate(cfg, 1, 0, on_gpu=True)
         row = {"model": model, "free_bytes": free, "bytes_per_client": r["bytes_per_client"],
                "largest_n": int(free // r["bytes_per_client"]),
@@ -200,7 +200,8 @@ def table(res: dict) -> None:
               f"{g['first_round_rel_loss_diff']:.2e}), max test-acc diff {g['max_test_acc_diff']:.4f}")
     for r in res.get("fit", []):
         print(f"fit {r['model']}: {r['bytes_per_client'] / 2**20:.2f} MiB/client measured, "
-              f"free {r['free_bytes'] / 2**30:.1f} GiB -> N <= {r['largest_n']:,}")
+              f"free {r['free_bytes'] / 2**30:.1f} GiB -> N <= {r['largest_n']:,}; mpifl.sizes: "
+              f"{(r['sizes_estimate_per_client'] or 0) / 2**20:.2f} MiB/client")
 
 
 def main() -> None:
@@ -224,7 +225,7 @@ def main() -> None:
                  "torch": torch.__version__}
     print(json.dumps(res), flush=True)
     steps = {"throughput": lambda: throughput(a, device), "rounds": lambda: rounds(a, device, out),
-             "agree": lambda: agree(device, out), "fit": lambda: fit(res.get("throughput", []), device)}
+             "agree": lambda: agree(device, out), "fit": lambda: fit(res.get("throughput", []), device, a.samples)}
     for name in a.only:
         t0 = time.perf_counter()
         try:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check of issue #30 in one call of the device tool (a bare machine: the image's python3
 # with torch, plus the wheels this repo carries in .whl/ and Fashion-MNIST in .gpudata/):
-#   bash bench/gpu_check.sh [STEP ...]     STEP: bench fast mpi slow probe sweep (default: bench probe fast mpi)
+#   bash bench/gpu_check.sh [STEP ...]     STEP: bench fast mpi slow probe fit column (default: bench probe fast mpi)
 # Each step has its own time limit and writes its output under $OUT, so one that fails or
 # runs out of time leaves the others' results.
 set -u
@@ -40,15 +40,26 @@ mpi)
     MPIFL_TEST_DEVICE=cuda timeout 120 mpiexec -n 2 $PY -m mpi4py -m pytest -q -p no:cacheprovider tests/mpi \
         > "$OUT/mpi2.txt" 2>&1; echo "mpi exit $?"; grep -E "passed|failed|FAILED|Error" "$OUT/mpi2.txt" | tail -15; stamp mpi ;;
 slow)
-    MPIFL_TEST_DEVICE=cuda timeout ${SLOW_S:-200} $PY -m pytest -q -m slow -n 12 -p no:cacheprovider tests \
-        > "$OUT/slow.txt" 2>&1; echo "slow exit $?"; tail -25 "$OUT/slow.txt"; stamp slow ;;
-sweep)
-    timeout ${SWEEP_S:-300} $PY -m mpifl.sweep jobs/tables/dpfl-table1-gpu.sweep.yaml --local --parallel ${PAR:-6} \
-        --set run.checkpoint_every=0 > "$OUT/sweep.txt" 2>&1; echo "sweep exit $?"
-    $PY -m mpifl.analyze results/dpfl-table1-gpu --heatmaps none --layout jobs/tables/dpfl-table1.layout.yaml \
-        --out /tmp/an >> "$OUT/sweep.txt" 2>&1; cat /tmp/an/*.md 2>/dev/null | head -40
-    tar czf "$OUT/sweep.tgz" --exclude=checkpoint results/dpfl-table1-gpu /tmp/an 2>/dev/null; stamp sweep ;;
+    MPIFL_TEST_DEVICE=cuda timeout ${SLOW_S:-200} $PY -m pytest -v -m slow -n 12 -p no:cacheprovider tests \
+        > "$OUT/slow.txt" 2>&1; echo "slow exit $?"; grep -E "FAILED|ERROR" "$OUT/slow.txt" | tail -30; tail -3 "$OUT/slow.txt"; stamp slow ;;
+fit)  # the largest N: the MLP at --clients N, batched, one round (OUT of memory is a result too)
+    timeout ${FIT_S:-150} $PY bench/gpu.py --only throughput fit --models mlp --clients ${FIT_N:-100000} \
+        --loop-clients 8 --repeats 1 --rounds 1 --out /tmp/gpu-fit > "$OUT/fit.txt" 2>&1; echo "fit exit $?"
+    tail -6 "$OUT/fit.txt"; stamp fit ;;
+column)  # DPFL's Dir(0.1) column at the paper's scale, in the background until COLUMN_S, then compared
+    # at the last round every run reached (bench/common_round.py)
+    (timeout ${COLUMN_S:-300} $PY -m mpifl.sweep jobs/tables/dpfl-table1-gpu.sweep.yaml --local --parallel ${PAR:-8} \
+        --set run.checkpoint_every=0 > "$OUT/column.txt" 2>&1; echo "column sweep exit $?" >> "$OUT/column.txt") &
+    COLUMN=1 ;;
 esac; done
+if [ -n "${COLUMN:-}" ]; then
+    wait
+    pkill -f mpifl.sweep; pkill -f mpifl.worker; pkill -f mpifl.main; sleep 2
+    $PY bench/common_round.py results/dpfl-table1-gpu >> "$OUT/column.txt" 2>&1
+    tail -24 "$OUT/column.txt"
+    tar czf "$OUT/column.tgz" $(find results/dpfl-table1-gpu -name run.h5 -o -name config.yaml -o -name '*.sweep.yaml')
+    stamp column
+fi
 wait
 tail -20 "$OUT/probe.txt" 2>/dev/null
 stamp end

@@ -14,9 +14,10 @@ REPO = Path(__file__).resolve().parents[1]
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
 if not MPIEXEC.exists() and shutil.which("mpiexec"):
     MPIEXEC = Path(shutil.which("mpiexec"))
-# MPIFL_TEST_DEVICE=cuda: the tests that build clients in process put them on the GPU (tests/run.sh
-# --gpu); runs started with python -m mpifl.main take run.device=auto, the GPU wherever there is one
-DEVICE = torch.device(os.environ.get("MPIFL_TEST_DEVICE", "cpu"))
+# Where the tests that build clients themselves put them: MPIFL_TEST_DEVICE (cpu, cuda), else as
+# run.device=auto does (the GPU wherever there is one), so that on a GPU machine a test's reference
+# sits on the device of the runs it checks (runtime.setup and python -m mpifl.main take auto)
+DEVICE = torch.device(os.environ.get("MPIFL_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu"))
 TIMING = {"rounds/wall_s", "rounds/comm_s", "rounds/compute_s"}  # wall-clock datasets of a log
 
 

@@ -43,7 +43,7 @@ def cfg_of(**over) -> config.Config:
 def perturbed(cfg, ids: np.ndarray, init: torch.Tensor, scale: float = 0.3) -> torch.Tensor:
     """Distinct starting rows per client, the same whatever rank hosts them."""
     return torch.stack([init + torch.from_numpy(rng(cfg.run.seed, -1, int(i), "test-perturb")
-                                                .normal(0, scale, init.shape)).float() for i in ids])
+                                                .normal(0, scale, init.shape)).float().to(init.device) for i in ids])
 
 
 def loss_of(c: Clients, theta: torch.Tensor, idx: np.ndarray, bias: torch.Tensor | None = None) -> torch.Tensor:

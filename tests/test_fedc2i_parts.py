@@ -59,20 +59,20 @@ def test_head_split_reproduces_the_model(batched):
     c = clients_for(TinyLeNet(), batched)
     head = find_head(c, "tiny", "fedc2i")
     assert (head.n_classes, head.dim, head.names) == (10, 12, ("classifier.weight", "classifier.bias"))
-    rows = c.init[None] + 0.1 * torch.randn(2, c.P)
+    rows = c.init[None] + 0.1 * torch.randn(2, c.P).to(c.device)
     x = c.x[:12].reshape(2, 6, 1, 8, 8)
     h = head.features_of(c, rows, x)
     v = head.rows(rows)
     z = torch.einsum("mbd,mcd->mbc", torch.cat([h, torch.ones_like(h[..., :1])], -1), v)
-    np.testing.assert_allclose(z.numpy(), c.logits(rows, x, np.array([0, 0])).numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(z.cpu().numpy(), c.logits(rows, x, np.array([0, 0])).cpu().numpy(), rtol=1e-5, atol=1e-5)
     # put/rows round trip touches only the classifier
     v2 = torch.randn_like(v)
     new = head.put(rows.clone(), v2)
-    np.testing.assert_array_equal(head.rows(new).numpy(), v2.numpy())
-    mask = torch.ones(c.P, dtype=torch.bool)
+    np.testing.assert_array_equal(head.rows(new).cpu().numpy(), v2.cpu().numpy())
+    mask = torch.ones(c.P, dtype=torch.bool, device=c.device)
     mask[head.weight] = False
     mask[head.bias] = False
-    np.testing.assert_array_equal(new[:, mask].numpy(), rows[:, mask].numpy())
+    np.testing.assert_array_equal(new[:, mask].cpu().numpy(), rows[:, mask].cpu().numpy())
 
 
 def test_head_rejects_output_that_is_not_the_last_linear():
@@ -121,9 +121,9 @@ def test_mlp_features_fast_path_matches_the_model(batched):
     c = clients_for(models.mlp((1, 8, 8), 10, [16, 12]), batched)
     head = find_head(c, "mlp", "fedc2i")
     assert head.body is not None
-    rows = c.init[None] + 0.1 * torch.randn(3, c.P)
+    rows = c.init[None] + 0.1 * torch.randn(3, c.P).to(c.device)
     x = c.x[:15].reshape(3, 5, 1, 8, 8)
     got = head.features_of(c, rows, x)
     want = torch.stack([head.features(rows[i], x[i]) for i in range(3)])
-    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got.cpu().numpy(), want.cpu().numpy(), rtol=1e-5, atol=1e-6)
     assert find_head(clients_for(TinyLeNet(), batched), "tiny", "fedc2i").body is None

@@ -148,7 +148,7 @@ def test_init_rows(how):
     assert len(set(seeds)) == 5
     assert seeds[2] == int(rng(4, -1, 2, federico.INIT_PURPOSE).integers(2**63 - 1))
     for i in range(5):
-        want = c.layout.flatten(models.build(cfg.model, ctx.data.in_shape, ctx.data.n_classes, seeds[i]))
+        want = c.layout.flatten(models.build(cfg.model, ctx.data.in_shape, ctx.data.n_classes, seeds[i])).to(c.device)
         torch.testing.assert_close(c.params[i], want)
         assert not torch.equal(c.params[i], c.init)
         assert all(not torch.equal(c.params[i], c.params[j]) for j in range(i))

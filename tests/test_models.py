@@ -146,7 +146,7 @@ def test_sequential_gradients_equal_batched():
     c = Clients(m, data, cfg.train, DEVICE, 0)
     assert c.batched
     g = torch.Generator().manual_seed(0)
-    params = c.params + 0.01 * torch.randn(c.params.shape, generator=g)
+    params = c.params + 0.01 * torch.randn(c.params.shape, generator=g).to(c.device)
     x, y, w = c.batch(c.plan(np.arange(3), 1, 0).idx[:, 0])
     w[1, -5:] = 0  # padding must not count
     gb, lb = c.grads(params, x, y, w)

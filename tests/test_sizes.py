@@ -117,7 +117,10 @@ def test_absurd_sizes_are_refused_before_anything_is_allocated(tmp_path, over):
     assert msg.startswith(ABSURD[over]) and "\n" not in msg and took < 3
     if "threads" not in over:
         assert "the run needs at least " in msg and ("TiB per rank" in msg or "GiB per rank" in msg)
-        assert "of host memory (MemAvailable" in msg or "of host memory (cgroup" in msg
+        if torch.cuda.is_available():  # run.device=auto: the GPU's free memory is the limit
+            assert "on its GPU" in msg and "GPU free memory" in msg
+        else:
+            assert "of host memory (MemAvailable" in msg or "of host memory (cgroup" in msg
     grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before  # KiB
     assert grew < 512 * 1024
     assert not (tmp_path / "quickstart").exists()

@@ -36,7 +36,7 @@ def make(path: str, **over) -> Clients:
 def test_prox_term_matches_plain_torch(path):
     c = make(path)
     mu, lr = 0.3, c.cfg.lr
-    center = torch.randn(c.n, c.P) * 0.1
+    center = (torch.randn(c.n, c.P) * 0.1).to(c.device)
     start = c.params.clone()
     c.train(np.arange(c.n), 2, 0, objective=Objective(prox_center=center, prox_mu=mu))
     for k in range(c.n):
@@ -66,7 +66,7 @@ def test_frozen_parameters_do_not_move_and_the_rest_trains_as_alone(path):
     c.train(np.arange(c.n), 1, 1, objective=Objective(frozen=frozen))
     for sl in c.layout.slices(frozen):
         torch.testing.assert_close(c.params[:, sl], start[:, sl], rtol=0, atol=0)
-    mask = torch.ones(c.P)
+    mask = torch.ones(c.P, device=c.device)
     for sl in c.layout.slices(frozen):
         mask[sl] = 0
     for k in range(c.n):
@@ -78,7 +78,7 @@ def test_frozen_parameters_do_not_move_and_the_rest_trains_as_alone(path):
 @pytest.mark.parametrize("path", list(PATHS))
 def test_logit_bias_is_added_inside_the_loss(path):
     c = make(path)
-    bias = torch.randn(c.n, c.n_classes)
+    bias = torch.randn(c.n, c.n_classes).to(c.device)
     start = c.params.clone()
     c.train(np.arange(c.n), 1, 2, objective=Objective(logit_bias=bias))
     for k in range(c.n):
@@ -89,7 +89,7 @@ def test_logit_bias_is_added_inside_the_loss(path):
 def test_using_trains_other_rows_and_restores_the_clients_own():
     c = make("stacked", **{"train.momentum": 0.9})
     own, own_opt = c.params.clone(), {k: v.clone() for k, v in c.opt.state.items()}
-    other = torch.randn(c.n, c.P) * 0.1
+    other = (torch.randn(c.n, c.P) * 0.1).to(c.device)
     expected = [sgd(c, other[k], k, 0, 1, c.cfg.lr) for k in range(c.n)]
     with c.using(other):
         assert c.params is other and all(v.abs().sum() == 0 for v in c.opt.state.values())
@@ -116,7 +116,7 @@ def test_custom_step_sees_every_batch_and_its_losses_are_averaged():
 
     def step(cl, sel, rows, x, y, w):
         seen.append((rows.copy(), int(w.sum())))
-        return torch.full((len(rows),), 2.0)
+        return torch.full((len(rows),), 2.0, device=cl.device)
 
     loss = c.train(np.array([1, 3]), 2, 0, step=step)
     np.testing.assert_allclose(loss, 2.0)
@@ -134,7 +134,7 @@ def test_sample_weights_scale_each_sample_and_the_batch_mean_stays_over_samples(
     """FedEM's M-step: a batch B's loss is sum_b v_b l_b / |B| (not a weighted mean)."""
     c = make(path)
     gen = torch.Generator().manual_seed(1)
-    v = torch.rand(len(c.x), generator=gen) * 0.3  # small: sum_b v_b < 1 in many batches
+    v = (torch.rand(len(c.x), generator=gen) * 0.3).to(c.device)  # small: sum_b v_b < 1 in many batches
     start = c.params.clone()
     loss = c.train(np.arange(c.n), 2, 4, objective=Objective(sample_weight=v))
     plan = c.plan(np.arange(c.n), 2, 4)
@@ -158,7 +158,7 @@ def test_sample_weights_scale_each_sample_and_the_batch_mean_stays_over_samples(
 def test_unit_sample_weights_are_plain_training():
     a, b = make("stacked"), make("stacked")
     a.train(np.arange(a.n), 1, 3)
-    b.train(np.arange(b.n), 1, 3, objective=Objective(sample_weight=torch.ones(len(b.x))))
+    b.train(np.arange(b.n), 1, 3, objective=Objective(sample_weight=torch.ones(len(b.x), device=b.device)))
     torch.testing.assert_close(a.params, b.params, rtol=1e-5, atol=1e-6)
 
 
@@ -171,7 +171,7 @@ def test_zero_sample_weights_keep_the_sample_in_a_batchnorm_batch():
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(int(np.prod(d.in_shape)), 8),
                                 torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, d.n_classes))
     c = Clients(model, d, c0.cfg, DEVICE, 0)
-    v = torch.rand(len(c.x), generator=torch.Generator().manual_seed(2))
+    v = torch.rand(len(c.x), generator=torch.Generator().manual_seed(2)).to(c.device)
     v[::2] = 0.0
     start, bufs0 = c.params.clone(), c.buffers.clone()
     c.train(np.arange(c.n), 1, 5, objective=Objective(sample_weight=v))

@@ -326,7 +326,8 @@ def test_a_hostile_cifar_pickle_is_refused(tmp_path, name, file):
     (folder / file).write_bytes(pickle.dumps({"data": _Planted(marker)}, protocol=2))
     with pytest.raises(ConfigError) as e:
         datasets.load(cfg_for(name, tmp_path), 0)
-    assert "\n" not in str(e.value) and "refused global io.open" in str(e.value)
+    # open pickles as io.open on Python 3.11 and as _io.open on 3.12
+    assert "\n" not in str(e.value) and re.search(r"refused global _?io\.open", str(e.value))
     assert not marker.exists()
 
 

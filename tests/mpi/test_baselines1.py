@@ -168,7 +168,7 @@ def test_fedrep_matches_plain_torch(mpi):
     ctx, algo, state, outs = run(cfg, mpi)
     ref = make_ctx(cfg, solo())
     head = find_head(ref.clients, "mlp", "fedrep")
-    body = torch.zeros(ref.clients.P, dtype=torch.bool)
+    body = torch.zeros(ref.clients.P, dtype=torch.bool, device=ref.clients.device)
     for s in body_slices(ref.clients, head):
         body[s] = True
     rows = {k: ref.clients.init.clone() for k in range(ref.N)}

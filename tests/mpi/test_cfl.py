@@ -22,7 +22,7 @@ def optimal_bipartition(U: torch.Tensor) -> list[set[int]]:
     """The paper's split: the bipartition minimising the largest cross-group
     cosine similarity, by enumeration; the group holding 0 first."""
     u = U.double() / U.double().norm(dim=1, keepdim=True)
-    S = (u @ u.T).numpy()
+    S = (u @ u.T).cpu().numpy()
     m = len(S)
     best, arg = np.inf, None
     for r in range(1, m):

@@ -41,8 +41,8 @@ def reference(cfg, rounds=2):
             X, Y = c.x[lo:hi], c.y[lo:hi]
             with torch.no_grad():
                 L = torch.stack([nll(comps[m], X, Y) for m in range(M)], 1)  # [n, M]
-            q = torch.softmax(torch.log(torch.tensor(pi[k], dtype=torch.float32)) - L, 1)
-            pi[k] = q.double().mean(0).numpy()
+            q = torch.softmax(torch.log(torch.tensor(pi[k], dtype=torch.float32, device=L.device)) - L, 1)
+            pi[k] = q.double().mean(0).cpu().numpy()
             plan = c.plan(np.array([k]), cfg.train.local_epochs, t)
             for m in range(M):
                 w = comps[m].clone()

@@ -40,7 +40,7 @@ def make_cfg(**fed) -> config.Config:
 def perturbed(cfg, ids: np.ndarray, init: torch.Tensor) -> torch.Tensor:
     """Distinct starting models per client, the same whatever rank hosts them."""
     rows = [init + torch.from_numpy(rng(cfg.run.seed, -1, int(i), "test-perturb").normal(0, 0.3, init.shape)).float()
-            for i in ids]
+            .to(init.device) for i in ids]
     return torch.stack(rows)
 
 
@@ -169,7 +169,7 @@ def test_rounds_match_serial_reference(mpi, fed):
             assert comm.size not in (2, 4) or all((owner[S[i]] != owner[i]).all() for i in range(N))
         np.testing.assert_allclose(comm.allgather_rows(state.tracked_loss), ref.Lhat, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(comm.allgather_rows(state.weights), ref.w, rtol=1e-4, atol=1e-7)
-        np.testing.assert_allclose(comm.allgather_rows(ctx.clients.params), ref.params.numpy(), rtol=1e-4,
+        np.testing.assert_allclose(comm.allgather_rows(ctx.clients.params), ref.params.cpu().numpy(), rtol=1e-4,
                                    atol=1e-6)
         mixing = comm.allgather_rows(out.mixing.rows)
         np.testing.assert_allclose(mixing.sum(1), 1.0, rtol=1e-6)
@@ -209,7 +209,7 @@ def test_per_client_init_is_the_same_on_any_number_of_ranks(mpi):
     rows = ctx.comm.allgather_rows(ctx.clients.params)
     want = torch.stack([ctx.clients.layout.flatten(models.build(cfg.model, ctx.data.in_shape, ctx.data.n_classes,
                                                                 federico.init_seed(ctx, i))) for i in range(N)])
-    np.testing.assert_array_equal(rows, want.numpy())
+    np.testing.assert_array_equal(rows, want.cpu().numpy())
     assert len({r.tobytes() for r in rows}) == N
 
 

@@ -87,7 +87,7 @@ def test_rounds_match_serial_reference(mpi, over):
         assert (cands[np.setdiff1d(np.arange(ctx.N), S)] == -1).all()
         np.testing.assert_allclose(gathered(ctx, out.extras["weights"]), ref.W, rtol=1e-5, atol=1e-7)
         np.testing.assert_allclose(gathered(ctx, state.affinity), ref.P, rtol=1e-5, atol=1e-7)
-        np.testing.assert_allclose(gathered(ctx, ctx.clients.params), ref.theta.numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(gathered(ctx, ctx.clients.params), ref.theta.cpu().numpy(), rtol=1e-5, atol=1e-6)
         mixing = gathered(ctx, out.mixing.rows)
         np.testing.assert_allclose(mixing.sum(1), 1.0, rtol=1e-6)
         helped += int((ref.W.sum(1) > 0).sum())

@@ -29,7 +29,7 @@ def reference(cfg, rounds=2):
     last = f"{len(c.model) - 1}"
     C = c.n_classes
     d = body(c.x[:1]).shape[1]
-    G, cnt = torch.zeros(C, d), torch.zeros(C)
+    G, cnt = torch.zeros(C, d, device=c.device), torch.zeros(C, device=c.device)
     W = c.params.clone()
     lam = cfg.fedproto.lam
 
@@ -41,7 +41,7 @@ def reference(cfg, rounds=2):
     for t in range(rounds):
         sampled = ref.sample(t, cfg.algorithm.fraction)
         plan = c.plan(sampled, cfg.train.local_epochs, t)
-        sums, counts = torch.zeros(C, d), torch.zeros(C)
+        sums, counts = torch.zeros(C, d, device=c.device), torch.zeros(C, device=c.device)
         for r, k in enumerate(sampled):
             w = W[k].clone()
             for s in range(plan.steps):

@@ -63,7 +63,7 @@ def knn_reference(c, model, k, split, kp):
             d2 = ((store - q) ** 2).sum(1)
             order = torch.argsort(d2)[:kp.k]
             kern = torch.exp(-(d2[order] - d2[order].min()) / kp.temperature)
-            pk = torch.zeros(c.n_classes).index_add_(0, labels[order], kern / kern.sum())
+            pk = torch.zeros(c.n_classes, device=kern.device).index_add_(0, labels[order], kern / kern.sum())
             probs.append(kp.lam * pk + (1 - kp.lam) * pm)
     return torch.stack(probs), c.y[a:b]
 

@@ -106,7 +106,7 @@ def test_rounds_match_serial_reference(mpi, over):
         ref.round(t)
         np.testing.assert_allclose(state.graph, ref.graph, rtol=1e-5, atol=1e-7)
         np.testing.assert_allclose(gathered(ctx, out.extras["graph"]), ref.graph, rtol=1e-5, atol=1e-7)
-        np.testing.assert_allclose(gathered(ctx, ctx.clients.params), ref.theta.numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(gathered(ctx, ctx.clients.params), ref.theta.cpu().numpy(), rtol=1e-5, atol=1e-6)
         mixing = gathered(ctx, out.mixing.rows)
         np.testing.assert_allclose(mixing.sum(1), 1.0, rtol=1e-6)
         S = ctx.sample(t, cfg.algorithm.fraction)

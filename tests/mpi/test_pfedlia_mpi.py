@@ -45,7 +45,7 @@ def _cfg(**pf):
 def _hats(ctx: Context, theta0: torch.Tensor) -> torch.Tensor:
     """A distinct model per client, drawn from the client's own stream."""
     return torch.stack([theta0 + 0.3 * torch.randn(theta0.shape, generator=torch_gen(0, 0, int(i), "hat"))
-                        for i in ctx.comm.local_ids])
+                        .to(theta0.device) for i in ctx.comm.local_ids])
 
 
 def test_ring_influence_equals_serial_all_pairs(mpi):
@@ -83,7 +83,7 @@ def test_ring_visits_every_block_once_and_counts_n_minus_1(mpi, as_models):
 
     def visit(ids, block):
         assert block.shape == (len(ids), P)
-        np.testing.assert_array_equal(block[:, 0].numpy(), ids)  # row k of a block is client ids[k]
+        np.testing.assert_array_equal(block[:, 0].cpu().numpy(), ids)  # row k of a block is client ids[k]
         seen.extend(int(i) for i in ids)
 
     comm.ring(rows, visit, count_as_models=as_models)
