@@ -44,7 +44,7 @@ slow)
         > "$OUT/slow.txt" 2>&1; echo "slow exit $?"; grep -E "FAILED|ERROR" "$OUT/slow.txt" | tail -30; tail -3 "$OUT/slow.txt"; stamp slow ;;
 fit)  # the largest N: the MLP at --clients N, batched, one round (OUT of memory is a result too)
     timeout ${FIT_S:-150} $PY bench/gpu.py --only throughput fit --models mlp --clients ${FIT_N:-100000} \
-        --loop-clients 8 --repeats 1 --rounds 1 --out /tmp/gpu-fit > "$OUT/fit.txt" 2>&1; echo "fit exit $?"
+        --loop-clients 8 --repeats 1 --rounds 1 --samples ${FIT_SAMPLES:-10} --out /tmp/gpu-fit > "$OUT/fit.txt" 2>&1; echo "fit exit $?"
     tail -6 "$OUT/fit.txt"; stamp fit ;;
 column)  # DPFL's Dir(0.1) column at the paper's scale, in the background until COLUMN_S, then compared
     # at the last round every run reached (bench/common_round.py)
