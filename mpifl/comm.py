@@ -649,7 +649,21 @@ def pick_device(choice: str, mpi_comm: MPI.Comm) -> torch.device:
     if not has_cuda:
         raise ConfigError("run.device='cuda' is not allowed; no CUDA device is visible (use auto or cpu)")
     local, _ = node_local_rank(mpi_comm)
+    faithful_cuda()
     return torch.device("cuda", local % torch.cuda.device_count())
+
+
+def faithful_cuda() -> None:
+    """float32 on a GPU as on the CPU, and the same bits on every run of a run
+    (resume and checkpoints promise bitwise equality): TF32, which cuDNN's
+    convolutions use by default, rounds operands to 10 mantissa bits; cuDNN's
+    autotuner may pick another algorithm each run; cuBLAS needs a fixed workspace
+    to reduce in a fixed order."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
 
 
 def cores_for_rank(mpi_comm: MPI.Comm) -> int:

@@ -70,7 +70,7 @@ def test_training_matches_plain_torch_loop():
     c = make("on", **{"train.momentum": 0.5})
     plan = c.plan(np.array([1]), 1, 0)
     c.train(np.array([1]), 1, 0)
-    model = models.build(config.ModelConfig(hidden=[16, 8]), c.data.in_shape, c.n_classes, 0)
+    model = models.build(config.ModelConfig(hidden=[16, 8]), c.data.in_shape, c.n_classes, 0).to(c.device)
     opt = torch.optim.SGD(model.parameters(), lr=c.cfg.lr, momentum=0.5)
     for s in range(plan.steps):
         idx = plan.idx[0, s]

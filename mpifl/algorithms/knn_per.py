@@ -102,8 +102,23 @@ def knn_probs(store: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor, qu
     near, at = torch.topk(d2, kk, dim=-1, largest=False)  # [m, b, kk]
     kern = torch.softmax(-near / temperature, -1)  # inf distance (padding): weight 0
     lab = labels.gather(1, at.reshape(len(at), -1)).reshape(at.shape)
-    out = torch.zeros(*query.shape[:2], n_classes, dtype=query.dtype, device=query.device)
-    return out.scatter_add_(-1, lab, kern)
+    return label_sums(lab, kern, n_classes)
+
+
+def label_sums(lab: torch.Tensor, kern: torch.Tensor, n_classes: int) -> torch.Tensor:
+    """``[..., C]``: per class, the sum of the ``kern`` weights of the neighbours with
+    that label (``lab``, ``kern`` ``[..., kk]``)."""
+    if kern.device.type == "cpu":
+        out = torch.zeros(*kern.shape[:-1], n_classes, dtype=kern.dtype, device=kern.device)
+        return out.scatter_add_(-1, lab, kern)
+    # On a GPU scatter_add_ adds neighbours of one label with atomics, in no fixed order, so
+    # the bits would change from run to run (a resumed run would not equal a straight one)
+    return one_hot_sums(lab, kern, n_classes)
+
+
+def one_hot_sums(lab: torch.Tensor, kern: torch.Tensor, n_classes: int) -> torch.Tensor:
+    """:func:`label_sums` by a one-hot product summed by a reduction: the same bits every time."""
+    return (torch.nn.functional.one_hot(lab, n_classes).to(kern.dtype) * kern[..., None]).sum(-2)
 
 
 def interpolated_metrics(ctx: Context, model: torch.Tensor, head: Head) -> dict[str, np.ndarray]:

@@ -109,3 +109,14 @@ def test_knn_probs_with_fewer_samples_than_k_uses_them_all():
     p = knn_per.knn_probs(store, labels, valid, torch.tensor([[[0.0]]]), k=10, n_classes=3, temperature=1.0)
     e = np.exp(-1.0)
     np.testing.assert_allclose(p[0, 0].numpy(), [1 / (1 + e), e / (1 + e), 0.0], rtol=1e-6)
+
+
+def test_the_gpu_label_sums_equal_the_cpu_ones():
+    """On a GPU the kNN label sums take a one-hot reduction instead of scatter_add_'s
+    atomics (same bits every run); the two agree, many neighbours sharing a label."""
+    g = torch.Generator().manual_seed(0)
+    lab = torch.randint(0, 4, (3, 5, 7), generator=g)
+    kern = torch.softmax(torch.randn(3, 5, 7, generator=g), -1)
+    cpu = knn_per.label_sums(lab, kern, 6)
+    torch.testing.assert_close(knn_per.one_hot_sums(lab, kern, 6), cpu, rtol=1e-6, atol=1e-7)
+    assert torch.equal(cpu[..., 4:], torch.zeros(3, 5, 2)) and torch.allclose(cpu.sum(-1), torch.ones(3, 5))

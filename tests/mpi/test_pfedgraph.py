@@ -76,7 +76,7 @@ class Reference:
             self.theta[i] = sgd(c, self.theta[i], int(i), t, self.cfg.train.local_epochs, self.cfg.train.lr,
                                 extra=extra)
         D = (self.theta[S] - c.init).double()
-        cos = torch.nn.functional.cosine_similarity(D[:, None], D[None], dim=2).numpy()
+        cos = torch.nn.functional.cosine_similarity(D[:, None], D[None], dim=2).cpu().numpy()
         d = np.where(-cos < -0.9, -1.0, -cos)
         p = ctx.p[S] / ctx.p[S].sum()
         A = np.stack([qp_by_supports(d[i], p, f.alpha) for i in range(len(S))])

@@ -70,6 +70,27 @@ def test_device_is_cpu_without_gpu(mpi):
         pick_device("cuda", mpi)
 
 
+def test_gpu_runs_are_float32_and_repeatable(monkeypatch):
+    """What pick_device sets before a rank takes a GPU (comm.faithful_cuda): no TF32,
+    no autotuner, deterministic cuDNN, a fixed cuBLAS workspace."""
+    from mpifl.comm import faithful_cuda
+
+    b = torch.backends
+    flags = [(b.cuda.matmul, "allow_tf32", True), (b.cudnn, "allow_tf32", True), (b.cudnn, "benchmark", True),
+             (b.cudnn, "deterministic", False)]
+    saved = [getattr(mod, name) for mod, name, _ in flags]  # torch's flag objects: no monkeypatch.setattr
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    try:
+        for mod, name, value in flags:
+            setattr(mod, name, value)
+        faithful_cuda()
+        assert not b.cuda.matmul.allow_tf32 and not b.cudnn.allow_tf32 and not b.cudnn.benchmark
+        assert b.cudnn.deterministic and os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    finally:
+        for (mod, name, _), value in zip(flags, saved):
+            setattr(mod, name, value)
+
+
 def test_error_on_one_rank_reaches_all(mpi):
     def setup():
         if mpi.Get_rank() == mpi.Get_size() - 1:
