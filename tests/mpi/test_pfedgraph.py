@@ -84,7 +84,7 @@ class Reference:
         self.graph[np.ix_(S, S)] = A
         old = self.theta[S].double()
         for r, i in enumerate(S):
-            a = torch.as_tensor(A[r])
+            a = torch.as_tensor(A[r], device=old.device)
             self.theta[i] = (a @ old).float()
             self.target[i] = (a @ (old / old.norm(dim=1, keepdim=True))).float()
 
