@@ -162,9 +162,9 @@ def agree(device: torch.device, out: str) -> dict:
     return row
 
 
-def fit(tp: list[dict], device: torch.device, samples: int) -> list[dict]:
+def fit(tp: list[dict], free: int, samples: int) -> list[dict]:
+    """``free``: the device's free bytes before this process allocated anything."""
     rows = []
-    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 0
     for model in dict.fromkeys(r["model"] for r in tp):
         measured = [r for r in tp if r["model"] == model and "bytes_per_client" in r]
         if not measured:
@@ -222,10 +222,12 @@ def main() -> None:
     out = a.out or tempfile.mkdtemp(prefix="mpifl-gpu-")
     os.makedirs(out, exist_ok=True)
     res: dict = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                 "torch": torch.__version__}
+                 "torch": torch.__version__,
+                 "free_bytes": torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 0}
     print(json.dumps(res), flush=True)
     steps = {"throughput": lambda: throughput(a, device), "rounds": lambda: rounds(a, device, out),
-             "agree": lambda: agree(device, out), "fit": lambda: fit(res.get("throughput", []), device, a.samples)}
+             "agree": lambda: agree(device, out),
+             "fit": lambda: fit(res.get("throughput", []), res["free_bytes"], a.samples)}
     for name in a.only:
         t0 = time.perf_counter()
         try:
