@@ -45,6 +45,7 @@ import torch
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, REPO)
 from mpifl import config, models, sizes  # noqa: E402 - after the sys.path line
+from mpifl.comm import faithful_cuda  # noqa: E402
 from mpifl.data import build  # noqa: E402
 from mpifl.logging.h5 import open_run  # noqa: E402
 from mpifl.train import Clients  # noqa: E402
@@ -219,6 +220,8 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="folder for gpu.json and the runs' logs")
     a = ap.parse_args()
     device = torch.device(a.device)
+    if device.type == "cuda":  # what a run sets where it takes its GPU (comm.pick_device)
+        faithful_cuda()
     out = a.out or tempfile.mkdtemp(prefix="mpifl-gpu-")
     os.makedirs(out, exist_ok=True)
     res: dict = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

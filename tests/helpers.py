@@ -18,6 +18,10 @@ if not MPIEXEC.exists() and shutil.which("mpiexec"):
 # run.device=auto does (the GPU wherever there is one), so that on a GPU machine a test's reference
 # sits on the device of the runs it checks (runtime.setup and python -m mpifl.main take auto)
 DEVICE = torch.device(os.environ.get("MPIFL_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu"))
+if DEVICE.type == "cuda":  # the settings a run takes with its GPU (comm.pick_device), for clients built here too
+    from mpifl.comm import faithful_cuda
+
+    faithful_cuda()
 TIMING = {"rounds/wall_s", "rounds/comm_s", "rounds/compute_s"}  # wall-clock datasets of a log
 
 
