@@ -654,7 +654,7 @@ def pick_device(choice: str, mpi_comm: MPI.Comm) -> torch.device:
 
 
 def faithful_cuda() -> None:
-    """float32 on a GPU as on the CPU, and the same bits on every run of a run
+    """float32 on a GPU as on the CPU, and the same bits each time a run is made
     (resume and checkpoints promise bitwise equality): TF32, which cuDNN's
     convolutions use by default, rounds operands to 10 mantissa bits; cuDNN's
     autotuner may pick another algorithm each run; cuBLAS needs a fixed workspace
