@@ -1,4 +1,5 @@
-"""Shared helpers for serial tests that launch ``python -m mpifl.main``."""
+"""Shared helpers of the tests: launching ``python -m mpifl.main``, comparing logs, and the
+device the tests' own clients go on."""
 
 import os
 import shutil
@@ -12,8 +13,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 # the launcher beside the interpreter (a venv with the mpich wheel), else the one on PATH
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
-if not MPIEXEC.exists() and shutil.which("mpiexec"):
-    MPIEXEC = Path(shutil.which("mpiexec"))
+if not MPIEXEC.exists():
+    MPIEXEC = Path(shutil.which("mpiexec") or MPIEXEC)
 # Where the tests that build clients themselves put them: MPIFL_TEST_DEVICE (cpu, cuda), else as
 # run.device=auto does (the GPU wherever there is one), so that on a GPU machine a test's reference
 # sits on the device of the runs it checks (runtime.setup and python -m mpifl.main take auto)
