@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from . import mlp
 from .loss import loss_acc
-from .plan import gather
+from .plan import SPLIT_INDEX, gather
 from .rowmodel import logits
 
 if TYPE_CHECKING:
@@ -19,12 +20,11 @@ if TYPE_CHECKING:
 
 def split_index(c: Clients, local: np.ndarray, split: str) -> np.ndarray:
     """``[m, n_max]`` indices of each listed client's split samples, -1 padded."""
-    spans = [c.split_range(int(k), split) for k in local]
-    n_max = max((hi - lo for lo, hi in spans), default=0)
-    idx = np.full((len(local), n_max), -1, np.int64)
-    for i, (lo, hi) in enumerate(spans):
-        idx[i, :hi - lo] = np.arange(lo, hi)
-    return idx
+    s = SPLIT_INDEX[split]
+    local = np.asarray(local, np.int64)
+    lo, n = c.offsets[local, s].astype(np.int64), c.sizes[local, s].astype(np.int64)
+    col = np.arange(int(n.max(initial=0)))
+    return np.where(col < n[:, None], lo[:, None] + col, -1)
 
 
 def clients_per_chunk(c: Clients, n_max: int) -> int:
@@ -54,8 +54,11 @@ def shared_logits(c: Clients, row: torch.Tensor, x: torch.Tensor, local: np.ndar
     ``x [m, b, ...]`` (a BatchNorm model with each client's own statistics)."""
     if c.layout.B:
         return logits(c, row.expand(len(local), -1).contiguous(), x, local)
+    flat = x.reshape(-1, *x.shape[2:])
+    if c.stacked is not None:
+        return mlp.shared_forward(c.stacked, c.layout.unflatten(row), flat).reshape(*x.shape[:2], -1)
     c.model.eval()
-    return c.functional.logits(row, x.reshape(-1, *x.shape[2:])).reshape(*x.shape[:2], -1)
+    return c.functional.logits(row, flat).reshape(*x.shape[:2], -1)
 
 
 @torch.no_grad()
