@@ -27,8 +27,12 @@ from mpi4py import MPI
 F32 = 4  # bytes per model coordinate on the wire
 _SMALL = 32  # below this many ids a plain Python loop beats numpy's per-call cost
 ABORT_GRACE_S = 0.5  # seconds a crashing rank waits after printing before MPI_Abort (report_crash)
-# floats per chunk of an ordered sum's pipeline (Comm._ordered_sum): 256 KiB messages
+# floats per chunk of an ordered sum's pipeline (Comm._ordered_sum): 256 KiB messages, and a
+# small model still cut into up to _CHAIN_MIN chunks of at least _CHAIN_MIN_FLOATS (16 KiB), so
+# that the next rank adds one chunk while this one makes the next: the 23k-parameter MLP
+# of bench/README.md (Performance III) in one chunk left the last rank's whole sum after the wait
 _CHAIN_FLOATS = 1 << 16
+_CHAIN_MIN, _CHAIN_MIN_FLOATS = 8, 1 << 12
 # clients whose products w_i * row_i an ordered sum makes in one kernel (its scratch: this many rows of a chunk)
 _PRODUCT_ROWS = 64
 
@@ -250,7 +254,7 @@ class Comm:
         w = (weights.detach().cpu().numpy() if torch.is_tensor(weights) else np.asarray(weights)).astype(np.float32)
         g = np.zeros(len(w), np.int64) if groups is None else np.asarray(groups, np.int64)
         terms = np.flatnonzero(w).tolist()
-        n_chunks = max(1, -(-K * P // _CHAIN_FLOATS))
+        n_chunks = max(1, -(-K * P // _CHAIN_FLOATS), min(_CHAIN_MIN, K * P // _CHAIN_MIN_FLOATS))
         L = -(-P // n_chunks)  # columns per chunk, the last one padded
         buf = self.pool.get(n_chunks * K, L).reshape(n_chunks, K, L)
         left = self.rank - 1 if self.rank > 0 else None

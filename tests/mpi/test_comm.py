@@ -67,12 +67,16 @@ def left_fold(rows: torch.Tensor, w: np.ndarray, groups: np.ndarray, k: int) -> 
     return acc
 
 
-@pytest.mark.parametrize("chunk", [None, 16])  # 16 floats: several chunks in the pipeline, the last one short
+# 16 floats: several chunks in the pipeline, the last one short; "min": a small model cut
+# into _CHAIN_MIN chunks of at least _CHAIN_MIN_FLOATS (here 4)
+@pytest.mark.parametrize("chunk", [None, 16, "min"])
 @pytest.mark.parametrize("run", [None, 2])  # 2: a rank's clients of a group in several runs of products
 def test_sums_add_the_clients_in_client_order_on_any_placement(mpi, monkeypatch, chunk, run):
     """Bit for bit one left-to-right fold over the clients, so the same on any number
     of ranks and nodes (run under 1, 2, 3, 4 ranks and simulated nodes)."""
-    if chunk:
+    if chunk == "min":
+        monkeypatch.setattr(comm_mod, "_CHAIN_MIN_FLOATS", 4)
+    elif chunk:
         monkeypatch.setattr(comm_mod, "_CHAIN_FLOATS", chunk)
     if run:
         monkeypatch.setattr(comm_mod, "_PRODUCT_ROWS", run)
