@@ -53,7 +53,7 @@ import torch
 from ..errors import check
 from ..mixing import Shared
 from ..state import per_client
-from ..train import Clients, RowOptimizer, write_back
+from ..train import Clients, RowOptimizer, read_rows, write_back
 from . import fedavg
 from .base import Context, Round, own_rows_metrics, sampled_weights
 
@@ -129,7 +129,7 @@ def _step(ctx: Context, state: State):
     v_opt.state = state.v_opt
 
     def step(cl: Clients, sel, rows: np.ndarray, x: torch.Tensor, y: torch.Tensor, wt: torch.Tensor) -> torch.Tensor:
-        w, v = cl.params[sel], state.v[sel]  # views when the rows are contiguous
+        w, v = read_rows(cl.params, sel), read_rows(state.v, sel)  # views when the rows are contiguous
         a = state.alpha[sel][:, None]
         vbar = a * v + (1 - a) * w
         g_w, _ = cl.grads(w, x, y, wt, rows)

@@ -62,7 +62,7 @@ from torch.func import functional_call, vmap
 from ..errors import check
 from ..head import Head, find_head
 from ..state import transient
-from ..train import Clients, loss_acc_from_probs, write_back
+from ..train import Clients, loss_acc_from_probs, read_rows, write_back
 from .base import Context, Round, identity_rows
 
 if TYPE_CHECKING:
@@ -120,7 +120,7 @@ def make_step(head: Head, protos: torch.Tensor, counts: torch.Tensor, lam: float
     batched = vmap(one, in_dims=(0, 0, 0, 0))
 
     def step(c: Clients, sel, rows: np.ndarray, x, y, w) -> torch.Tensor:
-        p = c.params[sel]
+        p = read_rows(c.params, sel)
         head.module.train()
         with torch.enable_grad():
             if c.batched and not c.layout.B:  # BatchNorm: each client its own statistics

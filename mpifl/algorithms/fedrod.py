@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from ..head import Head, find_head
 from ..mixing import Shared
 from ..state import per_client
-from ..train import Clients, RowOptimizer, write_back
+from ..train import Clients, RowOptimizer, read_rows, write_back
 from . import fedavg
 from .base import Context, Round, evaluates, own_rows_metrics, sampled_weights
 
@@ -117,8 +117,8 @@ def _step(ctx: Context, state: State, bsm: np.ndarray):
     C, D = head.n_classes, head.width
 
     def step(cl: Clients, sel, rows: np.ndarray, x: torch.Tensor, y: torch.Tensor, wt: torch.Tensor) -> torch.Tensor:
-        p = cl.params[sel]
-        hp = state.head[sel]
+        p = read_rows(cl.params, sel)
+        hp = read_rows(state.head, sel)
         m = len(rows)
         with torch.no_grad():
             feats = head.features_of(cl, p, x, rows)  # [m, b, d], before the step

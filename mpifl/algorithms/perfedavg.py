@@ -52,7 +52,7 @@ import torch
 
 from ..errors import check
 from ..mixing import Shared
-from ..train import Clients, write_back
+from ..train import Clients, read_rows, write_back
 from . import fedavg
 from .base import Context, Round, evaluates, own_rows_metrics, sampled_weights
 
@@ -128,7 +128,7 @@ def _step(ctx: Context):
                 return torch.zeros_like(params), torch.zeros(len(rows), device=params.device)
             return cl.grads(params, *part[j], rows)
 
-        w = cl.params[sel]
+        w = read_rows(cl.params, sel)
         g, loss = grads(w - alpha * grads(w, 0)[0], 1)
         if hf:
             g = g - alpha * (grads(w + delta * g, 2)[0] - grads(w - delta * g, 2)[0]) / (2 * delta)

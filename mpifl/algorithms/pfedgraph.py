@@ -55,7 +55,7 @@ import torch
 from ..errors import check
 from ..mixing import Dense
 from ..state import per_client
-from ..train import write_back
+from ..train import read_rows, write_back
 from .base import Context, Round, own_rows_metrics
 
 if TYPE_CHECKING:
@@ -126,7 +126,7 @@ def regulariser_step(target: torch.Tensor, lam: float, on: np.ndarray):
     -lam <c_i, theta>/||theta|| for the rows ``on`` marks (local positions)."""
 
     def step(cl, sel, rows, x, y, w):
-        p = cl.params[sel]
+        p = read_rows(cl.params, sel)
         g, loss = cl.grads(p, x, y, w, rows)
         use = torch.as_tensor(on[rows], device=p.device)
         if lam and bool(use.any()):

@@ -37,8 +37,8 @@ from .objective import Objective, StepFn
 from .optimizer import RowOptimizer
 from .plan import BatchPlan
 from .rowmodel import RowModel
-from .rows import rows_selector, write_back
+from .rows import read_rows, rows_selector, write_back
 
 __all__ = ["BatchPlan", "Clients", "Layout", "NonFiniteError", "Objective", "Part", "RowModel", "RowOptimizer",
-           "StepFn", "cross_entropy", "loss_acc", "loss_acc_from_probs", "rows_selector", "stacked_forward",
-           "stacked_mlp", "write_back"]
+           "StepFn", "cross_entropy", "loss_acc", "loss_acc_from_probs", "read_rows", "rows_selector",
+           "stacked_forward", "stacked_mlp", "write_back"]

@@ -15,7 +15,7 @@ from . import mlp
 from .objective import Objective, StepFn
 from .plan import BatchPlan, gather
 from .rowmodel import grad_blocks, grads
-from .rows import rows_selector, write_back
+from .rows import read_rows, rows_selector, write_back
 
 if TYPE_CHECKING:
     from .clients import Clients
@@ -82,7 +82,7 @@ def _step(c: Clients, sel: slice | torch.Tensor, rows: np.ndarray, x: torch.Tens
     """One optimizer step of ``rows`` (``sel``: their selector) on their batches
     ``x, y, w``; returns their losses. ``v``: per-sample loss weights (zero on
     padding), see ``Objective.sample_weight``."""
-    p = c.params[sel]  # a view when the rows are contiguous
+    p = read_rows(c.params, sel)  # a view when the rows are contiguous
     # The fused update runs client by client on one thread; with more threads
     # the batched GEMM + add_ of the unfused one parallelise and win (at two
     # threads, 128 MLP clients: 9.1-9.4 vs 9.6-10.2 ms a call), and on a GPU

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .rows import write_back
+from .rows import read_rows, write_back
 
 if TYPE_CHECKING:  # a type hint only: the config package sits above this package
     from ..config import TrainConfig
@@ -74,7 +74,7 @@ class RowOptimizer:
             # shape rather than copying the block into the rows' layout
             assert self.cols is not None, "per-parameter gradient blocks need the layout's columns"
             blocks = [(cols, gi) for cols, gi in zip(self.cols, g) if gi is not None]
-        state = {k: v[sel] for k, v in self.state.items()}  # views when sel is a slice
+        state = {k: read_rows(v, sel) for k, v in self.state.items()}  # views when sel is a slice
         if self.kind == "adam":
             _adam_(p, state, blocks, lr, c.weight_decay)
         else:

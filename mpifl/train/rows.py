@@ -1,8 +1,8 @@
 """Selecting a block of client rows and storing an update of them back.
 
-A training step reads the rows it updates as ``X[sel]``: a view when ``sel`` is a
-slice (contiguous rows, updated in place, nothing to store back), a copy when it
-is an index tensor (stored back with :func:`write_back`).
+A training step reads the rows it updates with :func:`read_rows`: a view when
+``sel`` is a slice (contiguous rows, updated in place, nothing to store back), a
+copy when it is an index tensor (stored back with :func:`write_back`).
 """
 
 from __future__ import annotations
@@ -18,8 +18,21 @@ def rows_selector(rows: np.ndarray, device: torch.device | str) -> slice | torch
     return torch.as_tensor(rows, device=device)
 
 
+def read_rows(src: torch.Tensor, sel: slice | torch.Tensor) -> torch.Tensor:
+    """Rows ``sel`` of ``src``: a view for a slice, else a copy by ``index_select``
+    (on the CPU 5x faster than ``src[sel]``'s advanced indexing: 38 against 217 us
+    for 23 rows of the 23k-parameter MLP of bench/README.md, Performance III)."""
+    return src[sel] if isinstance(sel, slice) else src.index_select(0, sel)
+
+
 def write_back(dst: torch.Tensor, sel: slice | torch.Tensor, value: torch.Tensor) -> None:
     """Store ``value``, computed from ``dst[sel]``, as rows ``sel`` of ``dst``: nothing
     to do for a slice (``value`` is a view of ``dst``), a scatter for an index tensor."""
-    if not isinstance(sel, slice):
+    if isinstance(sel, slice):
+        return
+    if dst.device.type == "cpu" and value.device.type == "cpu" and dst.dtype == value.dtype:
+        # numpy's row assignment into the shared memory: 39 against 146 us for torch's
+        # index_put_ (the 23 rows above); a copy either way, the same bits
+        dst.detach().numpy()[sel.numpy()] = value.detach().numpy()
+    else:
         dst[sel] = value
