@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mpifl.train import Layout, cross_entropy, loss_acc, rows_selector, write_back
+from mpifl.train import Layout, cross_entropy, loss_acc, read_rows, rows_selector, write_back
 
 
 def test_layout_slices_tile_the_row_and_every_walk_uses_them():
@@ -32,15 +32,23 @@ def test_layout_slices_tile_the_row_and_every_walk_uses_them():
 
 
 def test_write_back_scatters_copies_and_leaves_views_alone():
-    dst = torch.zeros(6, 3)
-    for rows in (np.array([1, 2, 3]), np.array([0, 2, 5])):
-        sel = rows_selector(rows, "cpu")
-        assert isinstance(sel, slice) == (rows[1] - rows[0] == 1)
-        p = dst[sel]
-        p += torch.arange(3.0)[:, None] + 1  # in place on a view, on a copy otherwise
-        write_back(dst, sel, p)
-        torch.testing.assert_close(dst[torch.as_tensor(rows)], p)
-        dst.zero_()
+    g = torch.Generator().manual_seed(0)
+    for strided in (False, True):  # rows of a [6, 3] block inside a wider tensor: the column views of a row
+        for rows in (np.array([1, 2, 3]), np.array([0, 2, 5])):
+            base = torch.randn(6, 5, generator=g)
+            dst = base[:, 1:4] if strided else base[:, :3].contiguous()
+            before, outside = dst.clone(), base[:, [0, 4]].clone()
+            sel = rows_selector(rows, "cpu")
+            assert isinstance(sel, slice) == (rows[1] - rows[0] == 1)
+            p = read_rows(dst, sel)
+            assert torch.equal(p, before[torch.as_tensor(rows)]) and (p.data_ptr() == dst[rows[0]].data_ptr()) == \
+                isinstance(sel, slice)  # a view of a slice, a copy otherwise
+            p += torch.arange(3.0)[:, None] + 1  # in place on a view, on a copy otherwise
+            write_back(dst, sel, p)
+            assert torch.equal(dst[torch.as_tensor(rows)], p)
+            others = np.setdiff1d(np.arange(6), rows)
+            assert torch.equal(dst[others], before[others])
+            assert torch.equal(base[:, [0, 4]], outside)  # the columns outside the block are untouched
 
 
 @pytest.mark.parametrize("bias", [False, True])
