@@ -49,9 +49,33 @@ def mlp(in_shape: tuple[int, ...], n_classes: int, hidden: list[int]) -> nn.Modu
     return nn.Sequential(*layers)
 
 
-def _flat_size(features: nn.Module, in_shape: tuple[int, ...]) -> int:
-    with torch.no_grad():
-        return int(features(torch.zeros(1, *in_shape)).numel())
+def _pooled(n: int, k: int, s: int, p: int, d: int, ceil: bool = False) -> int:
+    """Output length of a convolution or pooling window over ``n`` entries (torch's rule)."""
+    span = n + 2 * p - d * (k - 1) - 1
+    out = (-(-span // s) if ceil else span // s) + 1
+    if ceil and (out - 1) * s >= n + p:  # the last window must start inside the input or left padding
+        out -= 1
+    return out
+
+
+def _flat_size(features: nn.Sequential, in_shape: tuple[int, ...]) -> int:
+    """Entries of the features' output for one input, from the layers' shape rules
+    (Conv2d, MaxPool2d and shape-keeping layers; any other layer by a forward). No
+    forward: under ``torch.device("meta")`` (:func:`sizes`) one loads torch's meta
+    kernels, 0.9 s of every CNN run's start (bench/README.md, Performance III)."""
+    c, h, w = in_shape
+    for m in features:
+        if isinstance(m, (nn.Conv2d, nn.MaxPool2d)) and not isinstance(m.padding, str):
+            k, st, pad, dil = (nn.modules.utils._pair(v) for v in (m.kernel_size, m.stride, m.padding, m.dilation))
+            ceil = isinstance(m, nn.MaxPool2d) and m.ceil_mode
+            h, w = (_pooled(n, *a, ceil) for n, *a in zip((h, w), k, st, pad, dil))
+            c = m.out_channels if isinstance(m, nn.Conv2d) else c
+        elif not isinstance(m, (nn.ReLU, nn.Flatten, nn.BatchNorm2d)):
+            with torch.no_grad():
+                return int(features(torch.zeros(1, *in_shape)).numel())
+        if h <= 0 or w <= 0:  # torch's own forward refuses it too
+            raise RuntimeError(f"{m}: output size {h}x{w} is too small")
+    return c * h * w
 
 
 def _conv_fc(in_shape: tuple[int, ...], n_classes: int, convs: list[nn.Module], widths: list[int]) -> nn.Module:
@@ -138,9 +162,10 @@ def architecture(cfg: ModelConfig, in_shape: tuple[int, ...], n_classes: int) ->
                           f"shape {tuple(in_shape)}: use model.name=mlp or an image dataset")
     try:
         model = IMAGE_MODELS[cfg.name](in_shape, n_classes)
-        model.eval()
-        with torch.no_grad():
-            model(torch.zeros(2, *in_shape))
+        if torch.get_default_device().type != "meta":  # sizes(): the real build checks the fit
+            model.eval()
+            with torch.no_grad():
+                model(torch.zeros(2, *in_shape))
     except RuntimeError:
         raise ConfigError(f"model.name={cfg.name!r} does not fit images of shape {tuple(in_shape)} "
                           "(too small for its convolutions and pooling); raise data.image_size "

@@ -154,3 +154,31 @@ def test_sequential_gradients_equal_batched():
     gs, ls = c.grads(params, x, y, w, np.arange(3))
     torch.testing.assert_close(gs, gb, rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(ls, lb)
+
+
+@pytest.mark.parametrize("in_shape", [(1, 28, 28), (3, 17, 23), (2, 40, 9)])
+def test_the_flat_size_from_shape_rules_is_the_forwards(in_shape):
+    """models._flat_size reads conv and pooling layers' shape rules instead of running a
+    forward (none under the meta device): the same count as a forward, over kernel,
+    stride, padding, dilation and ceil_mode, and a refusal where the forward refuses."""
+    from torch import nn
+
+    stacks = [
+        [nn.Conv2d(in_shape[0], 4, 5), nn.ReLU(), nn.MaxPool2d(2)],
+        [nn.Conv2d(in_shape[0], 3, 3, stride=2, padding=1), nn.BatchNorm2d(3),
+         nn.MaxPool2d(3, stride=2, ceil_mode=True)],
+        [nn.Conv2d(in_shape[0], 2, (3, 2), stride=(1, 2), padding=(2, 0), dilation=(2, 1)), nn.MaxPool2d(2, padding=1)],
+        [nn.Conv2d(in_shape[0], 5, 3, padding=1), nn.MaxPool2d(2, ceil_mode=True), nn.MaxPool2d(3, ceil_mode=True)],
+        [nn.Conv2d(in_shape[0], 2, 9), nn.Conv2d(2, 2, 9), nn.Conv2d(2, 2, 9)],  # too small for 9x9 three times
+        [nn.Conv2d(in_shape[0], 2, 3), nn.AdaptiveAvgPool2d(3)],  # no rule here: a forward
+    ]
+    for layers in stacks:
+        features = nn.Sequential(*layers, nn.Flatten()).eval()
+        try:
+            with torch.no_grad():
+                want = features(torch.zeros(1, *in_shape)).numel()
+        except RuntimeError:
+            with pytest.raises(RuntimeError):
+                models._flat_size(features, in_shape)
+            continue
+        assert models._flat_size(features, in_shape) == want, layers
