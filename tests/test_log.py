@@ -1,5 +1,6 @@
 """The HDF5 log's compact N x N storage and the ``log:`` config section."""
 
+import h5py
 import numpy as np
 import pytest
 from scipy import sparse
@@ -41,8 +42,11 @@ def write_all(tmp, name, dense_max, flush_s=0.0):
                flush_s=flush_s)
     for t, m in enumerate(rounds):
         w.write_round(10 * t, {"wall_s": 1.0}, {"metrics/test_acc": np.full(N, t, np.float32)}, mixing=m)
-        if flush_s:  # buffered: nothing on disk before close
-            assert open_run(tmp / f"{name}.h5").n_rounds == 0
+        if flush_s:  # buffered: run.h5 holds none before close, open_run reads them from run.h5.rounds
+            with h5py.File(tmp / f"{name}.h5", "r") as f:
+                assert "rounds/round" not in f
+            live = open_run(tmp / f"{name}.h5")
+            assert live.rounds.tolist() == [10 * s for s in range(t + 1)] and live.metric("test_acc")[t, 0] == t
     w.close()
     expected = [graph.toarray(), dense, np.full((N, N), 1 / N), oracle_rows(*group)]
     return open_run(tmp / f"{name}.h5"), expected
@@ -111,8 +115,6 @@ def test_every_form_encodes_decodes_and_densifies_alike():
 
 def test_a_compact_log_laid_out_by_hand_reads_back(tmp_path):
     """The on-disk codes are fixed: 0 non-zeros, 1 one shared row, 2 groups."""
-    import h5py
-
     path = tmp_path / "old.h5"
     with h5py.File(path, "w") as f:
         f["clients/cluster"] = np.zeros(3, np.int64)
@@ -137,3 +139,82 @@ def test_log_section_rejects_non_positive(key):
     with pytest.raises(ConfigError, match=key):
         config.load(None, [f"{key}=0"])
     assert getattr(config.load(None, [f"{key}=3"]).log, key.split(".")[1]) == 3
+
+
+def every_dataset(path):
+    with h5py.File(path, "r") as f:
+        out = {}
+        f.visititems(lambda k, d: out.update({k: d[()]}) if isinstance(d, h5py.Dataset) else None)
+        return out, dict(f.attrs)
+
+
+@pytest.mark.parametrize("dense_max", [2, 100])
+def test_rounds_of_a_killed_buffered_writer_read_back_and_are_adopted_on_resume(tmp_path, dense_max):
+    """log.flush_s > 0 with the writer gone without closing (a SIGKILL): every round
+    appended to run.h5.rounds reads back through open_run as the unbuffered log
+    holds it, a record cut short is ignored, and the next writer (a resume) moves
+    the rounds into run.h5 before it cuts the log back to the checkpoint."""
+    from mpifl.logging import pending
+
+    g = np.random.default_rng(2)
+    forms = [Dense(g.random((N, N)).astype(np.float32)), Shared(np.full(N, 1 / N)),
+             Grouped(np.array([0, 1, 0, 1, 2, 2]), np.array([0.5, 0.5, 0.5, 0.5, 0, 0]))]
+
+    def write(path, flush_s, close):
+        w = Writer(path, {"algorithm": "x"}, {"cluster": np.zeros(N, np.int64)}, N, dense_max=dense_max,
+                   flush_s=flush_s)
+        for t in range(9):
+            w.write_round(t, {"wall_s": 0.5 * t}, {"metrics/test_acc": g.random(N).astype(np.float32),
+                                                   "comm/bytes_sent": g.integers(0, 1 << 40, N),
+                                                   "x/w": g.random((N, N))},
+                          mixing=forms[t % 3], once={"x/lia": g.random((N, 3))} if t == 4 else None,
+                          attrs={"x_budget": np.float32(t) / 3, "x_splits": [t, t + 1]} if t % 4 == 3 else None)
+        if close:
+            w.close()
+        return w
+
+    g = np.random.default_rng(2)
+    write(tmp_path / "plain.h5", 0.0, close=True)
+    g = np.random.default_rng(2)
+    killed = write(tmp_path / "run.h5", 1e9, close=False)  # never closed: what a kill leaves on disk
+    side = pending.rounds_path(tmp_path / "run.h5")
+    assert side.stat().st_size > 0
+    want, want_attrs = every_dataset(tmp_path / "plain.h5")
+    with h5py.File(tmp_path / "run.h5", "r") as f:
+        assert "rounds/round" not in f  # run.h5 itself holds no round
+    run = open_run(tmp_path / "run.h5")
+    assert run.rounds.tolist() == list(range(9))
+    for k, v in want.items():
+        np.testing.assert_array_equal(run.get(k), v, err_msg=k)
+        assert run.get(k).dtype == v.dtype, k
+    for t in range(9):
+        np.testing.assert_array_equal(run.mixing(t), open_run(tmp_path / "plain.h5").mixing(t))
+    assert run.attrs["x_splits"] == want_attrs["x_splits"] and run.attrs["x_budget"] == want_attrs["x_budget"]
+    assert type(run.attrs["x_budget"]) is type(want_attrs["x_budget"])  # its dtype kept (float32)
+    # a record cut short (a kill inside the append, a full disk) and anything after it are ignored
+    with open(side, "ab") as f:
+        f.write(pending.encode({"t": 9, "rounds": {}, "rows": {}, "mixing": None, "once": {}, "attrs": {}},
+                               False)[:-3])
+    assert open_run(tmp_path / "run.h5").rounds.tolist() == list(range(9))
+    del killed
+    # the resume after a checkpoint of round 5: rounds 0-5 kept, in run.h5 itself, the file gone
+    w = Writer(tmp_path / "run.h5", {"algorithm": "x", "n_ranks": 1}, {}, N, dense_max=dense_max, keep_rounds=6)
+    w.close()
+    assert not side.exists()
+    got, _ = every_dataset(tmp_path / "run.h5")
+    assert got["rounds/round"].tolist() == list(range(6))
+    for k, v in want.items():
+        if k.startswith(("metrics/", "comm/", "x/w", "rounds/")):
+            np.testing.assert_array_equal(got[k], v[:6], err_msg=k)
+
+
+def test_a_fresh_start_forgets_the_pending_rounds_of_the_run_it_replaces(tmp_path):
+    from mpifl.logging import pending
+
+    path = tmp_path / "run.h5"
+    w = Writer(path, {"algorithm": "x"}, {"cluster": np.zeros(N, np.int64)}, N, flush_s=1e9)
+    for t in range(3):
+        w.write_round(t, {"wall_s": 1.0}, {"metrics/test_acc": np.full(N, t, np.float32)})
+    assert pending.rounds_path(path).stat().st_size > 0
+    Writer(path, {"algorithm": "x"}, {"cluster": np.zeros(N, np.int64)}, N).close()
+    assert not pending.rounds_path(path).exists() and open_run(path).n_rounds == 0

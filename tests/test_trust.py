@@ -75,7 +75,7 @@ import numpy as np
 from mpifl.logging.h5 import Writer
 from mpifl.mixing import Dense
 N = 100
-w = Writer(sys.argv[1], {"n_ranks": 1}, {"cluster": np.zeros(N, int)}, N)
+w = Writer(sys.argv[1], {"n_ranks": 1}, {"cluster": np.zeros(N, int)}, N, flush_s=float(sys.argv[2]))
 for t in range(20):
     rows = {k: np.full(N, t, float) for k in ("metrics/train_loss", "metrics/val_loss", "comm/bytes_sent")}
     w.write_round(t, {"wall_s": 1.0}, rows, mixing=Dense(np.full((N, N), t, np.float32)))
@@ -86,21 +86,27 @@ w.close()
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace to kill at a chosen write")
-def test_sigkill_at_any_write_of_the_log_loses_no_finished_round(tmp_path):
-    """strace kills the writer at its k-th write call, for k across rounds (mid-flush
-    included); every round it reported finished must read back whole."""
+@pytest.mark.parametrize("flush_s", [0.0, 0.05, 1e9])  # every round into run.h5; some; none before the end
+def test_sigkill_at_any_write_of_the_log_loses_no_finished_round(tmp_path, flush_s):
+    """strace kills the writer at its k-th write call (run.h5's, the journal's, the
+    appends to run.h5.rounds), for k across rounds (mid-flush included); every round
+    it reported finished must read back whole."""
     script = tmp_path / "w.py"
     script.write_text(WRITER)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
+    kills = 0
     for k in range(20, 200, 7):
         log = tmp_path / f"k{k}" / "run.h5"
         log.parent.mkdir()
-        res = subprocess.run(["strace", "-f", "-o", "/dev/null", "-e", "trace=pwrite64,pwritev",
-                              "-e", f"inject=pwrite64,pwritev:signal=SIGKILL:when={k}",
-                              sys.executable, str(script), str(log)],
+        res = subprocess.run(["strace", "-f", "-o", "/dev/null", "-e", "trace=pwrite64,pwritev,write",
+                              "-e", f"inject=pwrite64,pwritev,write:signal=SIGKILL:when={k}",
+                              sys.executable, str(script), str(log), str(flush_s)],
                              env=env, capture_output=True, text=True, timeout=120, check=False)
-        assert res.returncode != 0, f"k={k}: not killed"
         finished = len(res.stdout.split())
+        if res.returncode == 0:  # fewer writes than k: the whole log, and no k further can kill
+            assert finished == 20 and open_run(log).n_rounds == 20 and k > 40, f"k={k}"
+            break
+        kills += 1
         if finished == 0 and not log.exists():
             continue
         run = open_run(log)
@@ -109,6 +115,7 @@ def test_sigkill_at_any_write_of_the_log_loses_no_finished_round(tmp_path):
             run.get(key)
         if run.n_rounds:
             assert (run.metric("val_loss")[:, 0] == range(run.n_rounds)).all(), f"k={k}"
+    assert kills >= 5  # the kills landed across the rounds
 
 
 # --------------------------------------------------------------------------- command line

@@ -113,9 +113,9 @@ class AlgorithmConfig:
 class LogConfig:
     every: int = 1  # log the per-client rows every k rounds (and always the last round)
     dense_max: int = 1024  # above this many clients N x N logs are stored compactly
-    # buffer rounds and write them to run.h5 at least this often (seconds); 0 = every round,
-    # so a crash loses no finished round (>0 pays off when rounds take milliseconds)
-    flush_s: float = 0.0
+    # write buffered rounds into run.h5 at least this often (seconds); meanwhile each round is
+    # appended to run.h5.rounds, so a crash loses no finished round either way; 0 = every round
+    flush_s: float = 1.0
 
 
 # the core sections, in the order they are printed; algorithm sections come from

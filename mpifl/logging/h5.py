@@ -55,6 +55,7 @@ every round committed before it (:mod:`.journal`).
 from __future__ import annotations
 
 import copy
+import io
 import json
 import os
 import time
@@ -68,6 +69,7 @@ import numpy as np
 
 from ..errors import StorageError, storage_error
 from ..mixing import COO_COL, COO_END, COO_ROW, COO_VAL, Dense, Mixing
+from . import pending as pending_rounds
 from .journal import Journaled, journal_path, read_journal
 
 ROUND_KEY = "rounds/round"
@@ -205,16 +207,88 @@ def _stack(rows: list) -> np.ndarray:
     return np.asarray(rows[0])[None] if len(rows) == 1 else np.stack([np.asarray(r) for r in rows])
 
 
+def _compact(f: h5py.File) -> bool:
+    return f["graph"].attrs.get("mixing_format", "dense") == "compact"
+
+
+def _rows(f: h5py.File) -> int:
+    """Complete rounds in the file (the length of ``/rounds/round``)."""
+    return f[ROUND_KEY].shape[0] if ROUND_KEY in f else 0
+
+
+def _append_rounds(log: _Log, recs: list[dict[str, Any]], compact: bool, at: int) -> int:
+    """Write rounds ``recs`` (as ``Writer.write_round`` takes them) as rows ``at``..
+    of the file; returns its rows now. ``/rounds/round`` last: it marks them complete."""
+    f = log.f
+    same = all(r["rows"].keys() == recs[0]["rows"].keys() and r["rounds"].keys() == recs[0]["rounds"].keys()
+               for r in recs)
+    if same:  # one extension per dataset for all the buffered rounds
+        for k in recs[0]["rows"]:
+            log.append_block(k, _stack([r["rows"][k] for r in recs]), at)
+    for i, r in enumerate(recs):
+        if not same:
+            for k, v in r["rows"].items():
+                log.append(k, v, at + i)
+        for k, v in r["once"].items():
+            if k in f:
+                del f[k]
+            f.create_dataset(k, data=v, **_checksummed(np.shape(v), np.size(v) > 64))
+            f[k].attrs["round"] = r["t"]
+        for k, v in r["attrs"].items():
+            f.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else v
+    _mixing_rounds(log, at, recs, compact)
+    for k in recs[0]["rounds"] if same else []:
+        log.append_block(f"rounds/{k}", np.array([r["rounds"][k] for r in recs], np.float64), at)
+    if not same:
+        for i, r in enumerate(recs):
+            for k, v in r["rounds"].items():
+                log.append(f"rounds/{k}", np.float64(v), at + i)
+    log.append_block(ROUND_KEY, np.array([r["t"] for r in recs], np.int64), at)
+    return at + len(recs)
+
+
+def _mixing_rounds(log: _Log, at: int, recs: list[dict[str, Any]], compact: bool) -> None:
+    ms: list[Mixing | None] = [r["mixing"] for r in recs]
+    if not compact:
+        if all(m is not None for m in ms):
+            log.append_block("graph/mixing", _stack([m.densify() for m in ms]), at)
+        else:
+            for i, m in enumerate(ms):
+                if m is not None:
+                    log.append("graph/mixing", m.densify(), at + i)
+        return
+    for i, m in enumerate(ms):
+        if m is None:
+            continue
+        stored = m.encode()
+        for k, v in stored.items():
+            if not k.startswith("mixing_coo/"):
+                log.append(f"graph/{k}", v, at + i)
+        # every round has its (possibly empty) run of non-zeros
+        for k in (COO_ROW, COO_COL):
+            log.append_flat(f"graph/{k}", stored.get(k, np.empty(0, np.int32)))
+        end = log.append_flat(f"graph/{COO_VAL}", stored.get(COO_VAL, np.empty(0, np.float32)))
+        log.append(f"graph/{COO_END}", np.int64(end), at + i)
+
+
+def _last_round(f: h5py.File) -> int:
+    """The last complete round in the file, -1 when none."""
+    n = _rows(f)
+    return int(f[ROUND_KEY][n - 1]) if n else -1
+
+
 class Writer:
     """Rank 0's handle on ``run.h5``: open from the first write to :meth:`close`,
     committed through the journal after every write. Reopening the file each round
     made HDF5 read every dataset's metadata again, three times the cost of the writes.
 
-    ``flush_s`` > 0 buffers rounds in memory and writes them together once that
-    many seconds have passed since the last write (and on :meth:`close`): opening
-    the file and extending a dozen datasets costs about the same for one round as
-    for fifty, which for sub-second rounds was a tenth of the run. Readers then see
-    rounds at most ``flush_s`` late. ``flush_s = 0``: every round as it comes.
+    ``flush_s`` > 0 buffers rounds and writes them into run.h5 together once that
+    many seconds have passed since the last write (and on :meth:`flush` and
+    :meth:`close`): a dozen dataset writes and a commit cost about the same for one
+    round as for fifty. Meanwhile each round is appended to ``run.h5.rounds`` in
+    one write (:mod:`.pending`), so a kill still loses no finished round:
+    ``open_run`` reads both; h5py and h5dump see run.h5 at most ``flush_s`` late.
+    ``flush_s = 0``: every round into run.h5 as it comes.
     """
 
     def __init__(self, path: Path, attrs: dict[str, Any], clients: dict[str, np.ndarray],
@@ -232,8 +306,11 @@ class Writer:
         self._rows: int | None = None  # rounds in the file, once known
         self._kept: int | None = None  # rows committed (what a refused write leaves), once known
         self._failed = False  # a write was refused: nothing more is written
+        self._appender = pending_rounds.Appender(self.path)
         if keep_rounds is not None and self.path.is_file():
+            self._adopt()
             self.truncate(keep_rounds)
+            self.compact = _compact(self._open().f)  # the form the log was begun with
             self.set_attrs(resumed_from_round=keep_rounds, n_ranks=attrs["n_ranks"])
             return
         # built beside the old log and renamed over it: a kill leaves one or the other
@@ -254,6 +331,7 @@ class Writer:
                 jf.close()
             journal_path(tmp).unlink(missing_ok=True)
             journal_path(self.path).unlink(missing_ok=True)  # the old log's, before the old log goes
+            pending_rounds.rounds_path(self.path).unlink(missing_ok=True)
             os.replace(tmp, self.path)
         except OSError as e:
             if e.errno is None:  # HDF5's own failure, not the disk's
@@ -270,10 +348,28 @@ class Writer:
         "federico/client_weights": [N, N], ...}``; ``once``: datasets written whole,
         with attr ``round`` = t (e.g. LIA's influence); ``mixing``: the whole
         ``[N, N]`` mixing matrix in any of its forms."""
-        self.pending.append({"t": t, "rounds": dict(rounds), "rows": rows, "mixing": mixing, "once": once or {},
-                             "attrs": attrs or {}})
+        rec = {"t": t, "rounds": dict(rounds), "rows": rows, "mixing": mixing, "once": once or {},
+               "attrs": attrs or {}}
+        self.pending.append(rec)
         if time.monotonic() - self._last >= self.flush_s:
             self.flush()
+        elif not self._failed:
+            with self._storage():
+                self._appender.append(pending_rounds.encode(rec, self.compact))
+
+    def _adopt(self) -> None:
+        """Rounds a killed writer left in ``run.h5.rounds``, into run.h5 for good
+        (those past its last round: a kill inside a flush leaves some in both)."""
+        recs = pending_rounds.read(self._appender.path)
+        if recs:
+            with self._storage():
+                log = self._open()
+                last = _last_round(log.f)
+                recs = [r for r in recs if r["t"] > last]
+                if recs:
+                    _append_rounds(log, recs, _compact(log.f), _rows(log.f))
+                    self._commit()
+        self._appender.path.unlink(missing_ok=True)
 
     def close(self) -> None:
         """Write what is buffered and close the file. After a refused write
@@ -293,6 +389,7 @@ class Writer:
                 self._file.close()
                 self._file = None
                 journal_path(self.path).unlink(missing_ok=True)
+            self._appender.close(remove=True)  # run.h5 holds every round
 
     @contextmanager
     def _storage(self):
@@ -305,14 +402,16 @@ class Writer:
                 raise
             self._failed = True
             self._abandon()
-            kept = ("the rounds committed before it are kept" if self._kept is None else
-                    f"its first {self._kept} logged round(s) are kept" if self._kept else "it holds no round yet")
+            n = None if self._kept is None else self._kept + self._appender.records  # run.h5's and run.h5.rounds'
+            kept = ("the rounds committed before it are kept" if n is None else
+                    f"its first {n} logged round(s) are kept" if n else "it holds no round yet")
             raise storage_error("the log", self.path, e, kept) from None
 
     def _abandon(self) -> None:
         """Close the file without committing: the log keeps its last commit. The
         journal goes unless it holds that commit (the log is then behind it)."""
         self.pending = []
+        self._appender.close()  # its complete records are rounds run.h5 may not hold: kept
         if self._log is not None:
             try:
                 self._log.f.close()
@@ -348,62 +447,13 @@ class Writer:
     def _flush(self) -> None:
         recs, self.pending = self.pending, []
         log = self._open()
-        f = log.f
         if self._rows is None:
-            self._rows = f[ROUND_KEY].shape[0] if ROUND_KEY in f else 0
-        at = self._rows
-        same = all(r["rows"].keys() == recs[0]["rows"].keys() and r["rounds"].keys() == recs[0]["rounds"].keys()
-                   for r in recs)
-        if same:  # one extension per dataset for all the buffered rounds
-            for k in recs[0]["rows"]:
-                log.append_block(k, _stack([r["rows"][k] for r in recs]), at)
-        for i, r in enumerate(recs):
-            if not same:
-                for k, v in r["rows"].items():
-                    log.append(k, v, at + i)
-            for k, v in r["once"].items():
-                if k in f:
-                    del f[k]
-                f.create_dataset(k, data=v, **_checksummed(np.shape(v), np.size(v) > 64))
-                f[k].attrs["round"] = r["t"]
-            for k, v in r["attrs"].items():
-                f.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else v
-        self._mixing_rounds(log, at, recs)
-        for k in recs[0]["rounds"] if same else []:
-            log.append_block(f"rounds/{k}", np.array([r["rounds"][k] for r in recs], np.float64), at)
-        if not same:
-            for i, r in enumerate(recs):
-                for k, v in r["rounds"].items():
-                    log.append(f"rounds/{k}", np.float64(v), at + i)
-        # last: marks the rounds complete
-        log.append_block(ROUND_KEY, np.array([r["t"] for r in recs], np.int64), at)
-        self._rows = at + len(recs)
+            self._rows = _rows(log.f)
+        self._rows = _append_rounds(log, recs, self.compact, self._rows)
         self._commit()
+        self._appender.clear()  # after the commit: a kill between leaves rounds in both, read once
         self._kept = self._rows
         self._last = time.monotonic()
-
-    def _mixing_rounds(self, log: _Log, at: int, recs: list[dict[str, Any]]) -> None:
-        ms: list[Mixing | None] = [r["mixing"] for r in recs]
-        if not self.compact:
-            if all(m is not None for m in ms):
-                log.append_block("graph/mixing", _stack([m.densify() for m in ms]), at)
-            else:
-                for i, m in enumerate(ms):
-                    if m is not None:
-                        log.append("graph/mixing", m.densify(), at + i)
-            return
-        for i, m in enumerate(ms):
-            if m is None:
-                continue
-            stored = m.encode()
-            for k, v in stored.items():
-                if not k.startswith("mixing_coo/"):
-                    log.append(f"graph/{k}", v, at + i)
-            # every round has its (possibly empty) run of non-zeros
-            for k in (COO_ROW, COO_COL):
-                log.append_flat(f"graph/{k}", stored.get(k, np.empty(0, np.int32)))
-            end = log.append_flat(f"graph/{COO_VAL}", stored.get(COO_VAL, np.empty(0, np.float32)))
-            log.append(f"graph/{COO_END}", np.int64(end), at + i)
 
     def truncate(self, n: int) -> None:
         """Drop every logged round >= n (rows are rounds ``/rounds/round``, which
@@ -483,6 +533,7 @@ class Run:
         self._held_info: dict[str, DatasetInfo] | None = None
         self._held_attrs: dict[str, Any] | None = None
         self._config: tuple[str, dict] | None = None
+        self._merged: tuple[tuple, bytes] | None = None  # run.h5 with its pending rounds, and what it was made of
 
     @contextmanager
     def reading(self):
@@ -503,7 +554,8 @@ class Run:
     @contextmanager
     def _file(self):
         """The log open for reading; with the rounds of a complete journal (a writer
-        killed inside a commit) applied in memory."""
+        killed inside a commit) applied in memory, and those waiting in
+        ``run.h5.rounds`` (:mod:`.pending`) added to an in-memory copy."""
         if self._held is not None:
             yield self._held
             return
@@ -523,11 +575,49 @@ class Run:
                     raise
                 time.sleep(0.2)
         try:
+            image = self._with_pending(f, jf)
+            if image is not None:
+                f.close()
+                f = h5py.File(io.BytesIO(image), "r")
             yield f
         finally:
             f.close()
             if jf is not None:
                 jf.close()
+
+    def _with_pending(self, f: h5py.File, jf: Journaled | None) -> bytes | None:
+        """The log's bytes with the rounds of ``run.h5.rounds`` past its last one
+        added (made once per state of the two files), or None when there are none."""
+        side = pending_rounds.rounds_path(self.path)
+        try:
+            st, ss = self.path.stat(), side.stat()
+        except FileNotFoundError:
+            return None
+        if ss.st_size == 0:
+            return None
+        key = (st.st_size, st.st_mtime_ns, ss.st_size, ss.st_mtime_ns, jf is not None)
+        if self._merged is not None and self._merged[0] == key:
+            return self._merged[1]
+        recs = pending_rounds.read(side)
+        if not recs or recs[-1]["t"] <= _last_round(f):
+            return None
+        if jf is not None:
+            jf.seek(0)
+            data = jf.read(jf.size)
+        else:
+            data = self.path.read_bytes()
+        buf = io.BytesIO(data)
+        try:
+            with h5py.File(buf, "r+") as mf:
+                last = _last_round(mf)  # of these bytes: a flush since f was opened may hold more rounds
+                recs = [r for r in recs if r["t"] > last]
+                if not recs:
+                    return None
+                _append_rounds(_Log(mf), recs, _compact(mf), _rows(mf))
+        except OSError:  # the bytes caught a writer inside a commit: the log as opened, pending rounds next time
+            return None
+        self._merged = (key, buf.getvalue())
+        return self._merged[1]
 
     @property
     def attrs(self) -> dict[str, Any]:
