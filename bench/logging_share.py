@@ -8,8 +8,9 @@ client trains each round) and times the runtime's per-round log step (gather of 
 per-client rows to rank 0 + the writer's open/append/close of run.h5) against the
 round itself. ``--dense-max`` sets ``log.dense_max`` (the N x N mixing matrix is
 stored dense at or below it: at N = 1000 that is a 4 MB matrix per round);
-``--flush-s`` sets ``log.flush_s`` (1: rounds are buffered and written at most once
-a second, the default; 0: every round is written as it ends).
+``--flush-s`` sets ``log.flush_s`` (1, the default: run.h5 is written at most once a
+second, each round in between appended to run.h5.rounds in one write; 0: every round
+is written into run.h5 as it ends).
 """
 
 from __future__ import annotations

@@ -59,6 +59,11 @@ def small_disk(tmp_path):
             subprocess.run(["umount", "-l", str(where)], check=False)
 
 
+def _sizes(run_dir: Path) -> list[tuple[str, int]]:
+    """Each file's size: what a failing check shows."""
+    return sorted((str(p.relative_to(run_dir)), p.stat().st_size) for p in run_dir.rglob("*") if p.is_file())
+
+
 def _used(root: Path) -> int:
     """Bytes the files under ``root`` take on disk."""
     return sum(p.stat().st_blocks * 512 for p in root.rglob("*") if p.is_file())
@@ -116,7 +121,7 @@ def test_a_full_disk_at_ten_points_costs_nothing_committed_and_the_same_command_
         what, path, kept = LINE.fullmatch(lines[0]).groups()
         assert Path(path).is_relative_to(small_disk / "x")
         run_dir = small_disk / "x"
-        assert _leftovers(run_dir) == [], (frac, lines[0])
+        assert _leftovers(run_dir) == [], (frac, lines[0], *_sizes(run_dir))
         logged = open_run(run_dir / "run.h5").n_rounds if (run_dir / "run.h5").exists() else 0
         if logged:  # it opens, and holds the uninterrupted run's rounds
             _same(open_run(run_dir / "run.h5"), reference, logged)

@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from ..mixing import Shared
+
 MAGIC = b"MPIFLR01"
 _FRAME = struct.Struct("<8sQI")  # magic, payload bytes, CRC-32 of the payload
 _HLEN = struct.Struct("<I")  # header bytes, at the start of the payload
@@ -45,10 +47,13 @@ class Stored:
     compact form's arrays (``Mixing.encode``); it answers the writer's two
     questions with exactly the arrays it was given."""
 
-    def __init__(self, dense: np.ndarray | None = None, encoded: dict[str, np.ndarray] | None = None):
-        self.dense, self.encoded = dense, encoded
+    def __init__(self, dense: np.ndarray | None = None, encoded: dict[str, np.ndarray] | None = None,
+                 shared: Shared | None = None):
+        self.dense, self.encoded, self.shared = dense, encoded, shared
 
     def densify(self) -> np.ndarray:
+        if self.shared is not None:  # its own densify of the float32 row it casts to anyway
+            return self.shared.densify()
         assert self.dense is not None, "a compact round read back as dense"
         return self.dense
 
@@ -63,9 +68,12 @@ def encode(rec: dict[str, Any], compact: bool) -> bytes:
     arrays: list[tuple[str, str, np.ndarray]] = [("rows", k, np.asarray(v)) for k, v in rec["rows"].items()]
     arrays += [("once", k, np.asarray(v)) for k, v in rec["once"].items()]
     m = rec["mixing"]
-    if m is not None:
-        arrays += [("mixing", k, np.asarray(v)) for k, v in m.encode().items()] if compact else \
-            [("mixing", "", np.asarray(m.densify()))]
+    if compact:
+        arrays += [("mixing", k, np.asarray(v)) for k, v in m.encode().items()] if m is not None else []
+    elif type(m) is Shared:  # FedAvg's N x N copies of one row: the row (4 MB -> 4 KB a round at N = 1000)
+        arrays.append(("mixing", "shared", np.asarray(m.row, np.float32)))
+    elif m is not None:
+        arrays.append(("mixing", "", np.asarray(m.densify())))
     plain = {}
     for k, v in rec["attrs"].items():  # numpy values keep their dtype (an HDF5 attribute's type)
         if isinstance(v, (np.ndarray, np.generic)):
@@ -104,7 +112,9 @@ def _decode(payload: bytes) -> dict[str, Any]:
             rec[group][key] = a
     if at != len(payload):
         raise ValueError("length")
-    if mixing:
+    if "shared" in mixing and not head["compact"]:
+        rec["mixing"] = Stored(shared=Shared(mixing["shared"]))
+    elif mixing:
         rec["mixing"] = Stored(encoded=mixing) if head["compact"] else Stored(dense=mixing[""])
     return rec
 
