@@ -47,13 +47,10 @@ class Stored:
     compact form's arrays (``Mixing.encode``); it answers the writer's two
     questions with exactly the arrays it was given."""
 
-    def __init__(self, dense: np.ndarray | None = None, encoded: dict[str, np.ndarray] | None = None,
-                 shared: Shared | None = None):
-        self.dense, self.encoded, self.shared = dense, encoded, shared
+    def __init__(self, dense: np.ndarray | None = None, encoded: dict[str, np.ndarray] | None = None):
+        self.dense, self.encoded = dense, encoded
 
     def densify(self) -> np.ndarray:
-        if self.shared is not None:  # its own densify of the float32 row it casts to anyway
-            return self.shared.densify()
         assert self.dense is not None, "a compact round read back as dense"
         return self.dense
 
@@ -112,8 +109,8 @@ def _decode(payload: bytes) -> dict[str, Any]:
             rec[group][key] = a
     if at != len(payload):
         raise ValueError("length")
-    if "shared" in mixing and not head["compact"]:
-        rec["mixing"] = Stored(shared=Shared(mixing["shared"]))
+    if "shared" in mixing and not head["compact"]:  # Shared's own densify of the float32 row it casts to
+        rec["mixing"] = Shared(mixing["shared"])
     elif mixing:
         rec["mixing"] = Stored(encoded=mixing) if head["compact"] else Stored(dense=mixing[""])
     return rec
