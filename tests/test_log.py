@@ -218,3 +218,32 @@ def test_a_fresh_start_forgets_the_pending_rounds_of_the_run_it_replaces(tmp_pat
     assert pending.rounds_path(path).stat().st_size > 0
     Writer(path, {"algorithm": "x"}, {"cluster": np.zeros(N, np.int64)}, N).close()
     assert not pending.rounds_path(path).exists() and open_run(path).n_rounds == 0
+
+
+def test_a_damaged_pending_round_is_named_and_a_resume_goes_on(tmp_path):
+    """A whole record of run.h5.rounds changed after it was written (a bit flip) makes
+    open_run raise Corrupt naming the file, where a cut last record is only left out;
+    the resume, whose checkpoint precedes those rounds, drops them and goes on."""
+    from mpifl.logging import pending
+    from mpifl.logging.h5 import Corrupt
+
+    path = tmp_path / "run.h5"
+    w = Writer(path, {"algorithm": "x"}, {"cluster": np.zeros(N, np.int64)}, N, flush_s=1e9)
+    for t in range(3):
+        w.write_round(t, {"wall_s": 1.0}, {"metrics/test_acc": np.full(N, t, np.float32)})
+    w.flush()  # rounds 0-2 in run.h5 (as before a checkpoint), 3-5 waiting
+    for t in range(3, 6):
+        w.write_round(t, {"wall_s": 1.0}, {"metrics/test_acc": np.full(N, t, np.float32)})
+    side = pending.rounds_path(path)
+    good = side.read_bytes()
+    assert open_run(path).rounds.tolist() == list(range(6))
+    side.write_bytes(good[:-5])  # the last record cut short: left out
+    assert open_run(path).rounds.tolist() == list(range(5))
+    bad = bytearray(good)
+    bad[len(good) // 2] ^= 0x10  # a bit of the middle record
+    side.write_bytes(bytes(bad))
+    with pytest.raises(Corrupt, match=r"run\.h5\.rounds.*record 2"):
+        _ = open_run(path).rounds
+    w2 = Writer(path, {"algorithm": "x", "n_ranks": 1}, {}, N, keep_rounds=3)
+    w2.close()
+    assert not side.exists() and open_run(path).rounds.tolist() == [0, 1, 2]

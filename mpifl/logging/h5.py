@@ -360,7 +360,10 @@ class Writer:
     def _adopt(self) -> None:
         """Rounds a killed writer left in ``run.h5.rounds``, into run.h5 for good
         (those past its last round: a kill inside a flush leaves some in both)."""
-        recs = pending_rounds.read(self._appender.path)
+        try:
+            recs = pending_rounds.read(self._appender.path)
+        except pending_rounds.Damaged:  # its rounds come after the last flush, so after the checkpoint: cut anyway
+            recs = []
         if recs:
             with self._storage():
                 log = self._open()
@@ -598,7 +601,10 @@ class Run:
         key = (st.st_size, st.st_mtime_ns, ss.st_size, ss.st_mtime_ns, jf is not None)
         if self._merged is not None and self._merged[0] == key:
             return self._merged[1]
-        recs = pending_rounds.read(side)
+        try:
+            recs = pending_rounds.read(side)
+        except pending_rounds.Damaged as e:
+            raise Corrupt(str(e)) from None
         if not recs or recs[-1]["t"] <= _last_round(f):
             return None
         if jf is not None:

@@ -12,9 +12,11 @@ good, and a flush or a normal end empties the file.
 A record: ``MAGIC``, the payload's length and its CRC-32, then the payload: the
 length of a JSON header, the header (the round, its timings, its attributes,
 and the group, name, dtype and shape of each array) and the arrays' bytes. A
-record cut short by a kill or a full disk fails its length or CRC and is
-ignored with anything after it. Arrays come back through ``np.frombuffer`` of a
-plain numeric dtype: nothing read from the file is unpickled or evaluated.
+record cut short by a kill or a full disk is shorter than its length says and is
+ignored (it can only be the last). A whole record that fails its CRC or does not
+decode was changed after it was written: :class:`Damaged`. Arrays come back
+through ``np.frombuffer`` of a plain numeric dtype: nothing read from the file is
+unpickled or evaluated.
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ MAGIC = b"MPIFLR01"
 _FRAME = struct.Struct("<8sQI")  # magic, payload bytes, CRC-32 of the payload
 _HLEN = struct.Struct("<I")  # header bytes, at the start of the payload
 _KINDS = "biuf"  # dtype kinds a record may hold: bool, integers, floats
+
+
+class Damaged(ValueError):
+    """A whole record of ``run.h5.rounds`` fails its CRC-32 or cannot be decoded."""
 
 
 def rounds_path(log: Path) -> Path:
@@ -118,7 +124,8 @@ def _decode(payload: bytes) -> dict[str, Any]:
 
 def read(path: Path) -> list[dict[str, Any]]:
     """The complete records of ``path`` in the order written ([] when there is
-    none); a damaged or cut record ends the list."""
+    none); a record cut short (the last) is left out. Raises :class:`Damaged`
+    naming the file and the record where a whole one fails its check."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -127,12 +134,15 @@ def read(path: Path) -> list[dict[str, Any]]:
     while at + _FRAME.size <= len(data):
         magic, n, crc = _FRAME.unpack_from(data, at)
         payload = data[at + _FRAME.size:at + _FRAME.size + n]
-        if magic != MAGIC or len(payload) != n or zlib.crc32(payload) != crc:
+        if magic == MAGIC and len(payload) < n:  # cut short by a kill or a full disk
             break
         try:
+            if magic != MAGIC or zlib.crc32(payload) != crc:
+                raise ValueError("checksum")
             out.append(_decode(payload))
-        except (ValueError, KeyError, TypeError, UnicodeDecodeError):  # a CRC-valid record mpifl did not write
-            break
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+            raise Damaged(f"{str(path)!r}: record {len(out) + 1} (at byte {at}) fails its check: the file changed "
+                          f"after it was written") from None
         at += _FRAME.size + n
     return out
 
@@ -175,5 +185,12 @@ class Appender:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
-        if remove or (self.path.exists() and not read(self.path)):
+        if remove or (self.path.exists() and not _holds_records(self.path)):
             self.path.unlink(missing_ok=True)
+
+
+def _holds_records(path: Path) -> bool:
+    try:
+        return bool(read(path))
+    except Damaged:
+        return True  # kept: what a reader will name, not for the writer to throw away
