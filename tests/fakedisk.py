@@ -9,18 +9,17 @@ import os
 
 
 class FakeDisk:
-    """``os.pwrite``/``os.pwritev`` (the journal's writes) and ``os.write`` (the
-    appends to run.h5.rounds) with ``budget`` bytes of room (``left``, may be
-    changed): the write that exceeds it is cut short, every later one fails with
-    ``err``; ``written`` counts the bytes. An ``err`` other than ENOSPC fails at
-    once (no short write)."""
+    """``os.pwrite``/``os.pwritev`` (the journal's writes and the appends to
+    run.h5.rounds) with ``budget`` bytes of room (``left``, may be changed): the
+    write that exceeds it is cut short, every later one fails with ``err``;
+    ``written`` counts the bytes. An ``err`` other than ENOSPC fails at once (no
+    short write)."""
 
     def __init__(self, monkeypatch, budget: float, err: int = errno.ENOSPC):
         self.left, self.err, self.written = budget, err, 0
-        self._pwrite, self._write = os.pwrite, os.write
+        self._pwrite = os.pwrite
         monkeypatch.setattr(os, "pwrite", self.pwrite)
         monkeypatch.setattr(os, "pwritev", self.pwritev)
-        monkeypatch.setattr(os, "write", self.write)
 
     def _room(self, want: int) -> int:
         if self.left <= 0 or (self.err != errno.ENOSPC and want > self.left):
@@ -33,10 +32,6 @@ class FakeDisk:
     def pwrite(self, fd, buf, off):
         n = self._room(len(buf))
         return self._pwrite(fd, memoryview(buf).cast("B")[:n], off)
-
-    def write(self, fd, buf):
-        n = self._room(len(buf))
-        return self._write(fd, memoryview(buf).cast("B")[:n])
 
     def pwritev(self, fd, bufs, off):
         flat = b"".join(bytes(b) for b in bufs)

@@ -98,8 +98,8 @@ def test_sigkill_at_any_write_of_the_log_loses_no_finished_round(tmp_path, flush
     for k in range(20, 200, 7):
         log = tmp_path / f"k{k}" / "run.h5"
         log.parent.mkdir()
-        res = subprocess.run(["strace", "-f", "-o", "/dev/null", "-e", "trace=pwrite64,pwritev,write",
-                              "-e", f"inject=pwrite64,pwritev,write:signal=SIGKILL:when={k}",
+        res = subprocess.run(["strace", "-f", "-o", "/dev/null", "-e", "trace=pwrite64,pwritev",
+                              "-e", f"inject=pwrite64,pwritev:signal=SIGKILL:when={k}",
                               sys.executable, str(script), str(log), str(flush_s)],
                              env=env, capture_output=True, text=True, timeout=120, check=False)
         finished = len(res.stdout.split())

@@ -199,7 +199,7 @@ class Journaled:
         """Bytes past the last commit's end, straight to the log; when refused, kept
         in memory and remembered for the next commit to raise (see the module)."""
         try:
-            _pwrite_all(self.fd, buf, off)
+            pwrite_all(self.fd, buf, off)
         except OSError as e:
             self.error = self.error or e
             self.writes.append((off, bytes(buf)))
@@ -244,9 +244,9 @@ class Journaled:
             head = b"".join([_HEAD.pack(MAGIC, self.seq, self.size, len(extents)),
                              *(_EXTENT.pack(off, len(b)) for off, b in extents)])
             body = _pwritev(self.jfd, [head, *(b for _, b in extents)], 0)
-            _pwrite_all(self.jfd, _TAIL.pack(TRAILER, self.seq, body), body)  # the commit point
+            pwrite_all(self.jfd, _TAIL.pack(TRAILER, self.seq, body), body)  # the commit point
             self._apply(extents)
-            _pwrite_all(self.jfd, bytes(8), 0)  # applied: readers need not replay it
+            pwrite_all(self.jfd, bytes(8), 0)  # applied: readers need not replay it
         elif self.disk != self.size:
             os.ftruncate(self.fd, self.size)
             self.disk = self.size
@@ -254,7 +254,7 @@ class Journaled:
 
     def _apply(self, extents: Extents) -> None:
         for off, b in extents:
-            _pwrite_all(self.fd, b, off)
+            pwrite_all(self.fd, b, off)
             self.disk = max(self.disk, off + len(b))
         if self.disk != self.size:  # shorter than HDF5's end of file would read as truncated
             os.ftruncate(self.fd, self.size)
@@ -262,7 +262,7 @@ class Journaled:
         self.writes = []
 
 
-def _pwrite_all(fd: int, buf, at: int) -> None:
+def pwrite_all(fd: int, buf, at: int) -> None:
     """All of ``buf`` at ``at``: a short write (a disk filling up) is finished,
     or fails with the system's error; it never passes for a complete one."""
     done = os.pwrite(fd, buf, at)
@@ -284,6 +284,6 @@ def _pwritev(fd: int, bufs: list, at: int) -> int:
         want = sum(len(b) for b in part)
         done = os.pwritev(fd, part, at)
         if done != want:  # short write (a full disk): finish it piece by piece, or fail
-            _pwrite_all(fd, b"".join(part)[done:], at + done)
+            pwrite_all(fd, b"".join(part)[done:], at + done)
         at += want
     return at - start

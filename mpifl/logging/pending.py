@@ -21,7 +21,6 @@ unpickled or evaluated.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import struct
@@ -32,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..mixing import Shared
+from .journal import pwrite_all
 
 MAGIC = b"MPIFLR01"
 _FRAME = struct.Struct("<8sQI")  # magic, payload bytes, CRC-32 of the payload
@@ -154,21 +154,17 @@ class Appender:
     def __init__(self, log: Path):
         self.path = rounds_path(log)
         self.fd: int | None = None
-        self.size = 0
+        self.size = 0  # bytes of the complete records in the file: where the next one goes
         self.records = 0  # complete records appended since the file was last emptied
 
     def append(self, record: bytes) -> None:
         """All of ``record`` or an ``OSError``: a short write (a full disk) is
-        finished or fails; what it left is a cut record, which readers ignore."""
+        finished or fails (the journal's ``pwrite_all``); what it left is a cut
+        record, which readers ignore."""
         if self.fd is None:
-            self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
+            self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o666)
             self.size = os.fstat(self.fd).st_size
-        mv = memoryview(record)
-        while len(mv):
-            k = os.write(self.fd, mv)
-            if k <= 0:
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-            mv = mv[k:]
+        pwrite_all(self.fd, record, self.size)
         self.size += len(record)
         self.records += 1
 
