@@ -3,7 +3,8 @@
 
 A model is only a template: weights live in the rows, so exchanging a client's
 model is sending a contiguous row, and many clients train at once. Batched, a
-plain MLP trains through stacked ``bmm`` (:mod:`.mlp`), any other model through
+plain MLP trains through stacked ``bmm`` (:mod:`.mlp`), a plain conv net through
+grouped convolutions (:mod:`.grouped`), any other model through
 ``torch.func.vmap`` (:mod:`.rowmodel`; a BatchNorm model with each client's
 running statistics), a block of clients taking each step together
 (:mod:`.batched`). The per-client path (:mod:`.loop`) is a plain torch loop on
@@ -21,6 +22,7 @@ start of the run finds faster (:meth:`Clients.measure_paths`, bench/README.md).
 ``plan``            each client's batches from its own random stream
 ``objective``       an algorithm's extra loss terms or its own step
 ``mlp``             stacked MLP forward and hand-written backward
+``grouped``         conv nets of many clients by grouped convolutions
 ``rowmodel``        logits and gradients of rows: vmap, BatchNorm, row by row
 ``batched``         the batched training path (a block of clients per step)
 ``loop``            the per-client training path

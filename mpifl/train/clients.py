@@ -22,6 +22,7 @@ from ..data import FederatedData
 from ..models import has_batchnorm
 from . import batched, evaluation, loop, rowmodel
 from .layout import Layout
+from .grouped import grouped_convnet
 from .mlp import stacked_mlp
 from .objective import Objective, StepFn
 from .optimizer import RowOptimizer
@@ -66,12 +67,14 @@ class Clients:
         self.updates = 0  # client updates trained (skipped or not), to tell "all were skipped"
         self.bn = has_batchnorm(model)
         self.stacked = stacked_mlp(model) if self.layout.B == 0 else None
+        self.convnet = grouped_convnet(model) if self.layout.B == 0 else None
         # Which path trains: "on" / "off" as asked. Under "auto" a plain MLP is batched
         # (stacked bmm: 6-10x the loop in bench/README.md, at every size measured);
         # any other model is timed on both paths at the start of a run
-        # (measure_paths, which runtime.setup calls on every rank), because vmap
-        # makes a conv net's convolutions grouped ones, whose speed against the loop
-        # depends on the layer sizes and the machine (bench/README.md).
+        # (measure_paths, which runtime.setup calls on every rank), because batched
+        # a conv net's convolutions are grouped ones (mpifl.train.grouped, or vmap's),
+        # whose speed against the loop depends on the layer sizes and the machine
+        # (bench/README.md).
         self.batched = cfg.batched == "on" or (cfg.batched == "auto" and self.stacked is not None)
         self.needs_measuring = cfg.batched == "auto" and self.stacked is None
         self.path_times: tuple[float, float] | None = None  # (batched, loop) s, when measured

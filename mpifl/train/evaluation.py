@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from . import mlp
+from . import grouped, mlp
 from .loss import loss_acc
 from .plan import SPLIT_INDEX, gather
 from .rowmodel import logits
@@ -57,6 +57,8 @@ def shared_logits(c: Clients, row: torch.Tensor, x: torch.Tensor, local: np.ndar
     flat = x.reshape(-1, *x.shape[2:])
     if c.stacked is not None:
         return mlp.shared_forward(c.stacked, c.layout.unflatten(row), flat).reshape(*x.shape[:2], -1)
+    if c.convnet is not None:
+        return grouped.shared_forward(c.convnet, c.layout.unflatten(row), flat).reshape(*x.shape[:2], -1)
     c.model.eval()
     return c.functional.logits(row, flat).reshape(*x.shape[:2], -1)
 

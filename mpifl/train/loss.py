@@ -9,8 +9,8 @@ its batch carries (that is, on the clients sharing its rank):
 
 - weighted (``w`` given): ``sum_b w_b CE_b / n`` with ``n = max(sum_b w_b, 1)``,
   summed first and divided after; ``n`` may be given instead (a per-sample-weighted
-  step divides by its sample count). The vmap and per-row autograd paths and
-  evaluation.
+  step divides by its sample count). The grouped conv, vmap and per-row autograd
+  paths and evaluation.
 - plain mean (``w`` None): torch's own mean reduction over the batch, equal to
   the weighted form with all weights one. The per-client loop's plain step.
 - closed form (``grad=True``): each sample's share ``w_b / n`` applied before the

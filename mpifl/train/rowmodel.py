@@ -1,7 +1,8 @@
 """Logits and gradients of a block of client rows through the template model.
 
 Batched, the rows go through at once: a plain MLP through the stacked kernels
-(:mod:`mpifl.train.mlp`), any other model through ``torch.func.vmap`` over
+(:mod:`mpifl.train.mlp`), a plain conv net through grouped convolutions
+(:mod:`mpifl.train.grouped`), any other model through ``torch.func.vmap`` over
 ``functional_call`` (:class:`RowModel`), a BatchNorm model with each client's
 running statistics riding along as a vmapped buffer row. Unbatched, the same
 functional model runs one row at a time. Nothing here updates parameters; only
@@ -19,6 +20,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from . import mlp
+from .grouped import grouped_forward, grouped_loss
 from .layout import Layout
 from .loss import cross_entropy
 from .rows import rows_selector
@@ -94,7 +96,10 @@ def grads(c: Clients, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor, w:
             return _grads_bn(c, params, x, y, w, local, bias, valid)
         if c.batched:
             leaves = {k: v.detach().requires_grad_(k not in frozen) for k, v in c.layout.parts(params).items()}
-            loss = fn.vloss(leaves, x, y, w) if bias is None else fn.vloss_bias(leaves, x, y, w, None, bias)
+            if c.convnet is not None:
+                loss = grouped_loss(c.convnet, leaves, x, y, w, bias)
+            else:
+                loss = fn.vloss(leaves, x, y, w) if bias is None else fn.vloss_bias(leaves, x, y, w, None, bias)
             want = [k for k in leaves if k not in frozen]
             got: dict[str, torch.Tensor | None] = dict.fromkeys(leaves)
             if want:
@@ -161,6 +166,8 @@ def logits(c: Clients, params: torch.Tensor, x: torch.Tensor, local: np.ndarray 
     fn = c.functional
     if c.batched and c.stacked is not None:
         return mlp.stacked_forward(c.stacked, c.layout.parts(params), x)
+    if c.batched and c.convnet is not None:
+        return grouped_forward(c.convnet, c.layout.parts(params), x)
     if c.batched and c.layout.B and local is not None:
         return fn.vlogits_bufs(params, x, c.buffers[rows_selector(np.asarray(local), c.device)])
     if c.batched:

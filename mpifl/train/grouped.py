@@ -1,0 +1,144 @@
+"""Conv nets (``nn.Sequential`` of Conv2d / ReLU / MaxPool2d / Flatten / Linear) of
+many clients at once: every convolution as one grouped convolution over the
+clients' channels, the forward written out and its backward left to autograd.
+
+The convolutional part runs in the ``[batch, client x channel, H, W]`` layout that
+a grouped convolution reads and writes, in which ReLU and pooling act on
+channels alike; only the flattened features turn to ``[client, batch, features]``
+for the linear layers' ``bmm``. ``torch.func.vmap`` computes the same grouped
+convolutions but moves its batch dimension around every layer (a copy before
+each pooling, its indices and its backward on a strided tensor) and adds each
+convolution's bias in another layout: 20-25% of a training step of
+``cnn_dpfl`` at 27 clients on one thread (bench/README.md, Performance III).
+The operations are vmap's own, in its order, so the results keep their bits
+(tests/test_train_grouped.py compares them with vmap's).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .loss import cross_entropy
+
+F = torch.nn.functional
+
+# (kind, *parameter names or the module) per layer
+Op = tuple
+
+
+def grouped_convnet(model: nn.Module) -> list[Op] | None:
+    """The layers of an ``nn.Sequential`` conv net this module runs, or None.
+
+    Conv2d (zero padding, ``groups=1``), ReLU and MaxPool2d before one Flatten,
+    then Linear and ReLU; at least one convolution (a plain MLP takes
+    :mod:`mpifl.train.mlp`)."""
+    if not isinstance(model, nn.Sequential):
+        return None
+    ops: list[Op] = []
+    flat = False
+    for name, mod in model.named_children():
+        if isinstance(mod, nn.Conv2d) and not flat and mod.groups == 1 and mod.padding_mode == "zeros" \
+                and not isinstance(mod.padding, str):
+            ops.append(("conv", f"{name}.weight", f"{name}.bias" if mod.bias is not None else "", mod))
+        elif isinstance(mod, nn.MaxPool2d) and not flat and not mod.return_indices:
+            ops.append(("pool", mod))
+        elif isinstance(mod, nn.ReLU):
+            ops.append(("relu",))
+        elif isinstance(mod, nn.Flatten) and not flat and mod.start_dim == 1 and mod.end_dim == -1:
+            ops.append(("flatten",))
+            flat = True
+        elif isinstance(mod, nn.Linear) and flat:
+            ops.append(("linear", f"{name}.weight", f"{name}.bias" if mod.bias is not None else ""))
+        else:
+            return None
+    return ops if flat and any(op[0] == "conv" for op in ops) else None
+
+
+def grouped_forward(ops: list[Op], p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """``[m, b, C]`` logits of m conv nets (per-parameter tensors ``[m, *shape]``) on
+    ``x [m, b, channels, H, W]``."""
+    m, b = x.shape[:2]
+    h = x.transpose(0, 1).reshape(b, m * x.shape[2], *x.shape[3:])
+    for op in ops:
+        kind = op[0]
+        if kind == "conv":
+            mod: nn.Conv2d = op[3]
+            wt = p[op[1]]
+            h = F.conv2d(h, wt.reshape(-1, *wt.shape[2:]), None, mod.stride, mod.padding, mod.dilation, m)
+            if op[2]:  # vmap's rule adds the bias apart from the convolution, and so do we (same bits)
+                h = h + p[op[2]].reshape(1, -1, 1, 1)
+        elif kind == "pool":
+            h = _max_pool(h, op[1])
+        elif kind == "relu":
+            h = F.relu(h)
+        elif kind == "flatten":
+            # contiguous, as vmap hands it on: bmm of a strided batch may take
+            # another kernel, with other bits (a 45-wide layer did)
+            h = h.reshape(b, m, -1).transpose(0, 1).contiguous()
+        else:  # linear on [m, b, in]
+            h = torch.bmm(h, p[op[1]].transpose(1, 2))
+            if op[2]:  # vmap's linear adds the bias apart too (baddbmm's sum differs in the last bit)
+                h = h + p[op[2]].unsqueeze(1)
+    return h
+
+
+def shared_forward(ops: list[Op], p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """``[B, C]`` logits of one conv net (per-parameter tensors ``p``) on ``x [B, ...]``:
+    the calls its modules make, to their bits, with the pooling of
+    :func:`_max_pool` and without ``functional_call``'s swap of the parameters."""
+    h = x
+    for op in ops:
+        kind = op[0]
+        if kind == "conv":
+            mod: nn.Conv2d = op[3]
+            h = F.conv2d(h, p[op[1]], p[op[2]] if op[2] else None, mod.stride, mod.padding, mod.dilation)
+        elif kind == "pool":
+            h = _max_pool(h, op[1])
+        elif kind == "relu":
+            h = F.relu(h)
+        elif kind == "flatten":
+            h = h.reshape(h.shape[0], -1)
+        else:
+            h = F.linear(h, p[op[1]], p[op[2]] if op[2] else None)
+    return h
+
+
+def _max_pool(h: torch.Tensor, mp: nn.MaxPool2d) -> torch.Tensor:
+    """``mp`` on ``h [N, C, H, W]``, on the CPU by :class:`_ChannelsLastPool`."""
+    args = (*(nn.modules.utils._pair(v) for v in (mp.kernel_size, mp.stride, mp.padding, mp.dilation)), mp.ceil_mode)
+    if h.device.type != "cpu":
+        return F.max_pool2d(h, *args)
+    return _ChannelsLastPool.apply(h, args)
+
+
+class _ChannelsLastPool(torch.autograd.Function):
+    """Max-pooling whose forward runs torch's channels-last kernel on a
+    channels-last copy, and whose backward is max-pooling's own on the NCHW
+    tensors. The channels-last kernel vectorises over channels where the NCHW
+    one walks window by window (2.3 against 0.3 ms on ``[10, 108, 24, 24]`` on one
+    thread, 0.8 ms more for the copy), and finds the same maxima at the same
+    (first) positions, so values and gradients keep their bits. Autograd
+    through ``contiguous(memory_format=...)`` instead would copy the gradient
+    back too and leave it channels-last for the layers below, whose kernels
+    are slower on the mixed layouts than the pooling gained (bench/README.md)."""
+
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, args: tuple) -> torch.Tensor:  # noqa: ANN001 - autograd's ctx
+        out, idx = torch.ops.aten.max_pool2d_with_indices(h.contiguous(memory_format=torch.channels_last), *args)
+        idx = idx.contiguous()
+        ctx.save_for_backward(h, idx)
+        ctx.args = args
+        return out.contiguous()
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor) -> tuple[torch.Tensor, None]:  # noqa: ANN001
+        h, idx = ctx.saved_tensors
+        return torch.ops.aten.max_pool2d_with_indices_backward(g.contiguous(), h, *ctx.args, idx), None
+
+
+def grouped_loss(ops: list[Op], p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
+                 bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-client weighted loss ``[m]`` (:func:`~mpifl.train.loss.cross_entropy`) of
+    :func:`grouped_forward`'s logits; ``bias [m, C]`` is added to client i's logits."""
+    return cross_entropy(grouped_forward(ops, p, x), y, w, bias=bias)
