@@ -7,7 +7,7 @@ state. Each rank writes its clients' rows, keyed by client id, so a run
 checkpointed on R ranks resumes on any other number of ranks.
 
     <run>/checkpoint/latest              name of the newest complete checkpoint
-    <run>/checkpoint/round-000012/meta.pt        round, config, replicated state
+    <run>/checkpoint/round-000012/meta.pt        round, config, training path, replicated state
     <run>/checkpoint/round-000012/part-0003.pt   rank 3's clients
     <run>/checkpoint/round-000012/manifest.json  every file's size and sha256, written last
 
@@ -274,6 +274,7 @@ def save(rd: RunDir, ctx, state: Any, t: int, die_before_publish: bool = False) 
         if not comm.is_writer:
             return
         meta = {"round": t, "config": ctx.cfg.to_dict(), "n_ranks": comm.size,
+                "train_path": "batched" if ctx.clients.batched else "per_client",
                 "starts": torch.as_tensor(np.asarray(comm.placement.starts, np.int64)),
                 "algo": {k: _encode(getattr(state, k), k) for k in glob}}
         files = {META: _save(meta, tmp / META, kept)}
@@ -373,6 +374,11 @@ def load(path: Path, ctx, state: Any) -> int:
     meta = read_meta(path)
     files = _manifest(path)
     rows, glob = saved_fields(state)
+    if c.needs_measuring and meta.get("train_path") in ("batched", "per_client"):
+        # train.batched=auto picked the path by a timing, which may come out the
+        # other way this time; the two agree to float tolerance only, and a resumed
+        # run continues the bits of the run it resumes
+        c.batched = meta["train_path"] == "batched"
     for k in glob:
         if k in meta["algo"]:  # a field added to State since the checkpoint keeps init's value
             setattr(state, k, _decode(meta["algo"][k], getattr(state, k), c.device))

@@ -275,7 +275,8 @@ def _acc_text(acc: float, at: int, t: int) -> str:
 def _path_text(c: Clients) -> str:
     text = f"batched={c.batched}"
     if c.path_times is not None:
-        text += f" (auto, timed: batched {1e3 * c.path_times[0]:.1f} ms, per client {1e3 * c.path_times[1]:.1f} ms)"
+        text += f" (auto, timed: batched {1e3 * c.path_times[0]:.1f} ms, per client {1e3 * c.path_times[1]:.1f} ms"
+        text += ")" if c.batched == (c.path_times[0] < c.path_times[1]) else "; the checkpoint's path kept)"
     return text
 
 

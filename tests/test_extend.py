@@ -156,3 +156,31 @@ def test_sweep_local_extends_a_finished_sweep_from_the_command_line(tmp_path, ca
     run = open_run(tmp_path / "out" / "s" / "runs" / "000_seed-0")
     assert run.attrs["resumed_from_round"] == 2 and run.complete and run.config["run"]["rounds"] == 4
     assert "done, skipped" in local(3)  # fewer rounds than the log holds: the point is done
+
+
+def test_a_resumed_auto_run_keeps_the_training_path_it_resumes(tmp_path, monkeypatch):
+    """train.batched=auto times both paths at every start; a conv net's paths agree
+    to float tolerance only, so a resume that timed the other way round still
+    trains on the checkpoint's path, to a straight run's bits."""
+    from mpifl.train import Clients
+
+    conv = {"data.name": "digits", "data.n_clients": 4, "data.subsample": 0.3, "model.name": "cnn2",
+            "train.batched": "auto"}
+    faster: list[bool] = []  # which path each start's timing finds faster: batched?
+    monkeypatch.setattr(Clients, "measure_paths",
+                        lambda self, *a, **k: (1.0, 2.0) if faster[-1] else (2.0, 1.0))
+    faster.append(True)
+    straight = _cfg(tmp_path / "a", 4, **conv)
+    runtime.run(straight, world())
+    runtime.run(_cfg(tmp_path / "b", 2, **conv), world())
+    faster.append(False)  # the resume's timing says per client
+    extended = _cfg(tmp_path / "b", 4, **conv)
+    runtime.run(extended, world())
+    a, b = open_run(straight.run_dir), open_run(extended.run_dir)
+    assert a.attrs["train_path"] == b.attrs["train_path"] == "batched"
+    assert_same_logs(a, b)
+    fresh = _cfg(tmp_path / "c", 4, **conv)  # a fresh start follows its own timing
+    runtime.run(fresh, world())
+    c = open_run(fresh.run_dir)
+    assert c.attrs["train_path"] == "per_client"
+    assert not (c.get("metrics/train_loss") == a.get("metrics/train_loss")).all()
