@@ -91,9 +91,10 @@ class TrainConfig:
     weight_decay: float = 0.0
     batch_size: int = 32
     local_epochs: int = 1
-    # train all of a rank's clients at once (vmap; stacked bmm for MLPs) or client by
-    # client; auto = MLPs batched, other models whichever path a timing of both at
-    # the start of the run finds faster (logged as the run's train_path)
+    # train all of a rank's clients at once (stacked bmm for MLPs, grouped convs for
+    # conv nets, else vmap) or client by client; auto = MLPs batched, other models
+    # whichever path a timing of both at the start of the run finds faster (logged as
+    # the run's train_path; a resume keeps its checkpoint's path)
     batched: Literal["auto", "on", "off"] = "auto"
     # a NaN/inf loss or parameter: stop with an error naming client and round, or drop
     # that client's update for the round (counted in /metrics/skipped)
