@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from test_clients import make_conv
 from torch import nn
 from torch.func import functional_call, vmap
 
@@ -11,7 +12,6 @@ from mpifl import models
 from mpifl.train import rowmodel
 from mpifl.train.grouped import _max_pool, grouped_convnet, grouped_forward, grouped_loss, shared_forward
 from mpifl.train.loss import cross_entropy
-from test_clients import make_conv
 
 
 def _padded_net(in_shape, n_classes):

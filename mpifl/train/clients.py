@@ -21,8 +21,8 @@ from torch import nn
 from ..data import FederatedData
 from ..models import has_batchnorm
 from . import batched, evaluation, loop, rowmodel
-from .layout import Layout
 from .grouped import grouped_convnet
+from .layout import Layout
 from .mlp import stacked_mlp
 from .objective import Objective, StepFn
 from .optimizer import RowOptimizer
