@@ -10,7 +10,7 @@ from torch.func import functional_call, vmap
 
 from mpifl import models
 from mpifl.train import rowmodel
-from mpifl.train.grouped import _max_pool, grouped_convnet, grouped_forward, grouped_loss, shared_forward
+from mpifl.train.grouped import _max_pool, grouped_convnet, grouped_forward, grouped_loss, pool_args, shared_forward
 from mpifl.train.loss import cross_entropy
 
 
@@ -79,7 +79,7 @@ def test_pooling_keeps_torchs_values_and_gradients_with_ties(pool):
     torch.manual_seed(0)
     h = F.relu(torch.randn(3, 6, 13, 13)).round(decimals=1).requires_grad_(True)
     ref = pool(h)
-    got = _max_pool(h, pool)
+    got = _max_pool(h, pool_args(pool))
     assert torch.equal(got, ref) and got.is_contiguous()
     g = torch.randn_like(ref)
     assert torch.equal(torch.autograd.grad(got, h, g)[0], torch.autograd.grad(ref, h, g)[0])

@@ -23,7 +23,7 @@ from .loss import cross_entropy
 
 F = torch.nn.functional
 
-# (kind, *parameter names or the module) per layer
+# (kind, *parameter names, the Conv2d or the pooling's arguments) per layer
 Op = tuple
 
 
@@ -42,7 +42,7 @@ def grouped_convnet(model: nn.Module) -> list[Op] | None:
                 and not isinstance(mod.padding, str):
             ops.append(("conv", f"{name}.weight", f"{name}.bias" if mod.bias is not None else "", mod))
         elif isinstance(mod, nn.MaxPool2d) and not flat and not mod.return_indices:
-            ops.append(("pool", mod))
+            ops.append(("pool", pool_args(mod)))
         elif isinstance(mod, nn.ReLU):
             ops.append(("relu",))
         elif isinstance(mod, nn.Flatten) and not flat and mod.start_dim == 1 and mod.end_dim == -1:
@@ -104,9 +104,15 @@ def shared_forward(ops: list[Op], p: dict[str, torch.Tensor], x: torch.Tensor) -
     return h
 
 
-def _max_pool(h: torch.Tensor, mp: nn.MaxPool2d) -> torch.Tensor:
-    """``mp`` on ``h [N, C, H, W]``, on the CPU by :class:`_ChannelsLastPool`."""
-    args = (*(nn.modules.utils._pair(v) for v in (mp.kernel_size, mp.stride, mp.padding, mp.dilation)), mp.ceil_mode)
+def pool_args(mp: nn.MaxPool2d) -> tuple:
+    """``(kernel_size, stride, padding, dilation, ceil_mode)`` of ``mp``, as
+    ``F.max_pool2d`` and its aten kernels take them."""
+    return (*(nn.modules.utils._pair(v) for v in (mp.kernel_size, mp.stride, mp.padding, mp.dilation)), mp.ceil_mode)
+
+
+def _max_pool(h: torch.Tensor, args: tuple) -> torch.Tensor:
+    """Max-pooling (:func:`pool_args`) of ``h [N, C, H, W]``, on the CPU by
+    :class:`_ChannelsLastPool`."""
     if h.device.type != "cpu":
         return F.max_pool2d(h, *args)
     return _ChannelsLastPool.apply(h, args)
