@@ -44,9 +44,12 @@ console) with clients ordered by true cluster, beside
 ``heatmaps/<run>/clients_label_hist.png`` (clients x classes). Legends and labels
 name each group by its keys and values (``algorithm.name=oracle, train.lr=0.1``).
 
-``--x KEY [--versus NAME] [--method NAME] [--metric M]``: curves of a summary
-metric over a swept numeric key per method, and where each method stops beating
-a baseline (``mpifl/curves.py``).
+``--x KEY [--versus NAME [--ceiling NAME]] [--y KEY2] [--method NAME] [--metric
+M]``: curves of a summary metric over a swept numeric key per method; against a
+baseline, paired by seed, the mean difference with its 95% interval and where
+each method stops being above it; with a ceiling (a positive control such as
+Oracle), the room it leaves over the baseline and each method's share of that
+room; with a second key, heatmaps of the share (``mpifl/curves.py``).
 """
 
 from __future__ import annotations
@@ -510,13 +513,22 @@ def main(argv: list[str] | None = None) -> int:
                                               "key (a PNG, a CSV and a Markdown table)")
     c.add_argument("--metric", choices=ACC, default="final_acc",
                    help="with --x: the summary metric (default final_acc)")
-    c.add_argument("--versus", metavar="NAME", help="with --x: for each method, where it stops beating this "
-                                                    "algorithm.name by more than the seeds' std")
+    c.add_argument("--versus", metavar="NAME", help="with --x: each method against this algorithm.name, paired by "
+                                                    "seed: mean difference, 95%% interval, above/level/below "
+                                                    "(versus.csv, versus.md)")
+    c.add_argument("--ceiling", metavar="NAME", help="with --versus: a positive control (e.g. oracle); per seed "
+                                                     "its gain over the baseline is the room and each method's "
+                                                     "gain / room its share; 'no room' where the ceiling is not "
+                                                     "above the baseline")
+    c.add_argument("--y", metavar="KEY2", help="with --x: a second swept numeric key; one curve per value, and "
+                                               "with --ceiling a heatmap of each method's share over KEY2 x KEY")
     c.add_argument("--method", action="append", default=[], metavar="NAME",
                    help="with --versus: report this algorithm.name only (may be repeated; default all others)")
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
-    if (a.versus or a.method) and not a.x:
-        ap.error("--versus and --method need --x KEY")
+    if (a.versus or a.method or a.y) and not a.x:
+        ap.error("--versus, --method and --y need --x KEY")
+    if a.ceiling and not a.versus:
+        ap.error("--ceiling needs --versus NAME")
     if a.method and not a.versus:
         ap.error("--method needs --versus NAME")
     out = a.out
@@ -527,14 +539,15 @@ def main(argv: list[str] | None = None) -> int:
 
     def check(runs: list[Summary], keys: list[str]) -> None:
         if a.x:
-            compute(runs, a.x, Grouping(keys, setting, NOT_APPLICABLE), a.metric, a.versus, a.method, a.ddof)
+            compute(runs, a.x, Grouping(keys, setting, NOT_APPLICABLE), a.metric, a.versus, a.method, a.ddof,
+                    a.ceiling, a.y)
 
     try:
         res = analyze(a.paths, out, a.heatmaps, a.rounds, a.ddof, window=max(1, a.window), layouts=a.layout,
                       check=check)
         if a.x:
             report(res["runs"], a.x, Grouping(res["keys"], setting, NOT_APPLICABLE), out, a.metric, a.versus,
-                   a.method, a.ddof)
+                   a.method, a.ddof, ceiling=a.ceiling, y=a.y)
     except (FileNotFoundError, LayoutError, CurveError) as e:
         print(f"mpifl.analyze: error: {e}", file=sys.stderr)
         return 2

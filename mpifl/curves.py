@@ -1,28 +1,49 @@
-"""Accuracy against a swept config key, per method, and where a method stops
-beating a baseline: ``python -m mpifl.analyze SWEEP_DIR --x KEY [--versus NAME]``.
+"""Accuracy against a swept config key, per method, and how each method does
+against a baseline, paired by seed: ``python -m mpifl.analyze SWEEP_DIR --x KEY
+[--versus NAME [--ceiling NAME]] [--y KEY2]``.
 
 Runs are grouped into methods by ``algorithm.name`` and every other key that
-varies between them (as ``mpifl.analyze`` groups), leaving out KEY and the seed;
-each method's curve is, at every value of KEY, the mean ± std over seeds of the
-summary metric (``--metric``, default ``final_acc``: the last evaluated round's
-test accuracy, mean over clients, as the reproduction pages report). KEY must
-hold numbers (``data.train_per_client``, ``train.lr``, ...). Only complete runs
-(every planned round logged) make a point: a run still going or stopped would
-give its last logged round as its final one; those left out are named.
+varies between them (as ``mpifl.analyze`` groups), leaving out KEY (and KEY2)
+and the seed; each method's curve is, at every value of KEY, the mean ± std
+over seeds of the summary metric (``--metric``, default ``final_acc``: the last
+evaluated round's test accuracy, mean over clients, as the reproduction pages
+report). KEY must hold numbers (``data.train_per_client``, ``train.lr``, ...).
+Only complete runs (every planned round logged) make a point: a run still going
+or stopped would give its last logged round as its final one; those left out
+are named in one line.
 
 Written to the analysis folder (names from the key, ``data.train_per_client`` ->
 ``curves_train_per_client.*``): a PNG (log x axis where the largest value is at
 least 10 times the smallest), a CSV (fractions) and a Markdown table (percent).
 
-Crossover, with ``--versus BASELINE`` (an ``algorithm.name``; ``--method NAME``,
-repeatable, limits the methods reported, default all others): at each value of
-KEY both have runs at, a method is *above* the baseline when its mean exceeds
-the baseline's by more than the larger of the two seed stds, *below* likewise,
-else *level*. Printed per method: the largest value at which it is above, and
-the first value after it at which it no longer is (none: above up to the
-largest value; never above: the smallest value). The baseline of a method is
-the baseline's curve with the same values of the keys outside algorithm
-sections (a sweep over job files compares within each file).
+Paired comparison, with ``--versus BASELINE`` (an ``algorithm.name``; ``--method
+NAME``, repeatable, limits the methods reported, default all others): seed s
+gives every method the same partition and initial weights, so at each value of
+KEY the method's and the baseline's runs are paired by seed and the per-seed
+differences (method minus baseline) give a mean and a 95% t-interval
+(``mpifl.stats``) over the n seeds both have. The verdict is *above* where the
+interval's lower end is > 0, *below* where its upper end is < 0, else *level*
+(one seed gives no interval: level). Printed per method: the largest value at
+which it is above, and the first value after it at which it no longer is.
+
+The share of the gain, with ``--ceiling NAME`` (e.g. ``oracle``, a positive
+control): per seed, ceiling minus baseline is the *room* and (method minus
+baseline) / room the method's *share*; both are reported as a mean with its 95%
+t-interval. Where the ceiling is not above the baseline by its own paired
+interval the cell says "no room" and gets no share: there was nothing a method
+could have captured, or the seeds cannot show it. A share above 1 is a method
+beating the ceiling (Oracle's groups are fixed; a method may pool more).
+
+Written as ``versus.csv`` (columns ``method, [KEY2,] x, n_seeds, seeds,
+diff_mean, ci_low, ci_high, verdict``, with ``--ceiling`` also ``room,
+room_low, room_high, gain_share, gain_low, gain_high``; fractions) and
+``versus.md`` (points). With ``--y KEY2`` (a second swept numeric key) every
+method gets one curve per value of KEY2 and, with ``--ceiling``, a heatmap of
+its gain share over KEY2 x KEY (``share_<method>.png``; "no room" cells grey).
+
+The baseline (and ceiling) of a method is the one with the same values of the
+keys outside algorithm sections (a sweep over job files compares within each
+file).
 """
 
 from __future__ import annotations
@@ -38,9 +59,11 @@ from typing import Any
 import numpy as np
 
 from .figure import finish, pyplot
+from .stats import paired_interval, verdict
 from .summary import Summary
 
 LOG_SPAN = 10  # a log x axis once max/min reaches this
+NO_ROOM = "no room"
 
 
 class CurveError(ValueError):
@@ -55,35 +78,78 @@ class Curve:
     mean: list[float] = field(default_factory=list)
     std: list[float] = field(default_factory=list)
     seeds: list[list[int]] = field(default_factory=list)
+    values: list[list[float]] = field(default_factory=list)  # per x, the metric of each seed in `seeds`
+    y: float | None = None  # the value of --y KEY2 this curve is drawn at
 
     def at(self, x: float) -> tuple[float, float] | None:
         return (self.mean[self.x.index(x)], self.std[self.x.index(x)]) if x in self.x else None
+
+    def by_seed(self, x: float) -> dict[int, float]:
+        if x not in self.x:
+            return {}
+        i = self.x.index(x)
+        return {s: v for s, v in zip(self.seeds[i], self.values[i]) if not math.isnan(v)}
+
+
+@dataclass
+class Interval:
+    mean: float
+    low: float
+    high: float
+
+
+@dataclass
+class Paired:
+    """One method against the baseline at one x: the per-seed differences' mean
+    and 95% interval, and with a ceiling the room and the share of it."""
+
+    method: str
+    baseline: str
+    x: float
+    y: float | None
+    seeds: list[int]
+    diff: Interval
+    verdict: str
+    room: Interval | None = None  # ceiling minus baseline
+    share: Interval | None = None  # None with a ceiling: no room
+
+    @property
+    def n(self) -> int:
+        return len(self.seeds)
 
 
 @dataclass
 class Crossover:
     method: str
     baseline: str
-    signs: list[tuple[float, str, float]]  # (x, "above" | "level" | "below", mean difference)
+    signs: list[tuple[float, str, float]]  # (x, "above" | "level" | "below", mean paired difference)
     last_above: float | None  # the largest x at which the method is above
     no_longer: float | None  # the first x after last_above at which it is not; None: above to the end
+    points: list[Paired] = field(default_factory=list)
 
     def sentence(self, key: str, scale: float = 100.0) -> str:
         xs = [x for x, _, _ in self.signs]
-        pattern = ", ".join(f"{_num(x)}: {scale * d:+.2f} {s}" for x, s, d in self.signs)
+        pattern = ", ".join(f"{_num(p.x)}: {scale * p.diff.mean:+.2f} {_ci(p.diff, scale)} {p.verdict} [{p.n}]"
+                            for p in self.points)
         if not xs:
-            return f"{self.method} vs {self.baseline}: no common value of {key}"
+            return f"{self.method} vs {self.baseline}: no common seed at any value of {key}"
         if self.last_above is None:
-            head = f"never above by more than the seeds' std ({key} {_num(xs[0])} to {_num(xs[-1])})"
+            head = f"never above by its paired 95% interval ({key} {_num(xs[0])} to {_num(xs[-1])})"
         elif self.no_longer is None:
             head = f"above up to the largest {key} ({_num(self.last_above)})"
         else:
             head = f"above up to {key}={_num(self.last_above)}, no longer at {_num(self.no_longer)}"
-        return f"{self.method} vs {self.baseline}: {head}; per value, points: {pattern}"
+        return f"{self.method} vs {self.baseline}: {head}; per value, points, 95% interval, [seeds]: {pattern}"
 
 
 def _num(v: float) -> str:
     return f"{v:g}"
+
+
+def _ci(i: Interval, scale: float = 100.0, digits: int = 2) -> str:
+    if math.isnan(i.low):
+        return "[no interval]"
+    return f"[{scale * i.low:+.{digits}f}, {scale * i.high:+.{digits}f}]"
 
 
 def _value(r: Summary, key: str) -> float:
@@ -112,72 +178,100 @@ class Grouping:
 
 
 def curves(runs: list[Summary], key: str, grouping: Grouping, metric: str = "final_acc",
-           ddof: int = 1) -> tuple[list[str], list[Curve]]:
-    """The grouping keys without ``key`` and one curve per method, x ascending."""
-    if not any(key in r.config for r in runs):
-        raise CurveError(f"--x {key}: no run's config has that key")
+           ddof: int = 1, y: str | None = None) -> tuple[list[str], list[Curve]]:
+    """The grouping keys without ``key`` (and ``y``) and one curve per method
+    (and value of ``y``), x ascending."""
+    for k, flag in ((key, "--x"), (y, "--y")):
+        if k is not None and not any(k in r.config for r in runs):
+            raise CurveError(f"{flag} {k}: no run's config has that key")
+    if y == key:
+        raise CurveError(f"--y {y}: the same key as --x; give two different swept keys")
     runs = [r for r in runs if r.complete]
     if not runs:
         raise CurveError(f"--x {key}: no run is complete (every one is still going or stopped)")
-    keys = [k for k in grouping.keys if k != key]
-    by: dict[tuple[str, ...], dict[float, list[Summary]]] = {}
+    keys = [k for k in grouping.keys if k not in (key, y)]
+    by: dict[tuple, dict[float, list[Summary]]] = {}
     for r in runs:
-        by.setdefault(tuple(grouping.setting(r, k) for k in keys), {}).setdefault(_value(r, key), []).append(r)
+        yv = None if y is None else _value(r, y)
+        by.setdefault((tuple(grouping.setting(r, k) for k in keys), yv), {}).setdefault(_value(r, key), []).append(r)
     out = []
-    for method, points in by.items():
+    for (method, yv), points in sorted(by.items(), key=lambda kv: (kv[0][0], -math.inf if kv[0][1] is None
+                                                                     else kv[0][1])):
         parts = [method[0]] + [f"{k}={v}" for k, v in zip(keys[1:], method[1:]) if v != grouping.not_applicable]
-        c = Curve(method, ", ".join(parts))
+        if yv is not None:
+            parts.append(f"{y}={_num(yv)}")
+        c = Curve(method, ", ".join(parts), y=yv)
         for x in sorted(points):
             rs = sorted(points[x], key=lambda r: r.seed)
-            mean, std = _stats([getattr(r, metric) for r in rs], ddof)
+            vals = [float(getattr(r, metric)) for r in rs]
+            mean, std = _stats(vals, ddof)
             c.x.append(x)
             c.mean.append(mean)
             c.std.append(std)
             c.seeds.append([r.seed for r in rs])
+            c.values.append(vals)
         out.append(c)
     return keys, out
 
 
-def compare(c: Curve, base: Curve) -> Crossover:
-    signs = []
-    for x in c.x:
-        b = base.at(x)
-        if b is None:
-            continue
-        (m, s), (bm, bs) = c.at(x), b
-        d = m - bm
-        spread = max(0.0 if math.isnan(s) else s, 0.0 if math.isnan(bs) else bs)
-        signs.append((x, "above" if d > spread else "below" if d < -spread else "level", d))
+def paired(c: Curve, base: Curve, x: float, ceiling: Curve | None = None, level: float = 0.95) -> Paired | None:
+    """c against base at x over the seeds both (and the ceiling, if given) have."""
+    m, b = c.by_seed(x), base.by_seed(x)
+    top = ceiling.by_seed(x) if ceiling is not None else None
+    seeds = sorted(set(m) & set(b) & (set(top) if top is not None else set(m)))
+    if not seeds:
+        return None
+    d = paired_interval([m[s] - b[s] for s in seeds], level)
+    p = Paired(c.label, base.label, x, c.y, seeds, Interval(*d[:3]), verdict(d[1], d[2]))
+    if top is not None:
+        rooms = [top[s] - b[s] for s in seeds]
+        r = paired_interval(rooms, level)
+        p.room = Interval(*r[:3])
+        if verdict(r[1], r[2]) == "above":
+            sh = paired_interval([(m[s] - b[s]) / room for s, room in zip(seeds, rooms)], level)
+            p.share = Interval(*sh[:3])
+    return p
+
+
+def compare(c: Curve, base: Curve, ceiling: Curve | None = None) -> Crossover:
+    points = [p for p in (paired(c, base, x, ceiling) for x in c.x) if p is not None]
+    signs = [(p.x, p.verdict, p.diff.mean) for p in points]
     above = [x for x, s, _ in signs if s == "above"]
     last = max(above) if above else None
     later = [x for x, s, _ in signs if s != "above" and (last is None or x > last)]
-    return Crossover(c.label, base.label, signs, last, min(later) if later else None)
+    return Crossover(c.label, base.label, signs, last, min(later) if later else None, points)
 
 
-def _baseline_for(c: Curve, keys: list[str], pool: list[Curve], name: str) -> Curve | None:
-    """The baseline's curve that agrees with c on every key outside algorithm sections."""
+def _partner(c: Curve, keys: list[str], pool: list[Curve], name: str) -> Curve | None:
+    """The curve of algorithm ``name`` that agrees with c on every key outside
+    algorithm sections (and on --y)."""
     from .algorithms import NAMES
 
     shared = [i for i, k in enumerate(keys) if i > 0 and k.split(".", 1)[0] not in NAMES]
     for b in pool:
-        if b.method[0] == name and all(b.method[i] == c.method[i] for i in shared):
+        if b.method[0] == name and b.y == c.y and all(b.method[i] == c.method[i] for i in shared):
             return b
     return None
 
 
-def crossovers(keys: list[str], cs: list[Curve], versus: str, methods: list[str] = ()) -> list[Crossover]:
+def crossovers(keys: list[str], cs: list[Curve], versus: str, methods: list[str] = (),
+               ceiling: str | None = None) -> list[Crossover]:
     names = {c.method[0] for c in cs}
     have = ", ".join(sorted(names))
-    for flag, m in [("--versus", versus), *(("--method", m) for m in methods)]:
+    flags = [("--versus", versus), *(("--method", m) for m in methods)]
+    if ceiling is not None:
+        flags.append(("--ceiling", ceiling))
+    for flag, m in flags:
         if m not in names:
             raise CurveError(f"{flag} {m}: no runs of algorithm.name={m}; the runs have {have}")
     out = []
     for c in cs:
         if c.method[0] == versus or (methods and c.method[0] not in methods):
             continue
-        base = _baseline_for(c, keys, cs, versus)
+        base = _partner(c, keys, cs, versus)
         if base is not None:
-            out.append(compare(c, base))
+            top = _partner(c, keys, cs, ceiling) if ceiling is not None else None
+            out.append(compare(c, base, top if ceiling is not None and top is not None else None))
     return out
 
 
@@ -193,13 +287,63 @@ def rows(cs: list[Curve]) -> list[dict[str, Any]]:
             for c in cs for x, m, sd, s in zip(c.x, c.mean, c.std, c.seeds)]
 
 
+def _g(v: float) -> str:
+    return "" if v is None or math.isnan(v) else f"{v:.6g}"
+
+
 def write_csv(path: Path, key: str, metric: str, cs: list[Curve]) -> None:
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["method", key, "n_seeds", "seeds", f"{metric}_mean", f"{metric}_std"])
         for r in rows(cs):
-            w.writerow([r["method"], _num(r["x"]), r["n_seeds"], r["seeds"], f"{r['mean']:.6g}",
-                        "" if math.isnan(r["std"]) else f"{r['std']:.6g}"])
+            w.writerow([r["method"], _num(r["x"]), r["n_seeds"], r["seeds"], _g(r["mean"]), _g(r["std"])])
+
+
+def _base_label(p: Paired, y: str | None) -> str:
+    """The method's label without its ``--y`` part (the y value has its own column)."""
+    return p.method if y is None or p.y is None else p.method.removesuffix(f", {y}={_num(p.y)}")
+
+
+def write_versus_csv(path: Path, cross: list[Crossover], y: str | None, ceiling: bool) -> None:
+    head = ["method", *([y] if y else []), "x", "n_seeds", "seeds", "diff_mean", "ci_low", "ci_high", "verdict"]
+    if ceiling:
+        head += ["room", "room_low", "room_high", "gain_share", "gain_low", "gain_high"]
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(head)
+        for c in cross:
+            for p in c.points:
+                row = [_base_label(p, y), *([_num(p.y)] if y else []), _num(p.x), p.n, " ".join(map(str, p.seeds)),
+                       _g(p.diff.mean), _g(p.diff.low), _g(p.diff.high), p.verdict]
+                if ceiling:
+                    r = p.room or Interval(math.nan, math.nan, math.nan)
+                    row += [_g(r.mean), _g(r.low), _g(r.high)]
+                    row += [_g(p.share.mean), _g(p.share.low), _g(p.share.high)] if p.share else [NO_ROOM, "", ""]
+                w.writerow(row)
+
+
+def versus_markdown(key: str, cross: list[Crossover], y: str | None, ceiling: str | None, metric: str) -> str:
+    """One row per method and x: the paired difference, its verdict and, with a
+    ceiling, the room and the share of it (points; shares in percent)."""
+    cols = ["method", *([y] if y else []), key, "seeds", "diff (95% CI)", "verdict"]
+    if ceiling:
+        cols += ["room (95% CI)", "gain share (95% CI)"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for c in cross:
+        for p in c.points:
+            cells = [_base_label(p, y), *([_num(p.y)] if y else []), _num(p.x), str(p.n),
+                     f"{100 * p.diff.mean:+.2f} {_ci(p.diff)}", p.verdict]
+            if ceiling:
+                cells.append(f"{100 * p.room.mean:+.2f} {_ci(p.room)}" if p.room else "–")
+                cells.append(f"{100 * p.share.mean:.0f}% {_ci(p.share, 100, 0)}" if p.share else NO_ROOM)
+            lines.append("| " + " | ".join(cells) + " |")
+    base = cross[0].baseline.split(",")[0] if cross else "the baseline"
+    note = (f"\n{metric}: method minus {base}, paired by seed, in points, mean and 95% t-interval; verdict above/"
+            "below where the interval excludes 0, else level.")
+    if ceiling:
+        note += (f" Room: {ceiling} minus {base}; gain share: (method - {base}) / room per seed, mean and 95% "
+                 f"interval; {NO_ROOM!r} where {ceiling} is not above {base} by its own interval.")
+    return "\n".join(lines) + "\n" + note + "\n"
 
 
 def markdown(key: str, metric: str, cs: list[Curve], ddof: int) -> str:
@@ -243,33 +387,84 @@ def plot(path: Path, key: str, metric: str, cs: list[Curve]) -> Path:
     return finish(plt, fig, ax, path, key, f"{metric} (%)", f"{metric} vs {key} (mean ± std over seeds)")
 
 
+def share_heatmaps(out: Path, key: str, y: str, cross: list[Crossover], ceiling: str) -> list[Path]:
+    """Per method, its gain share over (y, x): the mean in each cell with the
+    interval beneath, grey where there is no room."""
+    plt = pyplot()
+    by: dict[str, list[Paired]] = {}
+    for c in cross:
+        for p in c.points:
+            by.setdefault(_base_label(p, y), []).append(p)
+    paths = []
+    for method, ps in by.items():
+        xs, ys = sorted({p.x for p in ps}), sorted({p.y for p in ps})
+        grid = np.full((len(ys), len(xs)), np.nan)
+        fig, ax = plt.subplots(figsize=(1.6 * len(xs) + 2.2, 1.1 * len(ys) + 1.6))
+        for p in ps:
+            i, j = ys.index(p.y), xs.index(p.x)
+            if p.share is not None:
+                grid[i, j] = p.share.mean
+                text = f"{100 * p.share.mean:.0f}%\n{_ci(p.share, 100, 0)}"
+            else:
+                text = NO_ROOM
+            ax.text(j, i, f"{text}\n[{p.n}]", ha="center", va="center", fontsize=8)
+        cmap = plt.get_cmap("RdYlGn").copy()
+        cmap.set_bad("0.85")
+        im = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=-1, vmax=1, origin="lower", aspect="auto")
+        ax.set_xticks(range(len(xs)), [_num(v) for v in xs])
+        ax.set_yticks(range(len(ys)), [_num(v) for v in ys])
+        fig.colorbar(im, ax=ax, label=f"share of the room ({ceiling} - {cross[0].baseline.split(',')[0]})")
+        path = out / ("share_" + re.sub(r"[^A-Za-z0-9_.-]+", "_", method) + ".png")
+        paths.append(finish(plt, fig, ax, path, key, y, f"{method}: gain share (mean, 95% CI, [seeds])",
+                            legend=False))
+    return paths
+
+
 def compute(runs: list[Summary], key: str, grouping: Grouping, metric: str = "final_acc",
-            versus: str | None = None, methods: list[str] = (), ddof: int = 1
-            ) -> tuple[list[str], list[Curve], list[Crossover]]:
+            versus: str | None = None, methods: list[str] = (), ddof: int = 1, ceiling: str | None = None,
+            y: str | None = None) -> tuple[list[str], list[Curve], list[Crossover]]:
     """The grouping keys, the curves and the crossovers; raises :class:`CurveError`
     on a key or a method the runs cannot give, before anything is written."""
-    keys, cs = curves(runs, key, grouping, metric, ddof)
-    return keys, cs, crossovers(keys, cs, versus, list(methods)) if versus else []
+    keys, cs = curves(runs, key, grouping, metric, ddof, y)
+    return keys, cs, crossovers(keys, cs, versus, list(methods), ceiling) if versus else []
+
+
+def left_out_line(runs: list[Summary]) -> str:
+    """One line naming the runs that are not complete, or ''."""
+    left = [r for r in runs if not r.complete]
+    if not left:
+        return ""
+    return (f"Left out, not complete ({len(left)}): " +
+            ", ".join(f"{r.name} ({r.rounds_done}/{r.rounds_planned or '?'} rounds)" for r in left))
 
 
 def report(runs: list[Summary], key: str, grouping: Grouping, out: Path, metric: str = "final_acc",
-           versus: str | None = None, methods: list[str] = (), ddof: int = 1, echo=print) -> dict[str, Any]:
-    """Curves of ``metric`` over ``key``: files under ``out``, the table and the
+           versus: str | None = None, methods: list[str] = (), ddof: int = 1, echo=print,
+           ceiling: str | None = None, y: str | None = None) -> dict[str, Any]:
+    """Curves of ``metric`` over ``key``: files under ``out``, the tables and the
     crossovers echoed; returns what was made."""
-    keys, cs, cross = compute(runs, key, grouping, metric, versus, methods, ddof)
+    keys, cs, cross = compute(runs, key, grouping, metric, versus, methods, ddof, ceiling, y)
     out.mkdir(parents=True, exist_ok=True)
     base = out / stem(key)
     write_csv(base.with_suffix(".csv"), key, metric, cs)
     md = markdown(key, metric, cs, ddof)
+    made = [base.with_suffix(".csv"), base.with_suffix(".md")]
     if cross:
-        md += "\nCrossover (above: the mean exceeds the baseline's by more than the larger seed std):\n\n" + \
+        md += "\nCrossover (above: the paired 95% interval of the difference lies above 0):\n\n" + \
             "".join(f"- {c.sentence(key)}\n" for c in cross)
-    left = [r for r in runs if not r.complete]
+        vs = versus_markdown(key, cross, y, ceiling, metric)
+        md += "\n" + vs
+        write_versus_csv(out / "versus.csv", cross, y, ceiling is not None)
+        (out / "versus.md").write_text(vs)
+        made += [out / "versus.csv", out / "versus.md"]
+    left = left_out_line(runs)
     if left:
-        md += (f"\nLeft out, not complete ({len(left)}): " +
-               ", ".join(f"{r.name} ({r.rounds_done}/{r.rounds_planned or '?'} rounds)" for r in left) + "\n")
+        md += "\n" + left + "\n"
     base.with_suffix(".md").write_text(md)
     png = plot(base.with_suffix(".png"), key, metric, cs)
+    made.append(png)
+    if cross and ceiling and y:
+        made += share_heatmaps(out, key, y, cross, ceiling)
     echo(md, end="")
-    echo(f"wrote {base.with_suffix('.csv')}, {base.with_suffix('.md')} and {png}")
-    return {"keys": keys, "curves": cs, "crossovers": cross, "figure": png}
+    echo("wrote " + ", ".join(str(p) for p in made))
+    return {"keys": keys, "curves": cs, "crossovers": cross, "figure": png, "files": made}

@@ -18,13 +18,16 @@ def pyplot() -> Any:
     return plt
 
 
-def finish(plt: Any, fig: Any, ax: Any, path: Path, xlabel: str, ylabel: str, title: str) -> Path:
-    """Labels, grid and legend, then save the figure to ``path`` and free it."""
+def finish(plt: Any, fig: Any, ax: Any, path: Path, xlabel: str, ylabel: str, title: str,
+           legend: bool = True) -> Path:
+    """Labels, grid and legend (a heatmap has neither), then save the figure to
+    ``path`` and free it."""
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if legend:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

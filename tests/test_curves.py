@@ -92,11 +92,58 @@ def test_crossover_is_the_last_size_above_and_the_first_after_it_not(runs):
     assert [c.method for c in only] == ["oracle"]
 
 
-def test_a_gap_within_the_seeds_std_is_level():
-    c = cv.Curve(("m",), "m", [1.0, 2.0], [0.70, 0.75], [0.02, 0.01], [[0, 1]] * 2)
-    b = cv.Curve(("b",), "b", [1.0, 2.0], [0.69, 0.70], [0.005, 0.06], [[0, 1]] * 2)
-    x = cv.compare(c, b)  # 1 point up with std 2: level; 5 up with the baseline's std 6: level
-    assert [s for _, s, _ in x.signs] == ["level", "level"] and x.last_above is None and x.no_longer == 1.0
+def curve(label: str, by_x: dict[float, dict[int, float]], y: float | None = None) -> cv.Curve:
+    c = cv.Curve((label,), label, y=y)
+    for x, vals in sorted(by_x.items()):
+        c.x.append(x)
+        c.seeds.append(sorted(vals))
+        c.values.append([vals[s] for s in sorted(vals)])
+        c.mean.append(float(np.mean(c.values[-1])))
+        c.std.append(float(np.std(c.values[-1], ddof=1)))
+    return c
+
+
+def test_the_paired_interval_is_students_t_on_the_differences():
+    from mpifl.stats import paired_interval, verdict
+
+    mean, low, high, n = paired_interval([1.0, 2.0, 3.0])
+    half = 4.302652729911275 / math.sqrt(3)  # t_{0.975, 2}, sd 1
+    assert (mean, n) == (2.0, 3) and low == pytest.approx(2 - half) and high == pytest.approx(2 + half)
+    assert verdict(low, high) == "level"
+    assert paired_interval([0.5, math.nan])[:2] == (0.5, 0.5) or math.isnan(paired_interval([0.5, math.nan])[1])
+    assert paired_interval([0.5])[3] == 1 and math.isnan(paired_interval([0.5])[1])
+    assert verdict(0.1, 0.2) == "above" and verdict(-0.2, -0.1) == "below" and verdict(math.nan, math.nan) == "level"
+
+
+def test_a_gain_smaller_than_the_seeds_spread_but_on_every_seed_is_above():
+    base = {0: 0.70, 1: 0.80, 2: 0.90}  # the seeds differ by 10 points: the old std rule said level
+    m = curve("m", {1.0: {s: v + g for (s, v), g in zip(base.items(), (0.010, 0.012, 0.011))},
+                    2.0: {s: v + g for (s, v), g in zip(base.items(), (0.03, -0.04, 0.02))},
+                    3.0: {s: v - g for (s, v), g in zip(base.items(), (0.020, 0.021, 0.022))}})
+    b = curve("b", {1.0: base, 2.0: base, 3.0: base})
+    x = cv.compare(m, b)
+    assert [(p.x, p.verdict, p.n) for p in x.points] == [(1.0, "above", 3), (2.0, "level", 3), (3.0, "below", 3)]
+    assert x.points[0].diff.mean == pytest.approx(0.011) and 0 < x.points[0].diff.low < 0.011
+    assert (x.last_above, x.no_longer) == (1.0, 2.0)
+
+
+def test_only_seeds_both_have_are_paired():
+    m = curve("m", {1.0: {0: 0.5, 1: 0.6, 2: 0.7, 3: 0.1}})
+    b = curve("b", {1.0: {0: 0.4, 1: 0.5, 2: 0.6}})  # seed 3 missing: its 0.1 must not count
+    (p,) = cv.compare(m, b).points
+    assert p.seeds == [0, 1, 2] and p.diff.mean == pytest.approx(0.1)
+
+
+def test_the_share_of_the_room_per_seed_and_no_room_where_the_ceiling_is_not_above():
+    b = curve("local", {1.0: {0: 0.50, 1: 0.60, 2: 0.55}, 2.0: {0: 0.80, 1: 0.82, 2: 0.81}})
+    top = curve("oracle", {1.0: {0: 0.70, 1: 0.82, 2: 0.73}, 2.0: {0: 0.81, 1: 0.80, 2: 0.82}})
+    m = curve("m", {1.0: {0: 0.60, 1: 0.72, 2: 0.64}, 2.0: {0: 0.82, 1: 0.83, 2: 0.80}})
+    p1, p2 = cv.compare(m, b, top).points
+    rooms, gains = [0.20, 0.22, 0.18], [0.10, 0.12, 0.09]
+    assert p1.room.mean == pytest.approx(np.mean(rooms)) and p1.room.low > 0
+    assert p1.share.mean == pytest.approx(np.mean([g / r for g, r in zip(gains, rooms)]))
+    assert p1.share.low < p1.share.mean < p1.share.high
+    assert p2.room is not None and p2.share is None  # oracle is level with local at x=2: no room
 
 
 @pytest.mark.slow
@@ -166,3 +213,35 @@ def test_cli_refuses_in_one_line(sweep, tmp_path, capsys):
     assert len(err) == 2 and "must hold numbers" in err[0] and "--versus nothing: no runs" in err[1]
     with pytest.raises(SystemExit):
         an.main([*base, "--versus", "local"])  # --versus without --x
+
+
+@pytest.mark.slow
+def test_cli_ceiling_and_a_second_key_write_versus_csv_and_share_heatmaps(tmp_path, capsys):
+    for lr in (0.05, 0.5):
+        for algo in ("local", "oracle", "fedprox"):
+            for n in (10, 80):
+                for s in SEEDS:
+                    write(tmp_path / "runs" / f"{algo}-{lr}-{n}-{s}" / "run.h5", algo, n, s, lr)
+    write(tmp_path / "runs" / "fedprox-unfinished" / "run.h5", "fedprox", 10, 3, 0.05, rounds=1)
+    out = tmp_path / "a"
+    assert an.main([str(tmp_path / "runs"), "--out", str(out), "--heatmaps", "none", "--x", "data.train_per_client",
+                    "--y", "train.lr", "--versus", "local", "--ceiling", "oracle"]) == 0
+    text = capsys.readouterr().out
+    assert "Left out, not complete (1): fedprox-unfinished (1/2 rounds)" in text
+    import csv
+
+    rows = list(csv.DictReader((out / "versus.csv").open()))
+    assert list(rows[0]) == ["method", "train.lr", "x", "n_seeds", "seeds", "diff_mean", "ci_low", "ci_high",
+                             "verdict", "room", "room_low", "room_high", "gain_share", "gain_low", "gain_high"]
+    got = {(r["method"], r["train.lr"], r["x"]): r for r in rows}
+    assert set(got) == {(m, lr, x) for m in ("oracle", "fedprox") for lr in ("0.05", "0.5") for x in ("10", "80")}
+    small = got["fedprox", "0.05", "10"]  # fedprox = local + 0.05, oracle - local = 0.3 at 10 samples
+    assert small["n_seeds"] == "3" and small["verdict"] == "above"
+    assert float(small["diff_mean"]) == pytest.approx(0.05, abs=1e-6)
+    assert float(small["gain_share"]) == pytest.approx(0.05 / 0.3, rel=1e-4)
+    assert got["fedprox", "0.5", "80"]["gain_share"] == "no room"  # oracle = local at 80 samples
+    assert got["oracle", "0.5", "10"]["gain_share"] == "1"
+    md = (out / "versus.md").read_text()
+    assert "| fedprox | 0.05 | 10 | 3 | +5.00" in md and "no room" in md
+    for m in ("oracle", "fedprox"):
+        assert (out / f"share_{m}.png").stat().st_size > 1000

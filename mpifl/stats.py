@@ -1,0 +1,38 @@
+"""Paired comparisons over seeds: seed s gives every method the same partition
+and initial weights, so two methods are compared by their per-seed differences,
+not by two independent spreads.
+
+The interval is Student's t on the differences: mean ± t_{n-1, (1+level)/2} ·
+sd / sqrt(n), sd the sample std (ddof 1). One seed gives a mean and no interval.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+from scipy import stats as _st
+
+
+def paired_interval(diffs: Sequence[float], level: float = 0.95) -> tuple[float, float, float, int]:
+    """(mean, low, high, n) of the differences; NaN values are left out; low and
+    high are NaN below two values. A zero spread gives the mean as both ends."""
+    d = np.asarray([v for v in diffs if not math.isnan(v)], float)
+    n = len(d)
+    if n == 0:
+        return math.nan, math.nan, math.nan, 0
+    mean = float(d.mean())
+    if n < 2:
+        return mean, math.nan, math.nan, n
+    half = float(_st.t.ppf((1 + level) / 2, n - 1)) * float(d.std(ddof=1)) / math.sqrt(n)
+    return mean, mean - half, mean + half, n
+
+
+def verdict(low: float, high: float) -> str:
+    """above: the interval lies above 0; below: under it; else (or no interval) level."""
+    if not math.isnan(low) and low > 0:
+        return "above"
+    if not math.isnan(high) and high < 0:
+        return "below"
+    return "level"
