@@ -68,6 +68,7 @@ import yaml
 from . import config as config_mod
 from .errors import ConfigError, check, shorten
 from .paths import RunDir, atomic_write_text, beneath
+from .sweep_select import select
 from .yamlio import read_yaml
 
 if TYPE_CHECKING:  # building Config imports every algorithm: only when points are loaded
@@ -163,10 +164,15 @@ class Sweep:
     grid: dict[str, list] | list[dict[str, list]]  # one grid, or a list whose union is swept
     slurm: SlurmOptions
     points: list[Point]
+    selected: list[Point] | None = None  # --only / --points (mpifl.sweep_select); None: every point
 
     runs_file = beneath("runs.txt")
     script = beneath("array.sbatch")
     log_dir = beneath("logs")
+
+    def chosen(self) -> list[Point]:
+        """The points this command acts on: the selection, else every point."""
+        return self.points if self.selected is None else self.selected
 
 
 # --------------------------------------------------------------------------- loading
@@ -529,12 +535,12 @@ def run_local(sweep: Sweep, ranks: int, workdir: Path, parallel: int = 1, warm: 
     from . import sweep_status
 
     todo = []
-    for p in sweep.points:
+    for p in sweep.chosen():
         if is_complete(p.config):
             print(f"[{p.index}] {p.name}: done, skipped", flush=True)
         else:
             todo.append(p)
-    print(f"sweep {sweep.name}: running {len(todo)} of {len(sweep.points)} point(s), {parallel} at a time; "
+    print(f"sweep {sweep.name}: running {len(todo)} of {len(sweep.chosen())} point(s), {parallel} at a time; "
           f"each one's output in {sweep.log_dir}/local_<i>.out; `--status` in another shell shows progress",
           flush=True)
     python = sweep.slurm.python or None
@@ -604,7 +610,7 @@ def local_summary(sweep: Sweep, codes: dict[int, int]) -> str:
     failed one with its output file."""
     from .sweep_status import local_log
 
-    skipped = len(sweep.points) - len(codes)
+    skipped = len(sweep.chosen()) - len(codes)
     failed = [i for i, rc in codes.items() if rc != 0]
     lines = [f"sweep {sweep.name}: {len(codes) - len(failed)} done"
              + (f" ({skipped} were already complete)" if skipped else "")
@@ -683,7 +689,7 @@ def submission_plan(sweep: Sweep) -> list[Array]:
     each array."""
     from .sweep_status import max_array_size
 
-    todo = [p.index for p in sweep.points if not is_complete(p.config)]
+    todo = [p.index for p in sweep.chosen() if not is_complete(p.config)]
     if todo:
         _sbatch_exe()
     return plan_arrays(todo, max_array_size())
@@ -742,6 +748,10 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a config override for every point, e.g. --set run.rounds=3 (recorded in each point's "
                          "config.yaml); may be repeated")
+    ap.add_argument("--only", action="append", default=[], metavar="KEY=V1,V2",
+                    help="act on the points whose config holds one of these values (compared after the config's "
+                         "coercion; base=FILE for a grid of files); may be repeated, each must match")
+    ap.add_argument("--points", metavar="0-9,15", help="act on these point indices only (as --dry-run numbers them)")
     ap.add_argument("--out-dir", help="parent of the sweep directory (default: the sweep file's out_dir)")
     ap.add_argument("--ranks", type=int, help="--local: MPI ranks per run (default slurm.ntasks)")
     ap.add_argument("--parallel", type=int, default=1, metavar="N",
@@ -778,6 +788,8 @@ def _main_run(a: argparse.Namespace, workdir: Path) -> int:
                           "mpiexec -n N python -m mpi4py -m mpifl.main CONFIG.yaml (its log shows its progress)")
     if a.set:
         raise ConfigError(f"--set with --run: give the overrides after the config, {a.file} {' '.join(a.set)}")
+    if a.only or a.points:
+        raise ConfigError("--only and --points pick points of a sweep; --run has one run")
     diff = stored_diff(rd.config, cfg) if rd.config.exists() and not a.force else ""
     if diff:
         raise ConfigError(f"{rd.config} holds a different config: {diff}; pick another run.name or pass --force")
@@ -807,20 +819,22 @@ def main(argv: list[str] | None = None) -> int:
         if a.parallel < 1:  # before anything is written
             raise ConfigError(f"--parallel={a.parallel} is not allowed; a positive number of runs at once")
         sweep = load(a.file, a.out_dir, _slurm_flags(a), n_ranks=a.ranks, overrides=[*a.set, *a.overrides])
+        sweep.selected = select(sweep.points, a.only, a.points)
         if a.status:
             from .sweep_status import report
 
             report(sweep)
             return 0
         if a.dry_run:
-            print(f"sweep {sweep.name}: {len(sweep.points)} runs in {sweep.root}")
-            for p in sweep.points:
+            print(f"sweep {sweep.name}: {len(sweep.points)} runs in {sweep.root}"
+                  + (f"; {len(sweep.chosen())} selected" if sweep.selected is not None else ""))
+            for p in sweep.chosen():
                 vals = " ".join(f"{k}={'~' if v is None else v}" for k, v in p.values.items())
                 print(f"[{p.index}] {p.name}  {vals}  ({status(p.config)})")
             return 0
         if not a.local:
             refuse_node_local(sweep.slurm, workdir, sweep.root)
-        if a.submit and _refused(preflight([p.config for p in sweep.points if not is_complete(p.config)],
+        if a.submit and _refused(preflight([p.config for p in sweep.chosen() if not is_complete(p.config)],
                                            sweep.slurm, workdir)):
             return 2
         plan = submission_plan(sweep) if a.submit else []  # sbatch and the array sizes, before writing

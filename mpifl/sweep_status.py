@@ -266,14 +266,15 @@ def report(sweep: Sweep, echo=print) -> dict[str, int]:
     tasks = _submitted(sweep)
     jobs = {t.split("_")[0] for t in tasks.values()}
     slurm = slurm_states(jobs)
-    width = max(len(p.name) for p in sweep.points)
+    width = max(len(p.name) for p in sweep.chosen())
     counts: dict[str, int] = {}
-    for p in sweep.points:
+    for p in sweep.chosen():
         s = point_state(sweep, p, slurm, tasks)
         counts[s.state] = counts.get(s.state, 0) + 1
         echo(f"[{p.index}] {p.name:<{width}}  {s.state:<9} {s.text}".rstrip())
     where = f"; SLURM jobs {', '.join(sorted(jobs))}" if jobs else ""
     asked = "" if not jobs else (" (squeue/sacct answered)" if slurm else " (SLURM did not answer)")
-    echo(f"sweep {sweep.name}: {len(sweep.points)} points: "
+    chosen = "" if sweep.selected is None else f" ({len(sweep.chosen())} of {len(sweep.points)} selected)"
+    echo(f"sweep {sweep.name}: {len(sweep.chosen())} points{chosen}: "
          + ", ".join(f"{counts[k]} {k}" for k in ORDER if k in counts) + where + asked)
     return counts

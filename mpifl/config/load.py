@@ -128,6 +128,35 @@ def build(cls: type, raw: Any, prefix: str) -> Any:
     return cls(**kwargs)
 
 
+def key_type(key: str) -> Any:
+    """The type of the dotted config key ``key`` (``train.lr`` -> float), or the
+    one-line error for a key no section has."""
+    hint = _key_hint(key)
+    if hint is None or dataclasses.is_dataclass(hint):
+        raise ConfigError(f"unknown key {key!r}{did_you_mean(key, all_keys())}; "
+                          f"`python -m mpifl.config` lists every key")
+    return hint
+
+
+def all_keys() -> list[str]:
+    """Every dotted config key, in the reference's order."""
+    def walk(cls: Any, prefix: str) -> list[str]:
+        out = []
+        for name, hint in typing.get_type_hints(cls).items():
+            key = _join(prefix, name)
+            out += walk(hint, key) if dataclasses.is_dataclass(hint) else [key]
+        return out
+    return walk(config_class(), "")
+
+
+def did_you_mean(word: str, choices: Any) -> str:
+    """`` (did you mean 'train.lr'?)`` when one of ``choices`` is close to ``word``, else ""."""
+    import difflib
+
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def _key_hint(key: str) -> Any:
     """The type of a dotted config key; None for an unknown one (reported while building)."""
     cls: Any = config_class()
