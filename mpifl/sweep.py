@@ -524,12 +524,33 @@ def local_command(cfg: Config, ranks: int, python: str | None = None) -> list[st
     return [launcher, "-n", str(ranks), *cmd]
 
 
-def run_local(sweep: Sweep, ranks: int, workdir: Path, parallel: int = 1, warm: bool = True) -> int:
+def local_preflight(points: list[Point], ranks: int) -> list[str]:
+    """``mpifl.check``'s local parts (placement, data root, run.out_dir) for every
+    point ``--local`` will run, before it starts any: one line per problem, naming
+    the first point that has it and how many more do."""
+    from .check import local_problems
+
+    found: dict[str, list[str]] = {}
+    for p in points:
+        for problem in local_problems(p.config, ranks):
+            found.setdefault(problem, []).append(p.name)
+    return [f"point {names[0]}" + (f" (and {len(names) - 1} more)" if len(names) > 1 else "") + f": {problem}"
+            for problem, names in found.items()]
+
+
+USER_ERROR = 2  # a point's exit status for a user error (ConfigError): the next points would fail alike
+
+
+def run_local(sweep: Sweep, ranks: int, workdir: Path, parallel: int = 1, warm: bool = True,
+              keep_going: bool = False) -> int:
     """Run the unfinished points here, ``parallel`` at a time in index order;
     returns the number that failed. Each run has its own directory and log, so
     runs at once share nothing but the machine. One-rank points run on
     ``parallel`` warm workers (:mod:`mpifl.worker`: torch and mpifl imported once,
-    a forked child per point) unless ``warm`` is off; others through mpiexec."""
+    a forked child per point) unless ``warm`` is off; others through mpiexec.
+    A point that ends with a user error (exit 2) stops the launching of further
+    points, unless ``keep_going``."""
+    import threading
     from concurrent.futures import ThreadPoolExecutor
 
     from . import sweep_status
@@ -550,23 +571,41 @@ def run_local(sweep: Sweep, ranks: int, workdir: Path, parallel: int = 1, warm: 
 
         pool = Pool(min(parallel, len(todo)), python, workdir)
 
-    def one(p: Point) -> int:
+    halt: list[Point] = []  # the point whose user error stopped the launching
+    lock = threading.Lock()
+
+    def one(p: Point) -> int | None:
+        with lock:
+            if halt:
+                return None  # not started
         log = sweep_status.local_log(sweep, p.index)
         t0 = time.monotonic()
         rc = run_point(p.config, ranks, workdir, log, python, pool,
                        started=lambda pid: sweep_status.mark_started(sweep, p.index, pid))
         sweep_status.mark_finished(sweep, p.index, rc)
         print(finished_line(p, rc, time.monotonic() - t0, log), flush=True)
+        if rc == USER_ERROR and not keep_going:
+            with lock:
+                halt.append(p)
         return rc
 
     try:
         with ThreadPoolExecutor(parallel) as ex:  # threads only wait on the runs' processes
-            codes = dict(zip((p.index for p in todo), ex.map(one, todo)))
+            ran = dict(zip((p.index for p in todo), ex.map(one, todo)))
     finally:
         if pool is not None:
             pool.close()
-    print(local_summary(sweep, codes), flush=True)
+    codes = {i: rc for i, rc in ran.items() if rc is not None}
+    print(local_summary(sweep, codes, len(ran) - len(codes)), flush=True)
+    if halt:
+        print(halted_line(halt[0], len(ran) - len(codes)), flush=True)
     return sum(rc != 0 for rc in codes.values())
+
+
+def halted_line(p: Point, not_started: int) -> str:
+    """Why ``--local`` started no more points: a user error the rest would likely share."""
+    return (f"stopped launching: [{p.index}] {p.name} ended with a user error (exit {USER_ERROR}); {not_started} "
+            f"point(s) not started; fix it and run the sweep again, or pass --keep-going to run them anyway")
 
 
 def run_point(cfg: Config, ranks: int, workdir: Path, log: Path, python: str | None = None, pool: Any = None,
@@ -605,16 +644,17 @@ def finished_line(p: Point, rc: int, seconds: float, log: Path) -> str:
         f"{log}: {last_line(log) or '(empty)'}"
 
 
-def local_summary(sweep: Sweep, codes: dict[int, int]) -> str:
+def local_summary(sweep: Sweep, codes: dict[int, int], not_started: int = 0) -> str:
     """The last lines of ``--local``: how many points ran to the end, and each
     failed one with its output file."""
     from .sweep_status import local_log
 
-    skipped = len(sweep.chosen()) - len(codes)
+    skipped = len(sweep.chosen()) - len(codes) - not_started
     failed = [i for i, rc in codes.items() if rc != 0]
     lines = [f"sweep {sweep.name}: {len(codes) - len(failed)} done"
              + (f" ({skipped} were already complete)" if skipped else "")
-             + f", {len(failed)} failed" + (":" if failed else "")]
+             + f", {len(failed)} failed" + (f", {not_started} not started" if not_started else "")
+             + (":" if failed else "")]
     lines += [f"  [{i}] {sweep.points[i].name}: exit {codes[i]}, {local_log(sweep, i)}" for i in sorted(failed)]
     return "\n".join(lines)
 
@@ -759,6 +799,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--mpiexec", action="store_true",
                     help="--local: start one-rank points with mpiexec too, each a fresh process (default: N warm "
                          "workers import torch and mpifl once and fork a child per point)")
+    ap.add_argument("--keep-going", action="store_true",
+                    help="--local: go on launching points after one ends with a user error (exit 2)")
     ap.add_argument("--force", action="store_true", help="overwrite point configs that differ from this sweep")
     g = ap.add_argument_group("SLURM options (override the sweep file's slurm section)")
     g.add_argument("--ntasks", type=int)
@@ -837,6 +879,9 @@ def main(argv: list[str] | None = None) -> int:
         if a.submit and _refused(preflight([p.config for p in sweep.chosen() if not is_complete(p.config)],
                                            sweep.slurm, workdir)):
             return 2
+        if a.local and _refused(local_preflight([p for p in sweep.chosen() if not is_complete(p.config)],
+                                                a.ranks or sweep.slurm.ntasks)):
+            return 2
         plan = submission_plan(sweep) if a.submit else []  # sbatch and the array sizes, before writing
         write(sweep, workdir, force=a.force)
         print(f"sweep {sweep.name}: {len(sweep.points)} configs under {sweep.root / 'runs'}; script {sweep.script}")
@@ -851,7 +896,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"MaxArraySize bounds each array): {', '.join(jobs)}")
         elif a.local:
             ranks = a.ranks or sweep.slurm.ntasks
-            if run_local(sweep, ranks, workdir, a.parallel, warm=not a.mpiexec):  # the failed ones are listed
+            if run_local(sweep, ranks, workdir, a.parallel, warm=not a.mpiexec, keep_going=a.keep_going):  # the failed ones are listed
                 return 1
         else:
             print(f"submit with: python -m mpifl.sweep {a.file} --submit   (or: sbatch {sweep.script})")

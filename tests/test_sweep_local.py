@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -101,3 +102,47 @@ def test_parallel_below_one_is_refused_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--parallel=0" in err and err.count("\n") == 1
     assert not (tmp_path / "o").exists()  # refused before anything is written
+
+
+# --------------------------------------------------------------------------- fail fast
+
+
+def test_local_runs_the_preflight_on_every_point_before_starting_any(tmp_path, monkeypatch, capsys):
+    missing = _sweep_file(tmp_path, {"run.seed": [0, 1, 2]},
+                          set={"data.name": "mnist", "data.root": str(tmp_path / "no-mnist")})
+    monkeypatch.setattr(sw, "run_point", lambda *a, **k: pytest.fail("a point started"))
+    assert sw.main([str(missing), "--out-dir", str(tmp_path / "out"), "--local"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("mpifl.sweep: error: point 000_seed-0 (and 2 more): data.root=") and \
+        "does not exist" in err[0]
+    assert not (tmp_path / "out").exists()  # nothing written either
+    # a selection is checked alone: the other points' problems are not its own
+    fine = _sweep_file(tmp_path, {"run.seed": [0, 1]}, name="f")
+    monkeypatch.setattr(sw, "run_point", lambda *a, **k: 0)
+    assert sw.main([str(fine), "--out-dir", str(tmp_path / "out"), "--local", "--mpiexec", "--points", "1"]) == 0
+
+
+@pytest.mark.parametrize("parallel, keep_going", [(1, False), (2, False), (1, True)])
+def test_a_user_error_stops_the_launching_unless_keep_going(tmp_path, monkeypatch, capsys, parallel, keep_going):
+    s = sw.load(_sweep_file(tmp_path, {"run.seed": [0, 1, 2, 3, 4]}), out_dir=str(tmp_path / "out"))
+    sw.write(s, tmp_path)
+    ran = []
+
+    def fake(cfg, *a, **k):  # seed 1 ends with a user error while seed 0 still runs
+        ran.append(cfg.run.seed)
+        if cfg.run.seed == 0 and parallel > 1:
+            time.sleep(0.1)
+        return 2 if cfg.run.seed == 1 else 0
+
+    monkeypatch.setattr(sw, "run_point", fake)
+    assert sw.run_local(s, 1, tmp_path, parallel, warm=False, keep_going=keep_going) == 1
+    out = capsys.readouterr().out.splitlines()
+    if keep_going:
+        assert sorted(ran) == [0, 1, 2, 3, 4] and not any("stopped launching" in x for x in out)
+        return
+    assert sorted(ran) == [0, 1]  # what was already running when seed 1 failed, no more
+    assert out[-3] == "sweep s: 1 done, 1 failed, 3 not started:"
+    assert out[-2].startswith(f"  [1] {s.points[1].name}: exit 2, ")
+    assert out[-1] == (f"stopped launching: [1] {s.points[1].name} ended with a user error (exit 2); 3 "
+                       "point(s) not started; fix it and run the sweep again, or pass --keep-going to run them anyway")
