@@ -896,7 +896,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"MaxArraySize bounds each array): {', '.join(jobs)}")
         elif a.local:
             ranks = a.ranks or sweep.slurm.ntasks
-            if run_local(sweep, ranks, workdir, a.parallel, warm=not a.mpiexec, keep_going=a.keep_going):  # the failed ones are listed
+            failed = run_local(sweep, ranks, workdir, a.parallel, warm=not a.mpiexec, keep_going=a.keep_going)
+            if failed:  # the failed ones are listed
                 return 1
         else:
             print(f"submit with: python -m mpifl.sweep {a.file} --submit   (or: sbatch {sweep.script})")
