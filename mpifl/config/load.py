@@ -114,7 +114,8 @@ def build(cls: type, raw: Any, prefix: str) -> Any:
     unknown = sorted(set(raw) - set(names))
     if unknown:
         where = f"section {prefix!r}" if prefix else "top level"
-        raise ConfigError(f"unknown key {_join(prefix, unknown[0])!r} in {where}; valid keys: {', '.join(names)}")
+        hint = _suggest(prefix, unknown[0], raw[unknown[0]], names)
+        raise ConfigError(f"unknown key {_join(prefix, unknown[0])!r}{hint} in {where}; valid keys: {', '.join(names)}")
     kwargs = {}
     for name in names:
         if name not in raw:
@@ -157,6 +158,17 @@ def did_you_mean(word: str, choices: Any) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def _suggest(prefix: str, name: str, value: Any, names: list[str]) -> str:
+    """The "did you mean" of an unknown key: a misspelt section with keys under
+    it is matched as the whole dotted key (``trian.lr`` -> ``train.lr``)."""
+    if not prefix and isinstance(value, dict) and value:
+        dotted = did_you_mean(f"{name}.{next(iter(value))}", all_keys())
+        if dotted:
+            return dotted
+    close = did_you_mean(name, names)
+    return close and did_you_mean(_join(prefix, name), [_join(prefix, n) for n in names])
+
+
 def _key_hint(key: str) -> Any:
     """The type of a dotted config key; None for an unknown one (reported while building)."""
     cls: Any = config_class()
@@ -187,7 +199,8 @@ def coerce(value: Any, hint: Any, key: str) -> Any:
         if isinstance(value, bool) and {"on", "off"} <= set(choices):
             value = "on" if value else "off"  # YAML 1.1 reads on/off as booleans
         if value not in choices:
-            raise ConfigError(f"{key}={value!r} is not allowed; choose one of: {', '.join(map(str, choices))}")
+            raise ConfigError(f"{key}={value!r} is not allowed{did_you_mean(value, choices)}; "
+                              f"choose one of: {', '.join(map(str, choices))}")
         return value
     if hint is bool:
         if not isinstance(value, bool):
