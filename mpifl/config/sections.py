@@ -29,6 +29,10 @@ class RunConfig:
     # auto: continue a run directory that has a checkpoint; never: start over; require: fail without one;
     # previous: continue from the checkpoint before the latest (when the latest is damaged)
     resume: Literal["auto", "never", "require", "previous"] = "auto"
+    keep_checkpoints: int = 2  # checkpoints a running run keeps, the newest (run.resume=previous needs 2)
+    # a finished run keeps its final checkpoint only (to be extended with a larger run.rounds);
+    # false: none (the run can then not be extended, only started over)
+    keep_final_checkpoint: bool = True
 
 
 @dataclass
