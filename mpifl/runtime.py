@@ -10,6 +10,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,6 +25,9 @@ from .mixing import Dense, Mixing, issparse
 from .paths import RunDir, atomic_write_text
 from .train import Clients
 from .yamlio import read_yaml
+
+if TYPE_CHECKING:
+    from .logging.tensorboard import Events
 
 METRICS = ("val_loss", "val_acc", "test_loss", "test_acc")
 PREEMPTED = 75  # exit status after a signal-triggered checkpoint (EX_TEMPFAIL): requeue me
@@ -327,6 +331,15 @@ def run(cfg: Config, mpi_comm) -> Path:
             lock.release()
 
 
+def _events(cfg: Config, writer: Writer | None) -> Events | None:
+    """The TensorBoard events of a run that asks for them (``log.tensorboard``), on the log's writer."""
+    if not cfg.log.tensorboard or writer is None:
+        return None
+    from .logging.tensorboard import Events
+
+    return Events(RunDir(cfg.run_dir).tb)
+
+
 def _already_done(cfg: Config, mpi_comm) -> bool:
     """A finished run that kept no checkpoint, started again: says so (rank 0)."""
     rd = RunDir(cfg.run_dir)
@@ -359,6 +372,7 @@ def _run(cfg: Config, mpi_comm) -> Path:
     say(f"mpifl {cfg.algorithm.name}: {ctx.N} clients on {comm.size} rank(s), {ctx.clients.P} parameters, "
         f"{ctx.clients.device}, {s.threads} thread(s)/rank, {_path_text(ctx.clients)} -> {cfg.run_dir}"
         + (f" (resumed after round {first})" if ck is not None else ""), flush=True)
+    events = _events(cfg, writer)
     stop = _StopFlag()
     fault = _injected_fault(comm.rank)
     t_start = time.perf_counter()
@@ -394,6 +408,8 @@ def _run(cfg: Config, mpi_comm) -> Path:
             except StorageError as e:  # rank 0's: the other ranks learn it at the reduction below
                 gathered, failed = None, e
             skipped += int(ctx.clients.skipped.sum())
+            if events is not None and gathered is not None:
+                events.round(t + 1, gathered)
             if gathered is not None:
                 acc = gathered["metrics/test_acc"]
                 if not np.all(np.isnan(acc)):
@@ -422,6 +438,8 @@ def _run(cfg: Config, mpi_comm) -> Path:
     finally:
         if writer is not None:  # buffered rounds (log.flush_s), also when a round failed
             writer.close()
+        if events is not None:
+            events.close()
     total = time.perf_counter() - t_start
     skipped, updates = (int(x) for x in comm.allreduce_sum(np.array([skipped, updates + ctx.clients.updates])))
     if first >= R:

@@ -33,6 +33,7 @@ def _seen_while_running(monkeypatch) -> list[list[str]]:
     return seen
 
 
+@pytest.mark.slow  # runs of 8 and 10 rounds
 @pytest.mark.parametrize("keep", [1, 2, 3])
 def test_a_running_run_keeps_keep_checkpoints_and_a_finished_one_its_final_one(tmp_path, monkeypatch, keep):
     seen = _seen_while_running(monkeypatch)
@@ -45,6 +46,7 @@ def test_a_running_run_keeps_keep_checkpoints_and_a_finished_one_its_final_one(t
     assert open_run(cfg.run_dir).rounds_done == 10
 
 
+@pytest.mark.slow  # three short runs
 def test_keep_final_checkpoint_false_keeps_none_and_an_extension_says_so(tmp_path, capsys):
     cfg = _cfg(tmp_path, 4, **{"run.keep_final_checkpoint": False})
     runtime.run(cfg, world())

@@ -121,6 +121,9 @@ class LogConfig:
     # write buffered rounds into run.h5 at least this often (seconds); meanwhile each round is
     # appended to run.h5.rounds, so a crash loses no finished round either way; 0 = every round
     flush_s: float = 1.0
+    # write each logged round's scalars and a histogram of the clients' test accuracy as
+    # TensorBoard events under <run>/tb/ (rank 0; needs the extra: pip install -e '.[tb]')
+    tensorboard: bool = False
 
 
 # the core sections, in the order they are printed; algorithm sections come from
