@@ -538,7 +538,12 @@ def local_preflight(points: list[Point], ranks: int) -> list[str]:
             for problem, names in found.items()]
 
 
+PREEMPTED = 75  # mpifl.runtime.PREEMPTED: the exit of a run, and of the driver, stopped by a signal
 USER_ERROR = 2  # a point's exit status for a user error (ConfigError): the next points would fail alike
+
+
+class Interrupted(Exception):
+    """``--local`` stopped by SIGTERM or SIGINT: its runs checkpointed (exit 75)."""
 
 
 def run_local(sweep: Sweep, ranks: int, workdir: Path, parallel: int = 1, warm: bool = True,
@@ -549,57 +554,84 @@ def run_local(sweep: Sweep, ranks: int, workdir: Path, parallel: int = 1, warm: 
     ``parallel`` warm workers (:mod:`mpifl.worker`: torch and mpifl imported once,
     a forked child per point) unless ``warm`` is off; others through mpiexec.
     A point that ends with a user error (exit 2) stops the launching of further
-    points, unless ``keep_going``."""
-    import threading
+    points, unless ``keep_going``. Points another driver holds wait for it, and a
+    stop signal stops every run at a checkpoint (:mod:`mpifl.sweep_driver`;
+    raises :class:`Interrupted` once they have)."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from .sweep_driver import Driver
+
+    sweep.log_dir.mkdir(parents=True, exist_ok=True)
+    with Driver(sweep) as d:
+        todo = []
+        for p in sweep.chosen():
+            if is_complete(p.config):
+                d.say(f"[{p.index}] {p.name}: done, skipped")
+            else:
+                todo.append(p)
+        d.say(f"sweep {sweep.name}: running {len(todo)} of {len(sweep.chosen())} point(s), {parallel} at a time; "
+              f"each one's output in {sweep.log_dir}/local_<i>.out, this driver's lines in {d.log}; `--status` in "
+              f"another shell shows progress")
+        python = sweep.slurm.python or None
+        pool = None
+        if warm and ranks == 1 and todo:
+            from .worker import Pool
+
+            pool = Pool(min(parallel, len(todo)), python, workdir)
+        halt: list[Point] = []  # the point whose user error stopped the launching
+        elsewhere: list[Point] = []  # held by another driver when their turn came
+
+        def one(p: Point, wait: bool = False) -> int | None:
+            if halt or d.signum:
+                return None  # not started
+            with d.claim(p.index, wait) as mine:
+                if not mine:
+                    if not d.signum:
+                        d.say(f"[{p.index}] {p.name}: running elsewhere (another sweep driver holds it); "
+                              f"looked at again at the end")
+                        elsewhere.append(p)
+                    return None
+                if is_complete(p.config):
+                    d.say(f"[{p.index}] {p.name}: done elsewhere")
+                    return 0
+                rc = _run_claimed(sweep, p, ranks, workdir, python, pool, d)
+            if rc == USER_ERROR and not keep_going:
+                halt.append(p)
+            return rc
+
+        try:
+            with ThreadPoolExecutor(parallel) as ex:  # threads only wait on the runs' processes
+                ran = dict(zip((p.index for p in todo), ex.map(one, todo)))
+                ran.update(zip((p.index for p in elsewhere), ex.map(lambda p: one(p, wait=True), list(elsewhere))))
+        finally:
+            if pool is not None:
+                pool.close()
+        codes = {i: rc for i, rc in ran.items() if rc is not None}
+        if d.signum:
+            d.say(d.stopped_line(sum(rc == PREEMPTED for rc in codes.values())))
+            raise Interrupted()
+        d.say(local_summary(sweep, codes, len(ran) - len(codes)))
+        if halt:
+            d.say(halted_line(halt[0], len(ran) - len(codes)))
+    return sum(rc != 0 for rc in codes.values())
+
+
+def _run_claimed(sweep: Sweep, p: Point, ranks: int, workdir: Path, python: str | None, pool: Any, d: Any) -> int:
+    """One point's run, its claim held by this driver: marked for ``--status``, its line printed."""
     from . import sweep_status
 
-    todo = []
-    for p in sweep.chosen():
-        if is_complete(p.config):
-            print(f"[{p.index}] {p.name}: done, skipped", flush=True)
-        else:
-            todo.append(p)
-    print(f"sweep {sweep.name}: running {len(todo)} of {len(sweep.chosen())} point(s), {parallel} at a time; "
-          f"each one's output in {sweep.log_dir}/local_<i>.out; `--status` in another shell shows progress",
-          flush=True)
-    python = sweep.slurm.python or None
-    pool = None
-    if warm and ranks == 1 and todo:
-        from .worker import Pool
+    log = sweep_status.local_log(sweep, p.index)
+    t0 = time.monotonic()
 
-        pool = Pool(min(parallel, len(todo)), python, workdir)
+    def started(pid: int) -> None:
+        sweep_status.mark_started(sweep, p.index, pid)
+        d.started(p.index, pid)
 
-    halt: list[Point] = []  # the point whose user error stopped the launching
-    lock = threading.Lock()
-
-    def one(p: Point) -> int | None:
-        with lock:
-            if halt:
-                return None  # not started
-        log = sweep_status.local_log(sweep, p.index)
-        t0 = time.monotonic()
-        rc = run_point(p.config, ranks, workdir, log, python, pool,
-                       started=lambda pid: sweep_status.mark_started(sweep, p.index, pid))
-        sweep_status.mark_finished(sweep, p.index, rc)
-        print(finished_line(p, rc, time.monotonic() - t0, log), flush=True)
-        if rc == USER_ERROR and not keep_going:
-            with lock:
-                halt.append(p)
-        return rc
-
-    try:
-        with ThreadPoolExecutor(parallel) as ex:  # threads only wait on the runs' processes
-            ran = dict(zip((p.index for p in todo), ex.map(one, todo)))
-    finally:
-        if pool is not None:
-            pool.close()
-    codes = {i: rc for i, rc in ran.items() if rc is not None}
-    print(local_summary(sweep, codes, len(ran) - len(codes)), flush=True)
-    if halt:
-        print(halted_line(halt[0], len(ran) - len(codes)), flush=True)
-    return sum(rc != 0 for rc in codes.values())
+    rc = run_point(p.config, ranks, workdir, log, python, pool, started=started)
+    d.ended(p.index)
+    sweep_status.mark_finished(sweep, p.index, rc)
+    d.say(finished_line(p, rc, time.monotonic() - t0, log))
+    return rc
 
 
 def halted_line(p: Point, not_started: int) -> str:
@@ -623,7 +655,8 @@ def run_point(cfg: Config, ranks: int, workdir: Path, log: Path, python: str | N
         cmd = local_command(cfg, ranks, python)
         out.write(f"mpifl.sweep: {shlex.join(cmd)}\n")
         out.flush()
-        proc = subprocess.Popen(cmd, cwd=workdir, stdout=out, stderr=subprocess.STDOUT)
+        # its own session: a terminal's Ctrl-C reaches the driver, which stops it at a checkpoint
+        proc = subprocess.Popen(cmd, cwd=workdir, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         if started is not None:
             started(proc.pid)
         return proc.wait()
@@ -896,7 +929,10 @@ def main(argv: list[str] | None = None) -> int:
                       f"MaxArraySize bounds each array): {', '.join(jobs)}")
         elif a.local:
             ranks = a.ranks or sweep.slurm.ntasks
-            failed = run_local(sweep, ranks, workdir, a.parallel, warm=not a.mpiexec, keep_going=a.keep_going)
+            try:
+                failed = run_local(sweep, ranks, workdir, a.parallel, warm=not a.mpiexec, keep_going=a.keep_going)
+            except Interrupted:
+                return PREEMPTED
             if failed:  # the failed ones are listed
                 return 1
         else:
