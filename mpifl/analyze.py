@@ -419,6 +419,7 @@ def analyze(paths: list[str | Path], out: Path, heatmaps: str = "first", rounds:
     ``<out>/<layout name>.md``. ``check(runs, keys)`` runs before anything is
     written, so a request the runs cannot answer costs no figures."""
     from .paper_table import load_layout, render
+    from .sweep_status import failed_points
 
     chosen_layouts = [(Path(f), load_layout(f)) for f in layouts]  # a bad file fails before any reading
     runs, skipped = [], []
@@ -465,8 +466,9 @@ def analyze(paths: list[str | Path], out: Path, heatmaps: str = "first", rounds:
             except Corrupt as e:  # a round the summary did not read
                 echo(f"no heatmaps of {r.path}: corrupt: {e}")
     papers = []
+    failed = failed_points(paths) if chosen_layouts else []
     for f, layout in chosen_layouts:
-        text = render(layout, runs, ddof)
+        text = render(layout, runs, ddof, failed)
         (out / f"{f.name.split('.')[0]}.md").write_text(text)
         papers.append(text)
         echo(text)
@@ -561,4 +563,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from .cli import quiet_pipe
+
+    sys.exit(quiet_pipe(main))

@@ -13,9 +13,11 @@ checkpointed on R ranks resumes on any other number of ranks.
 
 A checkpoint directory is filled under a temporary name and renamed when
 complete; ``latest`` is replaced atomically after that. A kill at any moment
-leaves the previous checkpoint intact. The last two checkpoints are kept
-(``run.resume=previous`` resumes from the older one); older ones are deleted
-after ``latest`` names the new one.
+leaves the previous checkpoint intact. The last ``run.keep_checkpoints`` (default
+2) are kept while a run goes (``run.resume=previous`` resumes from the one before
+the latest), the final one alone once it has finished (none with
+``run.keep_final_checkpoint: false``); older ones are deleted after ``latest``
+names the new one.
 
 Every file is checked against the manifest as it is read: a bit flip, a
 truncated or missing file, a ``latest`` naming a missing directory stop the run
@@ -232,8 +234,9 @@ def is_checkpoint_dir(path: Path) -> bool:
     return bool(ROUND_DIR.fullmatch(path.name))
 
 
-def save(rd: RunDir, ctx, state: Any, t: int, die_before_publish: bool = False) -> Path:
-    """Collective: every rank writes its part; rank 0 the meta, then publishes.
+def save(rd: RunDir, ctx, state: Any, t: int, die_before_publish: bool = False, keep: int = 2) -> Path:
+    """Collective: every rank writes its part; rank 0 the meta, then publishes and
+    keeps ``keep`` checkpoints, this one and the newest before it (:func:`prune`).
     ``die_before_publish`` (tests) SIGKILLs the process with the parts written."""
     comm, c = ctx.comm, ctx.clients
     name = f"round-{t:06d}"
@@ -291,15 +294,21 @@ def save(rd: RunDir, ctx, state: Any, t: int, die_before_publish: bool = False) 
         except OSError as e:  # unpublished: the space it took goes back
             shutil.rmtree(final, ignore_errors=True)
             raise storage_error("the checkpoint pointer", rd.checkpoint / LATEST, e, kept) from None
-        # kept: this one and the one before it; a newer one is of a run resumed from
-        # an earlier checkpoint (run.resume=previous) and no longer matches the log
-        before = previous(final)
-        for old in _ours(rd.checkpoint):
-            if old not in (final, before):
-                shutil.rmtree(old, ignore_errors=True)
+        prune(final, keep)
 
     _agreed(comm, publish, tmp)
     return final
+
+
+def prune(final: Path, keep: int) -> None:
+    """Keep ``final`` and the ``keep - 1`` newest checkpoints before it; delete the
+    others of this run, a newer one too (it is of a run resumed from an earlier
+    checkpoint, run.resume=previous, and no longer matches the log)."""
+    older = sorted((d for d in _ours(final.parent) if d.name < final.name), key=lambda d: d.name, reverse=True)
+    kept = {final, *older[:keep - 1]}
+    for old in _ours(final.parent):
+        if old not in kept:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def _load(path: Path, files: dict[str, tuple[int, str]]) -> Any:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import sys
+from collections.abc import Callable
 
 # section.key[.key...]=value; the value may hold anything, "=" included
 OVERRIDE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+=")
@@ -23,3 +25,21 @@ def parse(argv: list[str], prog: str, description: str, epilog: str = "") -> tup
     if a.config is not None and not os.path.isfile(a.config) and OVERRIDE.match(a.config):
         return None, [a.config, *a.overrides]  # only overrides were given
     return a.config, a.overrides
+
+
+SIGPIPE_EXIT = 141  # 128 + SIGPIPE: what a shell shows for a writer whose reader went away
+
+
+def quiet_pipe(main: Callable[[], int]) -> int:
+    """``main()``'s exit status; when the reader of stdout has gone (``| head``),
+    the rest of the output is dropped without a traceback."""
+    try:
+        code = main()
+        sys.stdout.flush()  # a pending write fails here, not in the interpreter's shutdown
+        return code
+    except BrokenPipeError:
+        # later writes (and the final flush at exit) go nowhere instead of raising again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return SIGPIPE_EXIT

@@ -1,12 +1,14 @@
 """Generated blocks of the documentation, so that docs cannot drift from the code.
 
-    python -m mpifl.docs --check    # exit 1 naming every stale block
+    python -m mpifl.docs --check    # exit 1 naming every stale block, count or quote
     python -m mpifl.docs --write    # refresh them in place
 
 A block is the text between ``<!-- generated:NAME -->`` and ``<!-- /generated -->``
 in one of :data:`FILES`; :data:`BLOCKS` maps NAME to the function that renders it.
 Adding a block is adding a function and an entry; adding an algorithm changes
-nothing here (its module carries what its table row says).
+nothing here (its module carries what its table row says). The counts and quoted
+results of every page (configs, runs, tests, another page's numbers) and the
+README's python examples are checked too (:mod:`mpifl.doccounts`).
 """
 
 from __future__ import annotations
@@ -108,20 +110,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--write", action="store_true", help="refresh the blocks in place")
     ap.add_argument("--check", action="store_true", help="exit 1 if any block is stale (the default)")
     args = ap.parse_args(argv)
+    from . import doccounts
+    from .docsync import documents
+
     if args.write:
-        for f in FILES:
-            path = ROOT / f
+        for path in documents():
             text = path.read_text()
-            if render(text) != text:
-                path.write_text(render(text))
-                print(f"mpifl.docs: refreshed {f}")
+            new = doccounts.fill(render(text) if path.name in FILES and path.parent == ROOT else text, tests=True)
+            if new != text:
+                path.write_text(new)
+                print(f"mpifl.docs: refreshed {path.relative_to(ROOT)}")
         return 0
     bad = stale()
     if bad:
         print(f"mpifl.docs: stale generated blocks: {', '.join(bad)}; run python -m mpifl.docs --write",
               file=sys.stderr)
-        return 1
-    return 0
+    drift = doccounts.problems(tests=True)
+    for line in drift:
+        print(f"mpifl.docs: {line}", file=sys.stderr)
+    return 1 if bad or drift else 0
 
 
 if __name__ == "__main__":

@@ -19,7 +19,9 @@ A layout file (YAML) says which runs make which cell and what the paper reported
 A cell holds every finished run matching both its row and its column (seeds); a run
 matching several rows or none is reported, not silently dropped. A run still going
 (or stopped) is not averaged in: its cell says how many such runs it is waiting for
-(``+1 unfinished``), so a part-way sweep never passes for a finished one. Beside each
+(``+1 unfinished``), so a part-way sweep never passes for a finished one; a sweep
+point whose ``--local`` run exited non-zero shows as ``failed (exit N)``, apart
+from ``not run``. Beside each
 paper figure the cell says whether ours lies within the paper's std of it
 (``=``), or by how many points it is above (``+``) or below (``-``); under each
 column, the order of the methods by our means and by the paper's.
@@ -39,6 +41,7 @@ from .yamlio import read_yaml
 
 if TYPE_CHECKING:
     from .summary import Summary
+    from .sweep_status import Failed
 
 METRICS = ("final_acc", "final_acc_w", "tail_acc", "tail_acc_w", "best_acc", "best_acc_w")
 
@@ -107,6 +110,7 @@ class Cell:
     values: list[float]  # the metric of each finished run, in %
     seeds: list[int]
     unfinished: list[str] = field(default_factory=list)  # "name (done/planned rounds)"
+    failed: list[int] = field(default_factory=list)  # exit statuses of its points that ran and failed
 
     def stats(self, ddof: int) -> tuple[float, float]:
         x = np.array(self.values, float)
@@ -116,11 +120,27 @@ class Cell:
         return float(x.mean()), float(x.std(ddof=ddof)) if len(x) > ddof else math.nan
 
 
-def cells(layout: Layout, runs: list[Summary]) -> tuple[dict[tuple[str, str], Cell], list[str]]:
-    """The runs of every (row, column); and one line per run that fits no cell or several."""
+def _place(layout: Layout, config: dict[str, Any]) -> tuple[list[str], list[str]]:
+    return ([k for k, want in layout.rows.items() if _match(config, want)],
+            [k for k, want in layout.columns.items() if _match(config, want)])
+
+
+def cells(layout: Layout, runs: list[Summary], failed: list[Failed] = ()) -> tuple[dict[tuple[str, str], Cell],
+                                                                                    list[str]]:
+    """The runs of every (row, column); and one line per run that fits no cell or several.
+    ``failed``: points that ran and exited non-zero (``sweep_status.failed_points``):
+    their cell says so rather than "not run", or counts them instead of as unfinished."""
     out: dict[tuple[str, str], Cell] = {}
     notes = []
+    failed_at = {Path(f.run_dir).resolve(): f for f in failed}
+    for f in failed:
+        rows, cols = _place(layout, f.config)
+        if len(rows) == 1 and len(cols) == 1 and not any(Path(r.path).parent.resolve() == Path(f.run_dir).resolve()
+                                                         and r.complete for r in runs):
+            out.setdefault((rows[0], cols[0]), Cell([], [])).failed.append(f.rc)
     for r in runs:
+        if not r.complete and Path(r.path).parent.resolve() in failed_at:
+            continue  # counted above, as failed
         rows = [k for k, want in layout.rows.items() if _match(r.config, want)]
         cols = [k for k, want in layout.columns.items() if _match(r.config, want)]
         if len(rows) != 1 or len(cols) != 1:
@@ -146,9 +166,16 @@ def _order(means: dict[str, float]) -> str:
     return " > ".join(k for _, k in sorted(ok, key=lambda x: -x[0]))
 
 
-def render(layout: Layout, runs: list[Summary], ddof: int = 1) -> str:
-    """The table as Markdown, with the paper's figures and the method orders."""
-    got, notes = cells(layout, runs)
+def _failed(cell: Cell) -> str:
+    """``failed (exit 2)``, ``2 failed (exit 2, 1)``."""
+    n = len(cell.failed)
+    return f"{n if n > 1 else ''} failed (exit {', '.join(map(str, sorted(set(cell.failed))))})".lstrip()
+
+
+def render(layout: Layout, runs: list[Summary], ddof: int = 1, failed: list[Failed] = ()) -> str:
+    """The table as Markdown, with the paper's figures and the method orders;
+    ``failed``: points that ran and failed (:func:`cells`)."""
+    got, notes = cells(layout, runs, failed)
     cols = list(layout.columns)
     lines = [f"### {layout.title}", "",
              "| method | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
@@ -163,9 +190,12 @@ def render(layout: Layout, runs: list[Summary], ddof: int = 1) -> str:
                 cells_md.append("not run" + paper)
                 continue
             if not cell.values:
-                cells_md.append(f"{len(cell.unfinished)} unfinished{paper}")
+                parts = [f"{len(cell.unfinished)} unfinished"] * bool(cell.unfinished) \
+                    + [_failed(cell)] * bool(cell.failed)
+                cells_md.append(", ".join(parts) + paper)
                 continue
             waiting = f" +{len(cell.unfinished)} unfinished" if cell.unfinished else ""
+            waiting += f" +{_failed(cell)}" if cell.failed else ""
             mean, std = cell.stats(ddof)
             ours[col][row] = mean
             text = f"{mean:.2f}" + (f" ± {std:.2f}" if not math.isnan(std) else "") + f" [{len(cell.values)}]"

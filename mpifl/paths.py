@@ -19,6 +19,7 @@ class RunDir:
     config = beneath("config.yaml")
     log = beneath("run.h5")
     checkpoint = beneath("checkpoint")
+    tb = beneath("tb")  # TensorBoard events (log.tensorboard), written by rank 0
     lock = beneath("run.lock")  # held by the job writing here (mpifl.runlock); gone when it ends
 
 

@@ -7,6 +7,9 @@
     run.frame("test_acc")                                  # round, client, cluster, rank, value
     run.summary()                                          # one row of load_sweep, as a Series
 
+``python -m mpifl.results tensorboard PATHS --out DIR`` writes the logs under
+PATHS as TensorBoard events (:mod:`mpifl.logging.tensorboard`), one run per log.
+
 Accuracies are in percent wherever a column says ``_pct`` (as in ``analyze``'s
 tables); ``frame`` gives a metric as logged (accuracies as fractions). Rounds
 are numbered from 1. pandas is an optional dependency:
@@ -21,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from .errors import ConfigError
 from .logging import h5
 from .summary import JOB, WINDOW, find_logs, run_row, summarize, sweep_points, unusable
 from .yamlio import read_yaml
@@ -148,3 +152,63 @@ def _cell(v: Any) -> Any:
     """A config value as a DataFrame cell: lists as text, so a column can be grouped on."""
     return str(v) if isinstance(v, (list, dict)) else v
 
+
+
+def tensorboard(paths: list[str | Path], out: Path) -> list[tuple[str, int]]:
+    """``python -m mpifl.results tensorboard``: every run log under ``paths`` as
+    TensorBoard events in ``out/<name>/`` (:mod:`mpifl.logging.tensorboard`); returns (name, rounds) per run. A folder
+    that already holds something is refused (one line): events written twice
+    would show each round twice."""
+    from .logging.tensorboard import from_log, require, run_name
+
+    require("python -m mpifl.results tensorboard")
+    logs = find_logs(paths)
+    if not logs:
+        raise ConfigError(f"no run log (run.h5) under {', '.join(map(str, paths))}")
+    named: dict[str, Path] = {}
+    for log in logs:
+        point = Path(log).parent
+        values = (sweep_points(point.parent.parent) or {}).get(point.name) if point.parent.name == "runs" else None
+        name = base = run_name(values, point.name)
+        n = 1
+        while name in named:
+            n += 1
+            name = f"{base}_{n}"
+        named[name] = Path(log)
+    for name in named:
+        if (out / name).exists() and any((out / name).iterdir()):
+            raise ConfigError(f"{str(out / name)!r} already holds files; give another --out (events written again "
+                              f"would show every round twice)")
+    return [(name, from_log(h5.open_run(log), out / name)) for name, log in named.items()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m mpifl.results tensorboard PATHS --out DIR``."""
+    import argparse
+    import sys
+
+
+    ap = argparse.ArgumentParser(prog="python -m mpifl.results", description="run logs for other tools")
+    sub = ap.add_subparsers(dest="command", required=True)
+    tb = sub.add_parser("tensorboard", help="each run log under PATHS as TensorBoard events in DIR/<run>/ (a "
+                                           "sweep's runs named by their swept values); needs pip install -e '.[tb]'")
+    tb.add_argument("paths", nargs="+", help="run.h5 files, run directories or sweep directories")
+    tb.add_argument("--out", type=Path, required=True, help="the folder to give tensorboard --logdir")
+    a = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        written = tensorboard(a.paths, a.out)
+    except (ConfigError, FileNotFoundError) as e:
+        print(f"mpifl.results: error: {e}", file=sys.stderr)
+        return 2
+    for name, rounds in written:
+        print(f"{a.out / name}: {rounds} round(s)")
+    print(f"wrote {len(written)} run(s) under {a.out}; view them with: tensorboard --logdir {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    from .cli import quiet_pipe
+
+    sys.exit(quiet_pipe(main))

@@ -10,6 +10,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,6 +25,9 @@ from .mixing import Dense, Mixing, issparse
 from .paths import RunDir, atomic_write_text
 from .train import Clients
 from .yamlio import read_yaml
+
+if TYPE_CHECKING:
+    from .logging.tensorboard import Events
 
 METRICS = ("val_loss", "val_acc", "test_loss", "test_acc")
 PREEMPTED = 75  # exit status after a signal-triggered checkpoint (EX_TEMPFAIL): requeue me
@@ -103,6 +107,30 @@ def find_checkpoint(cfg: Config) -> Path | None:
                               f"{str(rd.root)!r} has done; give run.rounds>={done} to continue it (={done}: "
                               f"nothing to do), or run.resume=never to start it over")
     return ck
+
+
+def finished_without_checkpoint(cfg: Config) -> int | None:
+    """The rounds of a finished run that kept no checkpoint (``run.keep_final_checkpoint:
+    false``), when this config is that run again (``run.resume=auto``): it has
+    nothing to do. A larger ``run.rounds`` cannot extend it (one line). None in
+    every other case (a checkpoint, a partial log, another experiment)."""
+    rd = RunDir(cfg.run_dir)
+    if cfg.run.resume != "auto" or checkpoint.latest(rd) or checkpoint.unpublished(rd) or not rd.log.is_file():
+        return None
+    try:
+        run = open_run(rd.log)
+        run.open_tries = 1
+        done, stored = run.rounds_done, run.config
+        planned, kept = int(stored["run"]["rounds"]), stored["run"].get("keep_final_checkpoint", True)
+    except Exception:  # noqa: BLE001 - an unreadable log is the fresh start's or the resume's to judge
+        return None
+    if kept or done < planned or checkpoint.config_diff(stored, cfg.to_dict()):
+        return None
+    if cfg.run.rounds > done:
+        raise ConfigError(f"run.rounds={cfg.run.rounds} cannot extend the run in {str(rd.root)!r}: it finished its "
+                          f"{done} rounds and kept no checkpoint (run.keep_final_checkpoint=false); start it over "
+                          f"with run.resume=never")
+    return done
 
 
 def check_log(cfg: Config, ck: Path) -> None:
@@ -303,7 +331,30 @@ def run(cfg: Config, mpi_comm) -> Path:
             lock.release()
 
 
+def _events(cfg: Config, writer: Writer | None) -> Events | None:
+    """The TensorBoard events of a run that asks for them (``log.tensorboard``), on the log's writer."""
+    if not cfg.log.tensorboard or writer is None:
+        return None
+    from .logging.tensorboard import Events
+
+    return Events(RunDir(cfg.run_dir).tb)
+
+
+def _already_done(cfg: Config, mpi_comm) -> bool:
+    """A finished run that kept no checkpoint, started again: says so (rank 0)."""
+    rd = RunDir(cfg.run_dir)
+    rank0 = mpi_comm.Get_rank() == 0
+    done = mpi_comm.bcast(agree(mpi_comm, lambda: finished_without_checkpoint(cfg) if rank0 else None), root=0)
+    if done is not None and rank0:
+        _, acc = last_evaluated(rd.log)
+        _say(f"done: the run had already finished all {done} rounds (it kept no checkpoint; nothing to do), "
+             f"final mean test_acc {acc:.4f}; log: {rd.log}; to start over: run.resume=never", flush=True)
+    return done is not None
+
+
 def _run(cfg: Config, mpi_comm) -> Path:
+    if _already_done(cfg, mpi_comm):
+        return RunDir(cfg.run_dir).log
     s = setup(cfg, mpi_comm)
     ctx, algo = s.ctx, s.algo
     comm = ctx.comm
@@ -321,6 +372,7 @@ def _run(cfg: Config, mpi_comm) -> Path:
     say(f"mpifl {cfg.algorithm.name}: {ctx.N} clients on {comm.size} rank(s), {ctx.clients.P} parameters, "
         f"{ctx.clients.device}, {s.threads} thread(s)/rank, {_path_text(ctx.clients)} -> {cfg.run_dir}"
         + (f" (resumed after round {first})" if ck is not None else ""), flush=True)
+    events = _events(cfg, writer)
     stop = _StopFlag()
     fault = _injected_fault(comm.rank)
     t_start = time.perf_counter()
@@ -356,6 +408,8 @@ def _run(cfg: Config, mpi_comm) -> Path:
             except StorageError as e:  # rank 0's: the other ranks learn it at the reduction below
                 gathered, failed = None, e
             skipped += int(ctx.clients.skipped.sum())
+            if events is not None and gathered is not None:
+                events.round(t + 1, gathered)
             if gathered is not None:
                 acc = gathered["metrics/test_acc"]
                 if not np.all(np.isnan(acc)):
@@ -368,18 +422,24 @@ def _run(cfg: Config, mpi_comm) -> Path:
             if flag >= LOG_FAILED:  # every rank stops with rank 0's message
                 raise StorageError(comm.bcast(None if failed is None else str(failed)))
             stopping = flag > 0
-            if stopping or t == R - 1 or (every and (t + 1) % every == 0):
+            last = t == R - 1
+            if (stopping or last or (every and (t + 1) % every == 0)) and (cfg.run.keep_final_checkpoint or not last):
                 # the log must hold every round the checkpoint does
                 agree(comm, lambda: writer.flush() if writer is not None else None)
-                checkpoint.save(rd, ctx, state, t, die_before_publish=fault == (t, "kill_in_checkpoint"))
+                checkpoint.save(rd, ctx, state, t, die_before_publish=fault == (t, "kill_in_checkpoint"),
+                                keep=1 if last else cfg.run.keep_checkpoints)
             if stopping and t < R - 1:
                 say(f"mpifl: stop signal after round {t + 1}/{R}; checkpoint written, resume by running the same "
                     f"command again (exit {PREEMPTED})", flush=True)
                 raise Preempted()
         agree(comm, lambda: writer.close() if writer is not None else None)
+        if first < R and not cfg.run.keep_final_checkpoint and comm.is_writer:
+            checkpoint.forget(rd)  # the log holds every round: a finished run of this config keeps none
     finally:
         if writer is not None:  # buffered rounds (log.flush_s), also when a round failed
             writer.close()
+        if events is not None:
+            events.close()
     total = time.perf_counter() - t_start
     skipped, updates = (int(x) for x in comm.allreduce_sum(np.array([skipped, updates + ctx.clients.updates])))
     if first >= R:

@@ -68,6 +68,7 @@ import yaml
 from . import config as config_mod
 from .errors import ConfigError, check, shorten
 from .paths import RunDir, atomic_write_text, beneath
+from .sweep_select import select
 from .yamlio import read_yaml
 
 if TYPE_CHECKING:  # building Config imports every algorithm: only when points are loaded
@@ -163,10 +164,15 @@ class Sweep:
     grid: dict[str, list] | list[dict[str, list]]  # one grid, or a list whose union is swept
     slurm: SlurmOptions
     points: list[Point]
+    selected: list[Point] | None = None  # --only / --points (mpifl.sweep_select); None: every point
 
     runs_file = beneath("runs.txt")
     script = beneath("array.sbatch")
     log_dir = beneath("logs")
+
+    def chosen(self) -> list[Point]:
+        """The points this command acts on: the selection, else every point."""
+        return self.points if self.selected is None else self.selected
 
 
 # --------------------------------------------------------------------------- loading
@@ -518,49 +524,120 @@ def local_command(cfg: Config, ranks: int, python: str | None = None) -> list[st
     return [launcher, "-n", str(ranks), *cmd]
 
 
-def run_local(sweep: Sweep, ranks: int, workdir: Path, parallel: int = 1, warm: bool = True) -> int:
+def local_preflight(points: list[Point], ranks: int) -> list[str]:
+    """``mpifl.check``'s local parts (placement, data root, run.out_dir) for every
+    point ``--local`` will run, before it starts any: one line per problem, naming
+    the first point that has it and how many more do."""
+    from .check import local_problems
+
+    found: dict[str, list[str]] = {}
+    for p in points:
+        for problem in local_problems(p.config, ranks):
+            found.setdefault(problem, []).append(p.name)
+    return [f"point {names[0]}" + (f" (and {len(names) - 1} more)" if len(names) > 1 else "") + f": {problem}"
+            for problem, names in found.items()]
+
+
+PREEMPTED = 75  # mpifl.runtime.PREEMPTED: the exit of a run, and of the driver, stopped by a signal
+USER_ERROR = 2  # a point's exit status for a user error (ConfigError): the next points would fail alike
+
+
+class Interrupted(Exception):
+    """``--local`` stopped by SIGTERM or SIGINT: its runs checkpointed (exit 75)."""
+
+
+def run_local(sweep: Sweep, ranks: int, workdir: Path, parallel: int = 1, warm: bool = True,
+              keep_going: bool = False) -> int:
     """Run the unfinished points here, ``parallel`` at a time in index order;
     returns the number that failed. Each run has its own directory and log, so
     runs at once share nothing but the machine. One-rank points run on
     ``parallel`` warm workers (:mod:`mpifl.worker`: torch and mpifl imported once,
-    a forked child per point) unless ``warm`` is off; others through mpiexec."""
+    a forked child per point) unless ``warm`` is off; others through mpiexec.
+    A point that ends with a user error (exit 2) stops the launching of further
+    points, unless ``keep_going``. Points another driver holds wait for it, and a
+    stop signal stops every run at a checkpoint (:mod:`mpifl.sweep_driver`;
+    raises :class:`Interrupted` once they have)."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from .sweep_driver import Driver
+
+    sweep.log_dir.mkdir(parents=True, exist_ok=True)
+    with Driver(sweep) as d:
+        todo = []
+        for p in sweep.chosen():
+            if is_complete(p.config):
+                d.say(f"[{p.index}] {p.name}: done, skipped")
+            else:
+                todo.append(p)
+        d.say(f"sweep {sweep.name}: running {len(todo)} of {len(sweep.chosen())} point(s), {parallel} at a time; "
+              f"each one's output in {sweep.log_dir}/local_<i>.out, this driver's lines in {d.log}; `--status` in "
+              f"another shell shows progress")
+        python = sweep.slurm.python or None
+        pool = None
+        if warm and ranks == 1 and todo:
+            from .worker import Pool
+
+            pool = Pool(min(parallel, len(todo)), python, workdir)
+        halt: list[Point] = []  # the point whose user error stopped the launching
+        elsewhere: list[Point] = []  # held by another driver when their turn came
+
+        def one(p: Point, wait: bool = False) -> int | None:
+            if halt or d.signum:
+                return None  # not started
+            with d.claim(p.index, wait) as mine:
+                if not mine:
+                    if not d.signum:
+                        d.say(f"[{p.index}] {p.name}: running elsewhere (another sweep driver holds it); "
+                              f"looked at again at the end")
+                        elsewhere.append(p)
+                    return None
+                if is_complete(p.config):
+                    d.say(f"[{p.index}] {p.name}: done elsewhere")
+                    return 0
+                rc = _run_claimed(sweep, p, ranks, workdir, python, pool, d)
+            if rc == USER_ERROR and not keep_going:
+                halt.append(p)
+            return rc
+
+        try:
+            with ThreadPoolExecutor(parallel) as ex:  # threads only wait on the runs' processes
+                ran = dict(zip((p.index for p in todo), ex.map(one, todo)))
+                ran.update(zip((p.index for p in elsewhere), ex.map(lambda p: one(p, wait=True), list(elsewhere))))
+        finally:
+            if pool is not None:
+                pool.close()
+        codes = {i: rc for i, rc in ran.items() if rc is not None}
+        if d.signum:
+            d.say(d.stopped_line(sum(rc == PREEMPTED for rc in codes.values())))
+            raise Interrupted()
+        d.say(local_summary(sweep, codes, len(ran) - len(codes)))
+        if halt:
+            d.say(halted_line(halt[0], len(ran) - len(codes)))
+    return sum(rc != 0 for rc in codes.values())
+
+
+def _run_claimed(sweep: Sweep, p: Point, ranks: int, workdir: Path, python: str | None, pool: Any, d: Any) -> int:
+    """One point's run, its claim held by this driver: marked for ``--status``, its line printed."""
     from . import sweep_status
 
-    todo = []
-    for p in sweep.points:
-        if is_complete(p.config):
-            print(f"[{p.index}] {p.name}: done, skipped", flush=True)
-        else:
-            todo.append(p)
-    print(f"sweep {sweep.name}: running {len(todo)} of {len(sweep.points)} point(s), {parallel} at a time; "
-          f"each one's output in {sweep.log_dir}/local_<i>.out; `--status` in another shell shows progress",
-          flush=True)
-    python = sweep.slurm.python or None
-    pool = None
-    if warm and ranks == 1 and todo:
-        from .worker import Pool
+    log = sweep_status.local_log(sweep, p.index)
+    t0 = time.monotonic()
 
-        pool = Pool(min(parallel, len(todo)), python, workdir)
+    def started(pid: int) -> None:
+        sweep_status.mark_started(sweep, p.index, pid)
+        d.started(p.index, pid)
 
-    def one(p: Point) -> int:
-        log = sweep_status.local_log(sweep, p.index)
-        t0 = time.monotonic()
-        rc = run_point(p.config, ranks, workdir, log, python, pool,
-                       started=lambda pid: sweep_status.mark_started(sweep, p.index, pid))
-        sweep_status.mark_finished(sweep, p.index, rc)
-        print(finished_line(p, rc, time.monotonic() - t0, log), flush=True)
-        return rc
+    rc = run_point(p.config, ranks, workdir, log, python, pool, started=started)
+    d.ended(p.index)
+    sweep_status.mark_finished(sweep, p.index, rc)
+    d.say(finished_line(p, rc, time.monotonic() - t0, log))
+    return rc
 
-    try:
-        with ThreadPoolExecutor(parallel) as ex:  # threads only wait on the runs' processes
-            codes = dict(zip((p.index for p in todo), ex.map(one, todo)))
-    finally:
-        if pool is not None:
-            pool.close()
-    print(local_summary(sweep, codes), flush=True)
-    return sum(rc != 0 for rc in codes.values())
+
+def halted_line(p: Point, not_started: int) -> str:
+    """Why ``--local`` started no more points: a user error the rest would likely share."""
+    return (f"stopped launching: [{p.index}] {p.name} ended with a user error (exit {USER_ERROR}); {not_started} "
+            f"point(s) not started; fix it and run the sweep again, or pass --keep-going to run them anyway")
 
 
 def run_point(cfg: Config, ranks: int, workdir: Path, log: Path, python: str | None = None, pool: Any = None,
@@ -578,7 +655,8 @@ def run_point(cfg: Config, ranks: int, workdir: Path, log: Path, python: str | N
         cmd = local_command(cfg, ranks, python)
         out.write(f"mpifl.sweep: {shlex.join(cmd)}\n")
         out.flush()
-        proc = subprocess.Popen(cmd, cwd=workdir, stdout=out, stderr=subprocess.STDOUT)
+        # its own session: a terminal's Ctrl-C reaches the driver, which stops it at a checkpoint
+        proc = subprocess.Popen(cmd, cwd=workdir, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         if started is not None:
             started(proc.pid)
         return proc.wait()
@@ -599,16 +677,17 @@ def finished_line(p: Point, rc: int, seconds: float, log: Path) -> str:
         f"{log}: {last_line(log) or '(empty)'}"
 
 
-def local_summary(sweep: Sweep, codes: dict[int, int]) -> str:
+def local_summary(sweep: Sweep, codes: dict[int, int], not_started: int = 0) -> str:
     """The last lines of ``--local``: how many points ran to the end, and each
     failed one with its output file."""
     from .sweep_status import local_log
 
-    skipped = len(sweep.points) - len(codes)
+    skipped = len(sweep.chosen()) - len(codes) - not_started
     failed = [i for i, rc in codes.items() if rc != 0]
     lines = [f"sweep {sweep.name}: {len(codes) - len(failed)} done"
              + (f" ({skipped} were already complete)" if skipped else "")
-             + f", {len(failed)} failed" + (":" if failed else "")]
+             + f", {len(failed)} failed" + (f", {not_started} not started" if not_started else "")
+             + (":" if failed else "")]
     lines += [f"  [{i}] {sweep.points[i].name}: exit {codes[i]}, {local_log(sweep, i)}" for i in sorted(failed)]
     return "\n".join(lines)
 
@@ -683,7 +762,7 @@ def submission_plan(sweep: Sweep) -> list[Array]:
     each array."""
     from .sweep_status import max_array_size
 
-    todo = [p.index for p in sweep.points if not is_complete(p.config)]
+    todo = [p.index for p in sweep.chosen() if not is_complete(p.config)]
     if todo:
         _sbatch_exe()
     return plan_arrays(todo, max_array_size())
@@ -742,6 +821,10 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a config override for every point, e.g. --set run.rounds=3 (recorded in each point's "
                          "config.yaml); may be repeated")
+    ap.add_argument("--only", action="append", default=[], metavar="KEY=V1,V2",
+                    help="act on the points whose config holds one of these values (compared after the config's "
+                         "coercion; base=FILE for a grid of files); may be repeated, each must match")
+    ap.add_argument("--points", metavar="0-9,15", help="act on these point indices only (as --dry-run numbers them)")
     ap.add_argument("--out-dir", help="parent of the sweep directory (default: the sweep file's out_dir)")
     ap.add_argument("--ranks", type=int, help="--local: MPI ranks per run (default slurm.ntasks)")
     ap.add_argument("--parallel", type=int, default=1, metavar="N",
@@ -749,6 +832,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--mpiexec", action="store_true",
                     help="--local: start one-rank points with mpiexec too, each a fresh process (default: N warm "
                          "workers import torch and mpifl once and fork a child per point)")
+    ap.add_argument("--keep-going", action="store_true",
+                    help="--local: go on launching points after one ends with a user error (exit 2)")
     ap.add_argument("--force", action="store_true", help="overwrite point configs that differ from this sweep")
     g = ap.add_argument_group("SLURM options (override the sweep file's slurm section)")
     g.add_argument("--ntasks", type=int)
@@ -778,6 +863,8 @@ def _main_run(a: argparse.Namespace, workdir: Path) -> int:
                           "mpiexec -n N python -m mpi4py -m mpifl.main CONFIG.yaml (its log shows its progress)")
     if a.set:
         raise ConfigError(f"--set with --run: give the overrides after the config, {a.file} {' '.join(a.set)}")
+    if a.only or a.points:
+        raise ConfigError("--only and --points pick points of a sweep; --run has one run")
     diff = stored_diff(rd.config, cfg) if rd.config.exists() and not a.force else ""
     if diff:
         raise ConfigError(f"{rd.config} holds a different config: {diff}; pick another run.name or pass --force")
@@ -807,21 +894,26 @@ def main(argv: list[str] | None = None) -> int:
         if a.parallel < 1:  # before anything is written
             raise ConfigError(f"--parallel={a.parallel} is not allowed; a positive number of runs at once")
         sweep = load(a.file, a.out_dir, _slurm_flags(a), n_ranks=a.ranks, overrides=[*a.set, *a.overrides])
+        sweep.selected = select(sweep.points, a.only, a.points)
         if a.status:
             from .sweep_status import report
 
             report(sweep)
             return 0
         if a.dry_run:
-            print(f"sweep {sweep.name}: {len(sweep.points)} runs in {sweep.root}")
-            for p in sweep.points:
+            print(f"sweep {sweep.name}: {len(sweep.points)} runs in {sweep.root}"
+                  + (f"; {len(sweep.chosen())} selected" if sweep.selected is not None else ""))
+            for p in sweep.chosen():
                 vals = " ".join(f"{k}={'~' if v is None else v}" for k, v in p.values.items())
                 print(f"[{p.index}] {p.name}  {vals}  ({status(p.config)})")
             return 0
         if not a.local:
             refuse_node_local(sweep.slurm, workdir, sweep.root)
-        if a.submit and _refused(preflight([p.config for p in sweep.points if not is_complete(p.config)],
+        if a.submit and _refused(preflight([p.config for p in sweep.chosen() if not is_complete(p.config)],
                                            sweep.slurm, workdir)):
+            return 2
+        if a.local and _refused(local_preflight([p for p in sweep.chosen() if not is_complete(p.config)],
+                                                a.ranks or sweep.slurm.ntasks)):
             return 2
         plan = submission_plan(sweep) if a.submit else []  # sbatch and the array sizes, before writing
         write(sweep, workdir, force=a.force)
@@ -837,7 +929,11 @@ def main(argv: list[str] | None = None) -> int:
                       f"MaxArraySize bounds each array): {', '.join(jobs)}")
         elif a.local:
             ranks = a.ranks or sweep.slurm.ntasks
-            if run_local(sweep, ranks, workdir, a.parallel, warm=not a.mpiexec):  # the failed ones are listed
+            try:
+                failed = run_local(sweep, ranks, workdir, a.parallel, warm=not a.mpiexec, keep_going=a.keep_going)
+            except Interrupted:
+                return PREEMPTED
+            if failed:  # the failed ones are listed
                 return 1
         else:
             print(f"submit with: python -m mpifl.sweep {a.file} --submit   (or: sbatch {sweep.script})")
@@ -848,4 +944,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from .cli import quiet_pipe
+
+    sys.exit(quiet_pipe(main))

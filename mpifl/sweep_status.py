@@ -54,7 +54,12 @@ def _pid_file(sweep: Sweep, index: int) -> Path:
 
 
 def _exit_file(sweep: Sweep, index: int) -> Path:
-    return sweep.log_dir / f"local_{index}.exit"
+    return exit_marker(sweep.log_dir, index)
+
+
+def exit_marker(log_dir: Path, index: int) -> Path:
+    """Where ``--local`` leaves point ``index``'s exit status, under ``<sweep>/logs``."""
+    return log_dir / f"local_{index}.exit"
 
 
 def mark_started(sweep: Sweep, index: int, pid: int) -> None:
@@ -266,14 +271,64 @@ def report(sweep: Sweep, echo=print) -> dict[str, int]:
     tasks = _submitted(sweep)
     jobs = {t.split("_")[0] for t in tasks.values()}
     slurm = slurm_states(jobs)
-    width = max(len(p.name) for p in sweep.points)
+    width = max(len(p.name) for p in sweep.chosen())
     counts: dict[str, int] = {}
-    for p in sweep.points:
+    for p in sweep.chosen():
         s = point_state(sweep, p, slurm, tasks)
         counts[s.state] = counts.get(s.state, 0) + 1
         echo(f"[{p.index}] {p.name:<{width}}  {s.state:<9} {s.text}".rstrip())
     where = f"; SLURM jobs {', '.join(sorted(jobs))}" if jobs else ""
     asked = "" if not jobs else (" (squeue/sacct answered)" if slurm else " (SLURM did not answer)")
-    echo(f"sweep {sweep.name}: {len(sweep.points)} points: "
+    chosen = "" if sweep.selected is None else f" ({len(sweep.chosen())} of {len(sweep.points)} selected)"
+    echo(f"sweep {sweep.name}: {len(sweep.chosen())} points{chosen}: "
          + ", ".join(f"{counts[k]} {k}" for k in ORDER if k in counts) + where + asked)
     return counts
+
+
+# --------------------------------------------------------------------------- failed points, for analyze --layout
+
+
+@dataclass
+class Failed:
+    run_dir: Path
+    name: str
+    config: dict  # flattened, as mpifl.summary.Summary.config
+    rc: int  # the exit status --local recorded
+
+
+def _sweep_roots(paths: list) -> list[Path]:
+    roots = []
+    for p in map(Path, paths):
+        if (p / "runs.txt").is_file():
+            roots.append(p)
+        elif p.is_dir() and p.name == "runs" and (p.parent / "runs.txt").is_file():
+            roots.append(p.parent)
+    return roots
+
+
+def failed_points(paths: list) -> list[Failed]:
+    """The points of the sweep directories among ``paths`` whose last ``--local``
+    run exited non-zero (not preempted), with their configs: ``analyze --layout``
+    tells a point that ran and failed from one never run."""
+    from .config.identity import flatten
+    from .summary import defaults, sweep_points
+    from .yamlio import read_yaml
+
+    out = []
+    for root in _sweep_roots(paths):
+        values = sweep_points(root) or {}
+        for i, line in enumerate((root / "runs.txt").read_text().splitlines()):
+            run_dir = Path(line.strip())
+            try:
+                rc = int(exit_marker(root / "logs", i).read_text().split()[0])
+                cfg = read_yaml(RunDir(run_dir).config, "a point's config")
+            except (OSError, ValueError, IndexError):  # never run here, or markers of another shape
+                continue
+            if rc in (0, PREEMPTED) or not isinstance(cfg, dict):
+                continue
+            flat = {**defaults(), **flatten(cfg)}
+            base = (values.get(run_dir.name) or {}).get("base")
+            if base is not None:
+                flat["job"] = Path(str(base)).stem  # mpifl.summary.JOB, as sweep_job names it
+            out.append(Failed(run_dir, run_dir.name, flat, rc))
+    return out

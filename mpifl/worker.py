@@ -133,7 +133,9 @@ class Pool:
             self.idle.put(self._start())
 
     def _start(self) -> subprocess.Popen:
-        return subprocess.Popen(self.cmd, cwd=self.cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        # its own session: a terminal's Ctrl-C reaches the sweep driver alone, which stops the runs at a checkpoint
+        return subprocess.Popen(self.cmd, cwd=self.cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                start_new_session=True)
 
     def run(self, config: Path, log: Path, started: Callable[[int], None] | None = None) -> int:
         """Exit status of the point's run (``python -m mpifl.main CONFIG`` into ``log``);

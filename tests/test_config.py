@@ -184,3 +184,21 @@ def test_a_number_beyond_float32_is_refused_naming_its_key(override):
                                           r"3.4e38 in size"):
         config.load(None, [override])
     assert config.load(None, ["train.lr=3e38"]).train.lr == 3e38  # within float32's range
+
+
+@pytest.mark.parametrize("override, hint", [
+    ("trian.lr=0.1", "(did you mean 'train.lr'?)"),
+    ("train.lrr=0.1", "unknown key 'train.lrr' (did you mean 'train.lr'?)"),
+    ("algorithm.name=fedavgg", "algorithm.name='fedavgg' is not allowed (did you mean 'fedavg'?); choose one of"),
+    ("data.partition=cluster", "(did you mean 'clusters'?)"),
+])
+def test_unknown_keys_and_names_get_a_did_you_mean(override, hint):
+    with pytest.raises(ConfigError) as e:
+        config.load(None, [override])
+    assert hint in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_key_close_to_nothing_gets_no_guess():
+    with pytest.raises(ConfigError) as e:
+        config.load(None, ["zzzz.qqq=1"])
+    assert "did you mean" not in str(e.value)

@@ -99,3 +99,27 @@ def test_an_unfinished_run_is_shown_waiting_not_averaged_in(layout):
     assert "- unfinished, not averaged: r0 (3/20 rounds) in Ours / Patho" in md
     # the mid-run 10% must not reach the order line either: Ours has no finished run
     assert "ours FedAvg; paper" in md
+
+
+def test_a_point_that_ran_and_failed_is_told_from_one_never_run(layout, tmp_path):
+    from test_sweep import _sweep_file
+
+    from mpifl import sweep as sw
+    from mpifl.sweep_status import failed_points, mark_finished
+
+    grid = {"algorithm.name": ["fedavg", "pfedlia"], "data.partition": ["clusters", "noisy_clusters"]}
+    sets = {"data.n_clusters": 4, "data.n_clients": 8, "pfedlia.warmup_rounds": 1}
+    s = sw.load(_sweep_file(tmp_path, grid, set=sets), out_dir=str(tmp_path / "out"))
+    sw.write(s, tmp_path)
+    mark_finished(s, 0, 2)  # fedavg, clusters: a user error before any round
+    mark_finished(s, 1, 0)  # fedavg, noisy: exited 0 (its log is elsewhere): not failed
+    mark_finished(s, 2, 75)  # pfedlia, clusters: preempted, not failed
+    mark_finished(s, 3, 1)  # pfedlia, noisy: crashed, its partial log read as unfinished
+    mid = summary(0, 0.10, algorithm={"name": "pfedlia"}, data={"partition": "noisy_clusters"})
+    mid.path, mid.rounds_done, mid.rounds_planned = s.points[3].config.run_dir / "run.h5", 2, 20
+    failed = failed_points([s.root])
+    assert [(f.name, f.rc) for f in failed] == [(s.points[0].name, 2), (s.points[3].name, 1)]
+    md = render(layout, [mid], failed=failed)
+    assert "| FedAvg | failed (exit 2) (paper 60.00 ± 5.00) | not run (paper 66.00 ± 5.00) |" in md
+    assert "| Ours | not run (paper 99.00 ± 0.20) | failed (exit 1) (paper 82.00 ± 3.00) |" in md
+    assert failed_points([tmp_path]) == []  # not a sweep directory

@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
+import sys
 from pathlib import Path
+from shlex import join as shlex_join
 
 import numpy as np
 import pytest
@@ -306,3 +308,14 @@ def test_write_puts_an_absolute_workdir_in_the_array_script(tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)
     sw.write(s, Path("."))
     assert f"cd {tmp_path.resolve()} " in s.script.read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args", [["mpifl.sweep", "{sweep}", "--out-dir", "{out}", "--dry-run"], ["mpifl.config"]])
+def test_output_cut_short_by_head_closes_quietly(tmp_path, args):
+    path = _sweep_file(tmp_path, {"run.seed": list(range(2000))})
+    argv = [a.format(sweep=path, out=tmp_path / "o") for a in args]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    res = subprocess.run(f"{shlex_join([sys.executable, '-m', *argv])} | head -1", shell=True, capture_output=True,
+                         text=True, cwd=ROOT, env=env, check=False)
+    assert len(res.stdout.splitlines()) == 1 and res.stderr == "", res.stderr[-2000:]

@@ -21,10 +21,11 @@ TIMING = {"rounds/wall_s", "rounds/comm_s", "rounds/compute_s"}
 ATTRS_OF_THE_MACHINE = {"started_at", "hostname", "config_yaml", "train_path_times"}
 
 
-def _run(tmp_path, grid, out: str, warm: bool, parallel: int = 2, **extra) -> tuple[sw.Sweep, int]:
+def _run(tmp_path, grid, out: str, warm: bool, parallel: int = 2, keep_going: bool = False,
+         **extra) -> tuple[sw.Sweep, int]:
     s = sw.load(_sweep_file(tmp_path, grid, **extra), out_dir=str(tmp_path / out))
     sw.write(s, tmp_path)
-    return s, sw.run_local(s, 1, tmp_path, parallel, warm=warm)
+    return s, sw.run_local(s, 1, tmp_path, parallel, warm=warm, keep_going=keep_going)
 
 
 def test_warm_and_mpiexec_points_write_bitwise_the_same_logs(tmp_path, monkeypatch):
@@ -67,7 +68,8 @@ def test_a_crash_or_a_user_error_fails_that_point_alone(tmp_path, monkeypatch, c
     monkeypatch.setenv("MPIFL_FAULT", f"0:3:{fault}")
     grid = [{"run.rounds": [2, 5]}, {"data.name": ["features"], "data.root": [str(tmp_path / "none.npz")]},
             {"run.rounds": [2], "run.seed": [1]}]
-    s, failed = _run(tmp_path, grid, "out", warm=True, parallel=1)  # one worker takes every point in turn
+    # one worker takes every point in turn; --keep-going: the user error does not stop the launching
+    s, failed = _run(tmp_path, grid, "out", warm=True, parallel=1, keep_going=True)
     assert failed == 2
     ok, crashed, user, after = s.points
     assert open_run(ok.config.run_dir).complete and open_run(after.config.run_dir).complete

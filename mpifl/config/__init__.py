@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .load import assign, build, coerce, from_dict, load, override
+from .load import all_keys, assign, build, coerce, did_you_mean, from_dict, key_type, load, override
 from .reference import KeyDoc, annotated_yaml, key_docs, reference
 from .sections import (
     CORE_SECTIONS,
@@ -29,8 +29,9 @@ from .sections import (
 from .validate import CONTROL, validate
 
 __all__ = ["CONTROL", "CORE_SECTIONS", "TAIL_SECTIONS", "AlgorithmConfig", "Config", "DataConfig", "KeyDoc",
-           "LogConfig", "ModelConfig", "RunConfig", "TrainConfig", "annotated_yaml", "assign", "build", "coerce",
-           "config_class", "from_dict", "key_docs", "load", "override", "reference", "validate"]
+           "LogConfig", "ModelConfig", "RunConfig", "TrainConfig", "all_keys", "annotated_yaml", "assign", "build",
+           "coerce", "config_class", "did_you_mean", "from_dict", "key_docs", "key_type", "load", "override",
+           "reference", "validate"]
 
 
 def __getattr__(name: str) -> Any:

@@ -33,4 +33,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from ..cli import quiet_pipe
+
+    raise SystemExit(quiet_pipe(main))

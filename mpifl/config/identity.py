@@ -32,7 +32,8 @@ from typing import Any
 from ..errors import shorten
 
 WHERE = ("run.name", "run.out_dir")
-HOW = ("run.resume", "run.checkpoint_every", "run.threads", "run.device", "log.flush_s")
+HOW = ("run.resume", "run.checkpoint_every", "run.keep_checkpoints", "run.keep_final_checkpoint", "run.threads",
+       "run.device", "log.flush_s", "log.tensorboard")
 LENGTH = "run.rounds"
 NOT_IDENTITY = frozenset((*WHERE, *HOW, LENGTH))
 

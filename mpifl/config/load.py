@@ -114,7 +114,8 @@ def build(cls: type, raw: Any, prefix: str) -> Any:
     unknown = sorted(set(raw) - set(names))
     if unknown:
         where = f"section {prefix!r}" if prefix else "top level"
-        raise ConfigError(f"unknown key {_join(prefix, unknown[0])!r} in {where}; valid keys: {', '.join(names)}")
+        hint = _suggest(prefix, unknown[0], raw[unknown[0]], names)
+        raise ConfigError(f"unknown key {_join(prefix, unknown[0])!r}{hint} in {where}; valid keys: {', '.join(names)}")
     kwargs = {}
     for name in names:
         if name not in raw:
@@ -126,6 +127,46 @@ def build(cls: type, raw: Any, prefix: str) -> Any:
         else:
             kwargs[name] = coerce(raw[name], hint, key)
     return cls(**kwargs)
+
+
+def key_type(key: str) -> Any:
+    """The type of the dotted config key ``key`` (``train.lr`` -> float), or the
+    one-line error for a key no section has."""
+    hint = _key_hint(key)
+    if hint is None or dataclasses.is_dataclass(hint):
+        raise ConfigError(f"unknown key {key!r}{did_you_mean(key, all_keys())}; "
+                          f"`python -m mpifl.config` lists every key")
+    return hint
+
+
+def all_keys() -> list[str]:
+    """Every dotted config key, in the reference's order."""
+    def walk(cls: Any, prefix: str) -> list[str]:
+        out = []
+        for name, hint in typing.get_type_hints(cls).items():
+            key = _join(prefix, name)
+            out += walk(hint, key) if dataclasses.is_dataclass(hint) else [key]
+        return out
+    return walk(config_class(), "")
+
+
+def did_you_mean(word: str, choices: Any) -> str:
+    """`` (did you mean 'train.lr'?)`` when one of ``choices`` is close to ``word``, else ""."""
+    import difflib
+
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _suggest(prefix: str, name: str, value: Any, names: list[str]) -> str:
+    """The "did you mean" of an unknown key: a misspelt section with keys under
+    it is matched as the whole dotted key (``trian.lr`` -> ``train.lr``)."""
+    if not prefix and isinstance(value, dict) and value:
+        dotted = did_you_mean(f"{name}.{next(iter(value))}", all_keys())
+        if dotted:
+            return dotted
+    close = did_you_mean(name, names)
+    return close and did_you_mean(_join(prefix, name), [_join(prefix, n) for n in names])
 
 
 def _key_hint(key: str) -> Any:
@@ -158,7 +199,8 @@ def coerce(value: Any, hint: Any, key: str) -> Any:
         if isinstance(value, bool) and {"on", "off"} <= set(choices):
             value = "on" if value else "off"  # YAML 1.1 reads on/off as booleans
         if value not in choices:
-            raise ConfigError(f"{key}={value!r} is not allowed; choose one of: {', '.join(map(str, choices))}")
+            raise ConfigError(f"{key}={value!r} is not allowed{did_you_mean(value, choices)}; "
+                              f"choose one of: {', '.join(map(str, choices))}")
         return value
     if hint is bool:
         if not isinstance(value, bool):

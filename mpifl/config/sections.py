@@ -29,6 +29,10 @@ class RunConfig:
     # auto: continue a run directory that has a checkpoint; never: start over; require: fail without one;
     # previous: continue from the checkpoint before the latest (when the latest is damaged)
     resume: Literal["auto", "never", "require", "previous"] = "auto"
+    keep_checkpoints: int = 2  # checkpoints a running run keeps, the newest (run.resume=previous needs 2)
+    # a finished run keeps its final checkpoint only (to be extended with a larger run.rounds);
+    # false: none (the run can then not be extended, only started over)
+    keep_final_checkpoint: bool = True
 
 
 @dataclass
@@ -117,6 +121,9 @@ class LogConfig:
     # write buffered rounds into run.h5 at least this often (seconds); meanwhile each round is
     # appended to run.h5.rounds, so a crash loses no finished round either way; 0 = every round
     flush_s: float = 1.0
+    # write each logged round's scalars and a histogram of the clients' test accuracy as
+    # TensorBoard events under <run>/tb/ (rank 0; needs the extra: pip install -e '.[tb]')
+    tensorboard: bool = False
 
 
 # the core sections, in the order they are printed; algorithm sections come from

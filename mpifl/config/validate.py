@@ -42,6 +42,11 @@ def validate(cfg: Any, n_ranks: int = 1) -> None:
     check(r.eval_every >= 1, "run.eval_every", r.eval_every, "must be >= 1")
     check(r.threads >= 0, "run.threads", r.threads, "must be >= 0 (0 = automatic)")
     check(r.checkpoint_every >= 0, "run.checkpoint_every", r.checkpoint_every, "must be >= 0")
+    check(r.keep_checkpoints >= 1, "run.keep_checkpoints", r.keep_checkpoints, "must be >= 1")
+    if cfg.log.tensorboard:
+        from ..logging.tensorboard import require
+
+        require()
     check(d.n_clients >= 1, "data.n_clients", d.n_clients, "must be >= 1")
     check(d.n_clients >= n_ranks, "data.n_clients", d.n_clients,
            f"must be >= the number of MPI ranks ({n_ranks}); use fewer ranks or more clients")

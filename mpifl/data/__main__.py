@@ -130,4 +130,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from ..cli import quiet_pipe
+
+    sys.exit(quiet_pipe(main))
