@@ -71,7 +71,7 @@ def validate(cfg: Any, n_ranks: int = 1) -> None:
            "must be a non-empty list of positive widths")
     check(t.lr > 0 and math.isfinite(t.lr), "train.lr", t.lr, "must be a finite number > 0")
     check(0 <= t.momentum < 1, "train.momentum", t.momentum, "must be in [0, 1)")
-    check(t.weight_decay >= 0, "train.weight_decay", t.weight_decay, "must be >= 0")
+    check(0 <= t.weight_decay < math.inf, "train.weight_decay", t.weight_decay, "must be a finite number >= 0")
     check(t.batch_size >= 1, "train.batch_size", t.batch_size, "must be >= 1")
     check(t.local_epochs >= 0, "train.local_epochs", t.local_epochs, "must be >= 0")
     check(0 < a.fraction <= 1, "algorithm.fraction", a.fraction, "must be in (0, 1]")
