@@ -303,7 +303,10 @@ def assess(cfg: Any, n_ranks: int, rank: int, device: Any, local: int, per_node:
     est = estimate(cfg, n_ranks, rank, on_gpu)
     if est is None:
         return f"not estimated: the shape of data.name={cfg.data.name!r} is read from its files", None
-    check_duration(cfg, est)
+    try:
+        check_duration(cfg, est)
+    except ConfigError as e:
+        return est.text(), str(e)
     sharing = per_node
     if on_gpu:
         import torch
