@@ -301,14 +301,15 @@ def run(cfg: Config, mpi_comm) -> Path:
             raise
         return lock
 
-    lock = agree(mpi_comm, acquire)
     try:
-        return _run(cfg, mpi_comm)
+        lock = agree(mpi_comm, acquire)
+        try:
+            return _run(cfg, mpi_comm)
+        finally:
+            if lock is not None:
+                lock.release()
     except StorageError as e:  # every rank together, with one message: say what the rerun will do
         raise StorageError(str(e).removesuffix(RERUN) + rerun_text(cfg)) from None
-    finally:
-        if lock is not None:
-            lock.release()
 
 
 def rerun_text(cfg: Config) -> str:

@@ -96,3 +96,25 @@ def test_a_reopened_log_drops_its_sums_and_is_sealed_again_at_close(tmp_path):
     assert run.get("rounds/round").tolist() == [0, 1, 2] and run.get("metrics/test_acc")[2].tolist() == [0.5] * N
     with h5py.File(path, "r") as f:
         assert all(sums.intact(f[k]) and sums.ATTR in f[k].attrs for k in ("metrics/test_acc", "graph/mixing"))
+
+
+def test_the_sums_kept_while_writing_are_those_of_the_bytes_read_back(tmp_path):
+    """Rows a round did not write (zeros), flushes of several rounds, a resumed
+    writer appending to an earlier one's rows, the compact mixing's lists."""
+    path = tmp_path / "run.h5"
+    for first, keep in ((0, None), (3, 3)):
+        w = Writer(path, {"algorithm": "x", "n_ranks": 1}, {"cluster": np.arange(N) % 2}, N, dense_max=2,
+                   flush_s=0.0 if first else 1e9, keep_rounds=keep)
+        for t in range(first, first + 4):
+            rows = {"metrics/test_acc": np.full(N, t / 10)}
+            if t % 3 == 1:  # a dataset only some rounds write
+                rows["x/sometimes"] = np.full((N, 2), t, np.int64)
+            w.write_round(t, {"wall_s": 1.0}, rows, mixing=Dense(np.eye(N, dtype=np.float32)))
+        w.close()
+    with h5py.File(path, "r") as f:
+        stored = {}
+        f.visititems(lambda name, o: stored.update({name: int(o.attrs[sums.ATTR])})
+                     if isinstance(o, h5py.Dataset) else None)
+        assert stored == {name: sums.crc32(f[name]) for name in stored}
+        assert f["x/sometimes"][()][:, 0, 0].tolist()[:5] == [0, 1, 0, 0, 4]
+    assert open_run(path).get("rounds/round").tolist() == list(range(7))

@@ -125,6 +125,7 @@ class _Log:
         self._fspace: dict[str, Any] = {}
         self._mspace: dict[tuple, Any] = {}
         self._types: dict[str, tuple[np.dtype, Any]] = {}
+        self.sums = sums.Running()  # the appended datasets' CRC-32s, for the seal at close
 
     def _dataset(self, path: str, row: np.ndarray) -> h5py.Dataset:
         """Open (or create, for rows like ``row``) the per-round dataset ``path`` and
@@ -180,6 +181,7 @@ class _Log:
         if mem is None:
             mem = self._mspace[block.shape] = h5py.h5s.create_simple(block.shape)
         ds.id.write(mem, space, block, mtype=kind[1])
+        self.sums.update(path, ds, block, at)
 
     def trim(self, rows: int) -> None:
         """Cut the datasets grown ahead back to ``rows`` (at close: exact shapes)."""
@@ -402,7 +404,7 @@ class Writer:
         log = self._open()
         if self._rows is not None:
             log.trim(self._rows)
-        sums.seal(log.f)
+        sums.seal(log.f, log.sums)
 
     @contextmanager
     def _storage(self):

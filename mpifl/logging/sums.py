@@ -46,17 +46,67 @@ def _datasets(f: h5py.File) -> list[h5py.Dataset]:
     return out
 
 
+class Running:
+    """The CRC-32 of each extensible dataset, kept as the writer appends to it, so
+    sealing does not read back (and decompress) what was just written. Rows never
+    written before the last one read as HDF5's fill value, zeros; a dataset
+    rewritten out of order, or found with rows a previous writer wrote, is summed
+    from the file."""
+
+    def __init__(self) -> None:
+        self.done: dict[str, tuple[int, int]] = {}  # path -> (rows summed, their CRC-32)
+        self.stale: set[str] = set()  # rewritten out of order: summed from the file at seal
+
+    def update(self, path: str, ds: h5py.Dataset, block: np.ndarray, at: int) -> None:
+        """``block`` (C-contiguous) written as rows ``at ..`` of ``ds`` at ``path``
+        (h5py's own name and shape lookups cost more than the sum of a small row)."""
+        got = self.done.get(path)
+        if got is None:
+            if path in self.stale:
+                return
+            got = (at, crc32(ds[:at])) if at > 0 else (0, 0)  # an earlier writer's rows: summed once, from the file
+        rows, crc = got
+        if at < rows:
+            self.stale.add(path)
+            del self.done[path]
+            return
+        if at > rows:
+            crc = _zeros(crc, (at - rows) * (block.nbytes // max(1, len(block))))
+        self.done[path] = (at + len(block), zlib.crc32(block, crc))
+
+    def value(self, ds: h5py.Dataset) -> int:
+        """The dataset's CRC-32 (its unwritten tail rows as zeros)."""
+        got = self.done.get(ds.name.lstrip("/"))
+        if got is None or ds.shape[0] < got[0]:
+            return crc32(ds)
+        return _zeros(got[1], (ds.shape[0] - got[0]) * _row_bytes(ds))
+
+
+def _row_bytes(ds: h5py.Dataset) -> int:
+    return ds.dtype.itemsize * int(np.prod(ds.shape[1:], dtype=np.int64))
+
+
+def _zeros(crc: int, n: int) -> int:
+    """``crc`` continued over ``n`` zero bytes."""
+    block = bytes(min(n, BLOCK_BYTES))
+    while n > 0:
+        crc = zlib.crc32(block[:n], crc)
+        n -= len(block)
+    return crc
+
+
 def _names_crc(datasets: list[h5py.Dataset]) -> int:
     return zlib.crc32("\n".join(sorted(ds.name for ds in datasets)).encode())
 
 
-def seal(f: h5py.File) -> None:
-    """Store every dataset's CRC-32, and one of their paths (the writer's last step
-    before it closes the file)."""
+def seal(f: h5py.File, running: Running | None = None) -> None:
+    """Store every dataset's CRC-32 (from ``running`` where it kept one, else read
+    back), and one of their paths: the writer's last step before it closes the file."""
     datasets = _datasets(f)
     for ds in datasets:
         if ds.dtype.kind != "O":  # variable-length values have no fixed bytes: none is written
-            ds.attrs[ATTR] = np.uint32(crc32(ds))
+            ds.attrs[ATTR] = np.uint32(running.value(ds) if running is not None and ds.maxshape[:1] == (None,)
+                                       else crc32(ds))
     f.attrs[NAMES_ATTR] = np.uint32(_names_crc(datasets))
 
 
