@@ -215,8 +215,8 @@ def check_duration(cfg: Any, est: Estimate) -> None:
     s, key = duration(cfg, est)
     if s > MAX_S:
         raise ConfigError(f"{key} is not allowed: the run would take at least {human_s(s)} per rank (at most "
-                          f"{MAX_S // 86400} days is accepted; {est.n_local:,} clients x {max(est.n_train, 1):,} training "
-                          f"samples x {est.params:,} parameters per epoch at {FLOPS:.0e} FLOP/s, at least "
+                          f"{MAX_S // 86400} days is accepted; {est.n_local:,} clients x {max(est.n_train, 1):,} "
+                          f"training samples x {est.params:,} parameters per epoch at {FLOPS:.0e} FLOP/s, at least "
                           f"{ROUND_S:g} s a round); lower it")
 
 
