@@ -56,8 +56,10 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import math
 import re
+import shutil
 import sys
 import time
 import warnings
@@ -69,8 +71,10 @@ from typing import Any
 import numpy as np
 
 from .config.identity import HOW, WHERE
+from .errors import FULL, UNWRITABLE
 from .figure import finish, pyplot
 from .logging.h5 import Corrupt, Run, open_run
+from .paths import atomic_write_text
 from .summary import ACC, JOB, PCT, WINDOW, Summary, find_logs, nanmean, run_row, summarize, unusable
 
 # keys that say where or how a run ran, not what it computed (mpifl.config.identity),
@@ -179,11 +183,13 @@ def _fmt(v: Any) -> str:
 
 
 def write_csv(path: Path, cols: list[str], rows: list[dict[str, Any]]) -> None:
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(cols)
-        for r in rows:
-            w.writerow([_fmt(r.get(c, "")) for c in cols])
+    """Written whole or not at all (a full disk leaves no empty or cut table)."""
+    f = io.StringIO(newline="")
+    w = csv.writer(f)
+    w.writerow(cols)
+    for r in rows:
+        w.writerow([_fmt(r.get(c, "")) for c in cols])
+    atomic_write_text(path, f.getvalue())
 
 
 def markdown(cols: list[str], rows: list[dict[str, Any]], ddof: int, window: int = WINDOW) -> str:
@@ -450,7 +456,7 @@ def analyze(paths: list[str | Path], out: Path, heatmaps: str = "first", rounds:
     cols, rows = table(groups, keys, ddof)
     write_csv(out / "table.csv", cols, rows)
     md = markdown(cols, rows, ddof, window)
-    (out / "table.md").write_text(md)
+    atomic_write_text(out / "table.md", md)
     run_rows = [{**dict(zip(keys, r.group)), **run_row(r)} for r in runs]
     write_csv(out / "runs.csv", list(dict.fromkeys(k for row in run_rows for k in row)), run_rows)
     figures = [plot_accuracy(groups, out / "accuracy.png"), plot_variance(groups, out / "variance.png")]
@@ -490,6 +496,20 @@ def _int_list(text: str) -> list[int]:
     if 0 in out:
         raise argparse.ArgumentTypeError(f"{text!r}: rounds are numbered from 1 (-1 is the last)")
     return out
+
+
+def _unwritable_out(e: OSError, out: Path, made: bool) -> int:
+    """A write under ``out`` refused (read-only, not ours, a full disk: a figure's
+    write names no file): one line, exit 2; a folder this call made goes again."""
+    if e.filename is not None and not Path(e.filename).absolute().is_relative_to(out.absolute()):
+        raise e
+    if e.filename is None and e.errno not in (*FULL, *UNWRITABLE):
+        raise e
+    if made:
+        shutil.rmtree(out, ignore_errors=True)
+    print(f"mpifl.analyze: error: cannot write {e.filename or out} ({e.strerror}); give --out DIR, a folder you "
+          f"can write", file=sys.stderr)
+    return 2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -544,6 +564,7 @@ def main(argv: list[str] | None = None) -> int:
             compute(runs, a.x, Grouping(keys, setting, NOT_APPLICABLE), a.metric, a.versus, a.method, a.ddof,
                     a.ceiling, a.y)
 
+    made = not out.exists()  # a folder this call makes holds only what it wrote: removed if it fails
     try:
         res = analyze(a.paths, out, a.heatmaps, a.rounds, a.ddof, window=max(1, a.window), layouts=a.layout,
                       check=check)
@@ -554,11 +575,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mpifl.analyze: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # the output folder: read-only, not ours, full
-        if e.filename is None or not Path(e.filename).absolute().is_relative_to(out.absolute()):
-            raise
-        print(f"mpifl.analyze: error: cannot write {e.filename} ({e.strerror}); give --out DIR, a folder you can "
-              f"write", file=sys.stderr)
-        return 2
+        return _unwritable_out(e, out, made)
     return 0
 
 

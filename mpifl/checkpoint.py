@@ -60,8 +60,8 @@ import numpy as np
 import torch
 
 from .config.identity import config_diff
-from .errors import ConfigError, StorageError, shorten, storage_error
-from .paths import RunDir, atomic_write_text
+from .errors import UNWRITABLE, ConfigError, StorageError, shorten, storage_error
+from .paths import RunDir, atomic_write_text, probe_write
 from .state import saved_fields
 
 LATEST = "latest"
@@ -180,6 +180,45 @@ def check_dir(rd: RunDir) -> None:
                           f"{shorten(repr(os.readlink(rd.checkpoint)), 80)}), refused: mpifl deletes old checkpoints "
                           f"there and could delete another run's; make it a directory of this run (move the "
                           f"checkpoints into it), or put the whole run on that disk with run.out_dir")
+    _check_entries(rd)
+
+
+def _check_entries(rd: RunDir) -> None:
+    """Refuse a name mpifl writes in the folder (``round-NNNNNN``, its temporary
+    ``.round-NNNNNN.tmp``, ``latest``) held by something mpifl did not write there:
+    a symbolic link, or a file where a checkpoint directory goes. Publishing over
+    it would fail after the rounds were computed, at every later launch alike, and
+    mpifl deletes only what it wrote."""
+    if not rd.checkpoint.is_dir():
+        return
+    for d in rd.checkpoint.iterdir():
+        round_dir = ROUND_DIR.fullmatch(d.name.removeprefix(".").removesuffix(".tmp"))
+        if not (round_dir or d.name == LATEST):
+            continue
+        if d.is_symlink():
+            what = f"a symbolic link (to {shorten(repr(os.readlink(d)), 80)})"
+        elif round_dir and not d.is_dir():
+            what = "not a directory"
+        else:
+            continue
+        raise ConfigError(f"{str(d)!r} is {what}, where mpifl writes its checkpoints: refused (mpifl deletes "
+                          f"only what it wrote); remove or move it, or use another run.name")
+
+
+def check_writable(rd: RunDir) -> None:
+    """A ``checkpoint`` folder this job cannot write (read-only, no permission) is a
+    user error found before any round is computed (exit 2), not a refused write of
+    the first checkpoint afterwards (exit 74, "free space")."""
+    if not rd.checkpoint.is_dir() or rd.checkpoint.is_symlink():
+        return
+    try:
+        probe_write(rd.checkpoint)
+    except OSError as e:
+        if e.errno not in UNWRITABLE:
+            return  # a full disk is the checkpoint writer's to report, with what it keeps
+        raise ConfigError(f"checkpoint folder {str(rd.checkpoint)!r} cannot be written ({e.strerror}): the run "
+                          f"could not checkpoint; make it writable, or pick a run.out_dir you can write (a copy of "
+                          f"the run directory there continues the run)") from None
 
 
 def unpublished(rd: RunDir) -> Path | None:

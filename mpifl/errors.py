@@ -29,6 +29,7 @@ def check(ok: bool, key: str, value: Any, allowed: str) -> None:
 UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)  # a place the user cannot write: a user error
 FULL = (errno.ENOSPC, errno.EDQUOT, errno.EIO)  # a disk that cannot hold a write: not the user's path's fault
 STORAGE_EXIT = 74  # EX_IOERR: the disk refused a write; free space (or fix the disk) and rerun the same command
+RERUN = "free space and rerun the same command to resume"  # the way forward every refused write names
 
 
 class StorageError(OSError):
@@ -42,4 +43,4 @@ def storage_error(what: str, path: Any, exc: OSError, kept: str) -> StorageError
     system's reason, what survives (``kept``) and the way forward."""
     reason = exc.strerror or str(exc) or type(exc).__name__
     return StorageError(f"cannot write {what} {str(path)!r} ({reason}); {kept}; "
-                        f"free space and rerun the same command to resume")
+                        f"{RERUN}")

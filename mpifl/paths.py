@@ -23,6 +23,14 @@ class RunDir:
     lock = beneath("run.lock")  # held by the job writing here (mpifl.runlock); gone when it ends
 
 
+def probe_write(folder: Path) -> None:
+    """Create and remove a temporary file in ``folder``: the OSError a write there
+    would meet (read-only, no permission), found before any work."""
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".mpifl-probe.", suffix=".tmp")
+    os.close(fd)
+    os.unlink(tmp)
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Write through a temporary file and rename, so readers never see half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -36,6 +44,8 @@ def atomic_write_text(path: Path, text: str) -> None:
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide results from the group
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.filename is None:  # a refused write (ENOSPC) names no file: this one
+            raise OSError(e.errno, e.strerror, str(path)) from e
         raise

@@ -19,7 +19,7 @@ from .algorithms.base import Algorithm, Context, Round, evaluates
 from .comm import Comm, agree, node_local_rank, node_of_ranks, pick_device, set_threads, versions
 from .config import Config
 from .data import build as build_data
-from .errors import UNWRITABLE, ConfigError, StorageError, shorten, storage_error
+from .errors import RERUN, UNWRITABLE, ConfigError, StorageError, shorten, storage_error
 from .logging.h5 import Writer, open_run
 from .mixing import Dense, Mixing, issparse
 from .paths import RunDir, atomic_write_text
@@ -317,18 +317,46 @@ def run(cfg: Config, mpi_comm) -> Path:
         if mpi_comm.Get_rank() != 0:
             return None
         try:
-            return runlock.acquire(rd)
+            lock = runlock.acquire(rd)
         except OSError as e:
             if e.errno not in UNWRITABLE:
                 raise
             raise _unwritable(cfg, rd, e) from None
-
-    lock = agree(mpi_comm, acquire)
-    try:
-        return _run(cfg, mpi_comm)
-    finally:
-        if lock is not None:
+        try:
+            checkpoint.check_writable(rd)  # before any work: read-only is the user's to fix (exit 2)
+        except BaseException:
             lock.release()
+            raise
+        return lock
+
+    try:
+        lock = agree(mpi_comm, acquire)
+        try:
+            return _run(cfg, mpi_comm)
+        finally:
+            if lock is not None:
+                lock.release()
+    except StorageError as e:  # every rank together, with one message: say what the rerun will do
+        raise StorageError(str(e).removesuffix(RERUN) + rerun_text(cfg)) from None
+
+
+def rerun_text(cfg: Config) -> str:
+    """After a refused write: what the same command will do once there is room,
+    read from the checkpoints on disk (every rank sees the same run directory)."""
+    rd = RunDir(cfg.run_dir)
+    if cfg.run.resume == "never":
+        return "free space and rerun the same command: it starts the run over (run.resume=never)"
+    try:
+        ck = checkpoint.latest(rd) or checkpoint.unpublished(rd)
+    except (ConfigError, OSError):
+        ck = None
+    if ck is not None:
+        return f"{RERUN} after round {int(ck.name.removeprefix('round-')) + 1} (its last checkpoint)"
+    every = cfg.run.checkpoint_every
+    why = ("run.checkpoint_every=0 writes one only at the end and on a signal" if every == 0 else
+           f"the first comes after round {every}")
+    return (f"free space and rerun the same command: it starts the run over, as no checkpoint was written yet "
+            f"({why})")
 
 
 def _events(cfg: Config, writer: Writer | None) -> Events | None:

@@ -15,8 +15,18 @@ The estimate is a lower bound, what every run keeps whatever its algorithm:
   and about :data:`PER_CLIENT` bytes of bookkeeping per client of the run (the
   partition, each client's splits; measured at 1.1 to 1.7 KiB).
 
+- on every rank's host: the batch plan of the longest training call, the
+  ``int64`` sample index of every step of every client of the rank
+  (:func:`mpifl.train.plan.make_plan` builds it at once), for the largest of the
+  run's epoch counts (:func:`epoch_counts`) over a client's average training
+  split padded to whole batches.
+
 Algorithms keep more (personal models, received rows), so a run refused here
-could not have fitted. Memory available: ``MemAvailable`` (``/proc/meminfo``)
+could not have fitted. Counts that allocate nothing still take time: every
+epoch count runs at least once and every round costs at least
+:data:`ROUND_S`, at a rate of :data:`FLOPS` (above any device's), so a run
+whose lower bound passes :data:`MAX_S` (``run.rounds=10**18``) is refused too
+(:func:`duration`). Memory available: ``MemAvailable`` (``/proc/meminfo``)
 capped by the process's cgroup limit (what SLURM enforces), shared by the ranks on
 the node; on a GPU, ``torch.cuda.mem_get_info``, shared by the ranks on that GPU.
 """
@@ -36,6 +46,11 @@ MODEL_BIG = 1 << 30  # bytes of one client's rows past which the model, not the 
 CGROUP = Path("/sys/fs/cgroup")
 PROC_CGROUP = Path("/proc/self/cgroup")  # this process's cgroup in each hierarchy
 MEMINFO = Path("/proc/meminfo")
+PLAN_BYTES = 8  # per planned sample of a step: the int64 index (make_plan)
+FLOPS = 1e15  # per rank, above any device's rate: the time estimate stays a lower bound
+TRAIN_FLOPS = 6  # per parameter and sample of a training step (forward and backward)
+ROUND_S = 1e-4  # the least a round costs: its collectives and bookkeeping
+MAX_S = 366 * 86400  # a run longer than this at FLOPS would never finish: refused
 
 
 def human(n: float) -> str:
@@ -61,6 +76,9 @@ class Estimate:
     pool: int  # bytes of the whole dataset on the host
     bookkeeping: int  # bytes of per-client bookkeeping on the host
     on_gpu: bool
+    plan: int = 0  # host bytes of the largest batch plan (the longest training call)
+    plan_key: str = "train.local_epochs"  # the epoch count that sets it, as key=value
+    n_train: int = 0  # a client's average training samples
 
     @property
     def clients(self) -> int:
@@ -74,7 +92,7 @@ class Estimate:
     @property
     def host(self) -> int:
         """On the host: the pool and bookkeeping, and on the CPU everything."""
-        return self.pool + self.bookkeeping + (0 if self.on_gpu else self.device)
+        return self.pool + self.bookkeeping + self.plan + (0 if self.on_gpu else self.device)
 
     def text(self) -> str:
         where = "on its GPU" if self.on_gpu else "in memory"
@@ -82,15 +100,61 @@ class Estimate:
         return (f"at least {human(self.device if self.on_gpu else self.host)} per rank {where}{gpu}: "
                 f"{self.n_local:,} clients on the rank x {self.rows} row(s) of {self.params:,} parameters "
                 f"({human(self.clients)} with the gradients), {human(self.data)} of their samples, "
-                f"{human(self.pool)} of dataset and {human(self.bookkeeping)} to partition it among "
-                f"{self.n_clients:,} clients")
+                f"{human(self.pool)} of dataset, {human(self.bookkeeping)} to partition it among "
+                f"{self.n_clients:,} clients and {human(self.plan)} of batch plan ({self.plan_key})")
 
     def culprit(self, cfg: Any) -> str:
-        """The key to change, as ``key=value``: the model's size when one client's
-        rows alone take more than :data:`MODEL_BIG`, else the number of clients."""
+        """The key to change, as ``key=value``, by the largest part of the estimate:
+        the batch plan's epoch count (or ``train.batch_size`` when batches are
+        mostly padding), the generated dataset's size, else the model's size when
+        one client's rows alone take more than :data:`MODEL_BIG`, else the number
+        of clients."""
+        parts = {"plan": self.plan, "data": self.pool + self.data, "clients": self.clients + self.bookkeeping}
+        largest = max(parts, key=parts.__getitem__)
+        if largest == "plan":
+            bs = cfg.train.batch_size
+            return f"train.batch_size={bs}" if bs > 2 * max(self.n_train, 1) else self.plan_key
+        if largest == "data" and cfg.data.name in ("mnist1d", "synthetic"):
+            return f"data.n_samples={cfg.data.n_samples}"
         if 4 * self.params * (self.rows + 1) > MODEL_BIG:
             return f"model.hidden={cfg.model.hidden}" if cfg.model.name == "mlp" else f"model.name={cfg.model.name!r}"
         return f"data.n_clients={cfg.data.n_clients}"
+
+
+def epoch_counts(cfg: Any) -> dict[str, int]:
+    """The epoch counts of the run's training calls, by key: ``train.local_epochs``,
+    ``algorithm.ft_epochs`` (its fine-tuning algorithms, ``*_ft``) and the chosen
+    algorithm's own keys named ``*epochs`` or ``tau_*`` (local epochs, by the
+    project's naming: ``dpfl.tau_init``, ``fedrep.head_epochs``...)."""
+    import dataclasses
+
+    a = cfg.algorithm
+    out = {"train.local_epochs": cfg.train.local_epochs}
+    if a.name.endswith("_ft"):
+        out["algorithm.ft_epochs"] = a.ft_epochs or 2 * cfg.train.local_epochs
+    section = getattr(cfg, a.name, None)
+    if dataclasses.is_dataclass(section):
+        for f in dataclasses.fields(section):
+            v = getattr(section, f.name)
+            if (f.name.endswith("epochs") or f.name.startswith("tau_")) and isinstance(v, int):
+                out[f"{a.name}.{f.name}"] = v
+    return out
+
+
+def train_samples(cfg: Any, n_samples: int) -> int:
+    """A client's average training samples (``data.train_per_client`` when set)."""
+    d = cfg.data
+    frac = 1 - d.val_frac - (d.test_frac if d.test_source == "split" else 0)
+    n = int(n_samples * d.subsample * frac) // d.n_clients
+    return min(n, d.train_per_client) if d.train_per_client else n
+
+
+def _plan(cfg: Any, n_local: int, n_train: int) -> tuple[int, str]:
+    """(host bytes of the largest batch plan, its epoch count as key=value)."""
+    key, epochs = max(epoch_counts(cfg).items(), key=lambda kv: kv[1])
+    bs = cfg.train.batch_size
+    steps = -(-max(n_train, 1) // bs)  # batches per epoch, the last one padded to bs
+    return PLAN_BYTES * n_local * epochs * steps * bs, f"{key}={epochs}"
 
 
 def estimate(cfg: Any, n_ranks: int, rank: int, on_gpu: bool) -> Estimate | None:
@@ -106,7 +170,12 @@ def estimate(cfg: Any, n_ranks: int, rank: int, on_gpu: bool) -> Estimate | None
         return None
     N = cfg.data.n_clients
     n_local = int(Placement(N, n_ranks).counts()[rank])
-    P, B = sizes(cfg.model, d.in_shape, d.n_classes)
+    try:
+        P, B = sizes(cfg.model, d.in_shape, d.n_classes)
+    except (RuntimeError, OverflowError, ValueError) as e:  # torch cannot even size it (storage overflow)
+        model = f"model.hidden={cfg.model.hidden}" if cfg.model.name == "mlp" else f"model.name={cfg.model.name!r}"
+        raise ConfigError(f"{model} is not allowed: the model cannot be sized ({str(e).splitlines()[0][:80]}); "
+                          f"use smaller widths") from None
     t = cfg.train
     opt = 2 if t.optimizer == "adam" else (1 if t.momentum > 0 else 0)
     copies = 2 if t.on_nonfinite == "skip" else 1  # the rows before training, to drop a non-finite update
@@ -115,8 +184,40 @@ def estimate(cfg: Any, n_ranks: int, rank: int, on_gpu: bool) -> Estimate | None
     grad_rows = n_local if on_gpu else min(n_local, max(1, CHUNK_BYTES // (4 * P)))
     features = math.prod(d.in_shape)
     local_samples = d.n_samples * n_local // N
+    n_train = train_samples(cfg, d.n_samples)
+    plan, plan_key = _plan(cfg, n_local, n_train)
     return Estimate(N, n_local, P, rows, grad_rows, extra, 4 * local_samples * features,
-                    d.n_samples * features * d.stored_bytes, PER_CLIENT * N, on_gpu)
+                    d.n_samples * features * d.stored_bytes, PER_CLIENT * N, on_gpu, plan, plan_key, n_train)
+
+
+def duration(cfg: Any, est: Estimate) -> tuple[float, str]:
+    """(a lower bound of the run's seconds, the count that sets it as key=value):
+    every epoch count runs at least once over every client of the rank at
+    :data:`FLOPS`, every round costs at least :data:`ROUND_S`."""
+    epoch_s = TRAIN_FLOPS * est.params * est.n_local * max(est.n_train, 1) / FLOPS
+    key, epochs = max(epoch_counts(cfg).items(), key=lambda kv: kv[1])
+    by_rounds, by_epochs = cfg.run.rounds * ROUND_S, epochs * epoch_s
+    if by_rounds >= by_epochs:
+        return by_rounds, f"run.rounds={cfg.run.rounds}"
+    return by_epochs, f"{key}={epochs}"
+
+
+def human_s(s: float) -> str:
+    """Seconds as ``3.2 days`` (or years)."""
+    for unit, n in (("years", 365.25 * 86400), ("days", 86400), ("hours", 3600)):
+        if s >= n:
+            return f"{s / n:.3g} {unit}"
+    return f"{s:.3g} s"
+
+
+def check_duration(cfg: Any, est: Estimate) -> None:
+    """A run whose lower-bound time passes :data:`MAX_S` is refused, naming the count."""
+    s, key = duration(cfg, est)
+    if s > MAX_S:
+        raise ConfigError(f"{key} is not allowed: the run would take at least {human_s(s)} per rank (at most "
+                          f"{MAX_S // 86400} days is accepted; {est.n_local:,} clients x {max(est.n_train, 1):,} "
+                          f"training samples x {est.params:,} parameters per epoch at {FLOPS:.0e} FLOP/s, at least "
+                          f"{ROUND_S:g} s a round); lower it")
 
 
 # --------------------------------------------------------------------------- what there is
@@ -202,6 +303,10 @@ def assess(cfg: Any, n_ranks: int, rank: int, device: Any, local: int, per_node:
     est = estimate(cfg, n_ranks, rank, on_gpu)
     if est is None:
         return f"not estimated: the shape of data.name={cfg.data.name!r} is read from its files", None
+    try:
+        check_duration(cfg, est)
+    except ConfigError as e:
+        return est.text(), str(e)
     sharing = per_node
     if on_gpu:
         import torch

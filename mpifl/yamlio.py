@@ -87,8 +87,9 @@ def parse_yaml(text: str, what: str, invalid_ok: bool = False) -> Any:
             if _depth(out) > MAX_DEPTH:
                 raise ConfigError(f"{what} nests values more than {MAX_DEPTH} levels deep; that many are not allowed")
             return out
-    loader = _BoundedLoader(text)
+    loader = None
     try:
+        loader = _BoundedLoader(text)  # its reader refuses control characters here: a ReaderError too
         return loader.get_single_data()
     except _TooBig as e:
         raise ConfigError(f"{what} {e}") from None
@@ -102,7 +103,8 @@ def parse_yaml(text: str, what: str, invalid_ok: bool = False) -> Any:
         where = f" (line {line + 1})" if line is not None else ""
         raise ConfigError(f"{what} is not valid YAML{where}") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 FAST = getattr(yaml, "CSafeLoader", None)  # PyYAML built without libyaml has none

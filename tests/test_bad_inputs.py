@@ -159,9 +159,9 @@ BASELINE_B_CASES = {
     "apfl.alpha=1.5": "apfl.alpha=1.5 is not allowed; must be in [0, 1]",
     "apfl.adaptive=maybe": "apfl.adaptive='maybe'",
     "perfedavg.variant=so": "perfedavg.variant='so'",
-    "perfedavg.alpha=0": "perfedavg.alpha=0.0 is not allowed; must be > 0",
-    "perfedavg.beta=-0.1": "perfedavg.beta=-0.1 is not allowed; must be >= 0 (0 = train.lr)",
-    "perfedavg.delta=0": "perfedavg.delta=0.0 is not allowed; must be > 0",
+    "perfedavg.alpha=0": "perfedavg.alpha=0.0 is not allowed; must be a finite number > 0",
+    "perfedavg.beta=-0.1": "perfedavg.beta=-0.1 is not allowed; must be a finite number >= 0 (0 = train.lr)",
+    "perfedavg.delta=0": "perfedavg.delta=0.0 is not allowed; must be a finite number > 0",
 }
 
 
@@ -180,4 +180,4 @@ def test_baseline_b_bad_option_exits_2_under_mpiexec(tmp_path):
                   f"run.out_dir={tmp_path}"], n=2, timeout=90)
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert res.returncode == 2 and len(lines) == 1, res.stderr
-    assert lines[0] == "mpifl: error: perfedavg.alpha=-1.0 is not allowed; must be > 0"
+    assert lines[0] == "mpifl: error: perfedavg.alpha=-1.0 is not allowed; must be a finite number > 0"

@@ -21,7 +21,9 @@ def test_yaml_and_overrides_merge_and_coerce(tmp_path):
     assert cfg.run.rounds == 9 and cfg.train.lr == 0.001 and cfg.model.hidden == [8, 4]
     assert cfg.train.batched == "off"  # YAML 1.1 reads off as false
     assert cfg.dpfl.budget_for(20) == 2
-    assert math.isinf(config.load(None, ["train.weight_decay=inf"]).train.weight_decay)
+    assert math.isinf(config.coerce("inf", float, "train.weight_decay"))  # read as a float; validate refuses it
+    with pytest.raises(ConfigError, match="train.weight_decay=inf is not allowed; must be a finite number"):
+        config.load(None, ["train.weight_decay=inf"])
 
 
 def test_resolved_config_round_trips(tmp_path):

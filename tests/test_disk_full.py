@@ -34,7 +34,9 @@ DISK_KIB = 1024
 # and meta, the log growing after a checkpoint, later checkpoints
 FILL = (0.0, 0.1, 0.42, 0.55, 0.62, 0.66, 0.72, 0.86, 0.95, 1.04)
 LINE = re.compile(r"mpifl: error: cannot write the (log|config|run lock|checkpoint \w+) '([^']+)' "
-                  r"\(No space left on device\); (.+); free space and rerun the same command to resume")
+                  r"\(No space left on device\); (.+); free space and rerun the same command(?: to resume after "
+                  r"round (\d+) \(its last checkpoint\)|: it starts the run over, as no checkpoint was written yet "
+                  r"\(the first comes after round 50\))")
 
 
 @pytest.fixture
@@ -118,7 +120,7 @@ def test_a_full_disk_at_ten_points_costs_nothing_committed_and_the_same_command_
         assert cut.returncode == 74, (frac, cut.returncode, cut.stderr[-2000:])
         lines = cut.stderr.strip().splitlines()
         assert len(lines) == 1 and LINE.fullmatch(lines[0]), (frac, cut.stderr[-2000:])
-        what, path, kept = LINE.fullmatch(lines[0]).groups()
+        what, path, kept, after = LINE.fullmatch(lines[0]).groups()
         assert Path(path).is_relative_to(small_disk / "x")
         run_dir = small_disk / "x"
         assert _leftovers(run_dir) == [], (frac, lines[0], *_sizes(run_dir))
@@ -132,6 +134,7 @@ def test_a_full_disk_at_ten_points_costs_nothing_committed_and_the_same_command_
         again = launch(args, n=2, timeout=120)
         assert again.returncode == 0, (frac, again.stderr[-2000:])
         assert (f"resumed after round {int(ck[6:]) + 1})" in again.stdout) if ck else "resumed" not in again.stdout
+        assert after == (str(int(ck[6:]) + 1) if ck else None), (lines[0], ck)  # the line said what the rerun did
         _same(open_run(run_dir), reference)
         assert not journal_path(run_dir / "run.h5").exists() and _leftovers(run_dir) == []
         subprocess.run(["rm", "-rf", str(run_dir)], check=True)

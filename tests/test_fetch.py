@@ -389,3 +389,80 @@ def test_a_real_process_with_torchvision_md5s_refuses_the_tiny_files(mirror, tmp
     assert len(err) == 1 and err[0].startswith("mpifl.data: error: mnist: could not fetch train-images"), err
     assert "expected f68b3c2dcbeaaa9fbdd348bbdeb94873" in err[0]  # torchvision's own md5
     assert root.is_dir() and list(root.iterdir()) == []
+
+
+def recompress(src: Path, dst: Path, change: bool = False) -> None:
+    """``src``'s IDX .gz files as another tool would write them: other gzip bytes
+    (level, header), the same content, or with ``change`` one decoded byte flipped."""
+    import gzip
+
+    dst.mkdir(parents=True, exist_ok=True)
+    for gz in sorted(src.glob("*.gz")):
+        data = bytearray(gzip.decompress(gz.read_bytes()))
+        if change and "train-labels" in gz.name:
+            data[-1] ^= 1
+        (dst / gz.name).write_bytes(gzip.compress(bytes(data), compresslevel=1, mtime=12345))
+        assert change or md5(dst / gz.name) != md5(gz)
+
+
+def with_content(table: dict, served: Path) -> dict:
+    """The tiny table with fashionmnist's content md5s taken from its served files."""
+    import gzip
+
+    src = table["fashionmnist"]
+    files = tuple(dataclasses.replace(
+        f, content_md5=hashlib.md5(gzip.decompress((served / (f.name + ".gz")).read_bytes())).hexdigest())
+        for f in src.files)
+    return {**table, "fashionmnist": dataclasses.replace(src, files=files)}
+
+
+def test_verify_and_fetch_take_a_recompressed_copy_by_content_and_name_a_damaged_one(fake, tmp_path, capsys,
+                                                                                     monkeypatch):
+    """Debian's way: the gzip bytes differ from the published md5s, the decoded
+    bytes do not; wherever the copy lies, it is intact, and a flipped decoded byte
+    is named."""
+    _, served, table, arrays = fake
+    table = with_content(table, served / "fashionmnist")
+    monkeypatch.setattr(sources, "table", lambda: dict(table))
+    copy, damaged = tmp_path / "copy", tmp_path / "damaged"
+    recompress(served / "fashionmnist", copy)
+    recompress(served / "fashionmnist", damaged, change=True)
+    assert main(["verify", "--root", str(copy), "fashionmnist"]) == 0
+    assert "verify: ok" in capsys.readouterr().out
+    assert main(["verify", "--root", str(damaged), "fashionmnist"]) == 1
+    out = capsys.readouterr().out
+    assert "bad checksum: train-labels-idx1-ubyte.gz" in out and "t10k" not in out.split("bad checksum")[1]
+    root = tmp_path / "data"
+    assert main(["fetch", "fashionmnist", "--root", str(root), "--mirror", str(copy)]) == 0
+    capsys.readouterr()
+    assert main(["verify", "--root", str(root), "fashionmnist"]) == 0
+    np.testing.assert_array_equal(load("fashionmnist", root).y, arrays["fashionmnist"][1])
+    other = tmp_path / "other"
+    assert main(["fetch", "fashionmnist", "--root", str(other), "--mirror", str(damaged)]) == 2
+    line = one_error_line(capsys)
+    assert "could not fetch train-labels-idx1-ubyte.gz" in line and "was not created" in line
+    assert list(other.iterdir()) == []
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not datasets.DEBIAN_FASHION_MNIST.is_dir(), reason="Debian's dataset-fashion-mnist not installed")
+def test_a_copy_of_debians_fashion_mnist_is_intact_anywhere_and_a_damaged_one_is_named(tmp_path, capsys):
+    """The real files and torchvision's md5s: a plain copy verifies, fetch --mirror
+    takes the package's folder, and a copy with one decoded byte changed is named."""
+    copy = tmp_path / "copy"
+    shutil.copytree(datasets.DEBIAN_FASHION_MNIST, copy)
+    assert main(["verify", "--root", str(copy), "fashionmnist"]) == 0
+    assert "4 of 4 files md5-checked" in capsys.readouterr().out
+    assert main(["fetch", "fashionmnist", "--root", str(tmp_path / "data"), "--mirror",
+                 str(datasets.DEBIAN_FASHION_MNIST)]) == 0
+    damaged = tmp_path / "damaged"
+    shutil.copytree(copy, damaged, ignore=shutil.ignore_patterns("train-labels*"))
+    recompress_one = damaged / "train-labels-idx1-ubyte.gz"
+    import gzip
+
+    data = bytearray(gzip.decompress((copy / recompress_one.name).read_bytes()))
+    data[100] ^= 1
+    recompress_one.write_bytes(gzip.compress(bytes(data)))
+    capsys.readouterr()
+    assert main(["verify", "--root", str(damaged), "fashionmnist"]) == 1
+    assert "bad checksum: train-labels-idx1-ubyte.gz" in capsys.readouterr().out

@@ -27,7 +27,10 @@ from mpifl.train import Clients
 QUICK = str(REPO / "jobs" / "quickstart.yaml")
 ABSURD = {"data.n_clients=1000000000": "data.n_clients=1000000000 is too large for this machine",
           "model.hidden=[100000000]": "model.hidden=[100000000] is too large for this machine",
-          "run.threads=100000": "run.threads=100000 is not allowed here: this process may use"}
+          "run.threads=100000": "run.threads=100000 is not allowed here: this process may use",
+          # counts: the batch plan of every epoch's steps is built at once
+          "train.local_epochs=9999999": "train.local_epochs=9999999 is too large for this machine",
+          "algorithm.name=dpfl dpfl.tau_init=9999999": "dpfl.tau_init=9999999 is too large for this machine"}
 
 
 @pytest.mark.parametrize("name", ["digits", "mnist1d", "synthetic", "fashionmnist"])
@@ -107,7 +110,7 @@ def test_threads_past_the_cpus_of_the_process_are_refused(monkeypatch):
 
 @pytest.mark.parametrize("over", list(ABSURD))
 def test_absurd_sizes_are_refused_before_anything_is_allocated(tmp_path, over):
-    cfg = config.load(QUICK, [over, f"run.out_dir={tmp_path}"])
+    cfg = config.load(QUICK, [*over.split(), f"run.out_dir={tmp_path}"])
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t0 = time.perf_counter()
     with pytest.raises(ConfigError) as e:
@@ -133,7 +136,7 @@ def test_absurd_sizes_exit_2_in_one_line_within_seconds(tmp_path, over):
     probe = ("import resource, sys; from mpifl.main import main; rc = main(sys.argv[1:]); "
              "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(rc)")
     t0 = time.perf_counter()
-    res = subprocess.run([sys.executable, "-c", probe, QUICK, over, f"run.out_dir={tmp_path}"], cwd=REPO,
+    res = subprocess.run([sys.executable, "-c", probe, QUICK, *over.split(), f"run.out_dir={tmp_path}"], cwd=REPO,
                          capture_output=True, text=True, timeout=120, check=False,
                          env={**os.environ, "PYTHONPATH": str(REPO)})
     took = time.perf_counter() - t0
@@ -142,3 +145,29 @@ def test_absurd_sizes_exit_2_in_one_line_within_seconds(tmp_path, over):
     assert len(lines) == 1 and lines[0].startswith(f"mpifl: error: {ABSURD[over]}")
     assert took < 20  # the interpreter and torch's import included
     assert int(res.stdout) < 2 << 20  # KiB: the interpreter and torch, nothing of the run
+
+
+@pytest.mark.parametrize(("over", "key"), [(["run.rounds=1000000000000000000"], "run.rounds=1000000000000000000"),
+                                          (["train.local_epochs=1000000000000000", "data.n_clients=1",
+                                            "data.n_clusters=1"], "train.local_epochs=1000000000000000")])
+def test_counts_that_would_never_finish_are_refused_naming_the_count(over, key):
+    """What allocates little still takes time: the lower bound of the run's time
+    names the count that sets it."""
+    cfg = config.load(QUICK, over)
+    est = sizes.estimate(cfg, 1, 0, on_gpu=False)
+    with pytest.raises(ConfigError, match=f"^{key} is not allowed: the run would take at least [0-9.e+]+ years"):
+        sizes.check_duration(cfg, est)
+    sizes.check_duration(config.load(QUICK, ["run.rounds=1000000"]), est)  # long, not endless: taken
+
+
+@pytest.mark.parametrize(("over", "key"), [
+    (["train.batch_size=10000000000"], "train.batch_size=10000000000"),
+    (["data.n_samples=10000000000"], "data.n_samples=10000000000"),
+    (["algorithm.name=fedrep", "fedrep.head_epochs=100000000"], "fedrep.head_epochs=100000000"),
+    (["algorithm.name=fedavg_ft", "algorithm.ft_epochs=100000000"], "algorithm.ft_epochs=100000000"),
+])
+def test_the_refusal_names_the_key_whose_part_of_the_estimate_is_largest(over, key):
+    cfg = config.load(QUICK, over)
+    est = sizes.estimate(cfg, 1, 0, on_gpu=False)
+    assert est.culprit(cfg) == key
+    assert est.host > 1 << 40  # over a TiB: refused on any node

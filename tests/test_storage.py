@@ -195,5 +195,7 @@ def test_a_run_directory_the_disk_cannot_hold_is_a_storage_error(tmp_path, monke
                              "run.rounds=1", "run.threads=1", f"run.out_dir={tmp_path}", "run.name=r"], n_ranks=1)
     monkeypatch.setattr(Path, "mkdir", full)
     with pytest.raises(StorageError, match=r"^cannot write the run directory .* \(Disk quota exceeded\); nothing "
-                                           r"was logged yet; free space and rerun the same command to resume$"):
+                                           r"was logged yet; free space and rerun the same command: it starts the "
+                                           r"run over, as no checkpoint was written yet \(the first comes after "
+                                           r"round 10\)$"):
         runtime.run(cfg, world())

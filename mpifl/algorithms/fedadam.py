@@ -88,6 +88,11 @@ class ServerAdaptive:
         return cls(rule, p.lr, p.beta1, p.beta2, p.tau, torch.zeros_like(model),
                    torch.full_like(model, p.tau * p.tau))
 
+    @property
+    def key(self) -> str:
+        """The config key of the step size, named when the step diverges."""
+        return f"fed{self.rule}.lr"
+
     def step(self, model: torch.Tensor, average: torch.Tensor) -> torch.Tensor:
         delta = average - model
         self.m = self.beta1 * self.m + (1 - self.beta1) * delta

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..mixing import Shared
-from ..train import Objective
+from ..train import NonFiniteError, Objective
 from .base import Context, Round, own_rows_metrics, sampled_weights
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
@@ -63,6 +63,11 @@ def round(ctx: Context, state: State, t: int) -> Round:
     return out
 
 
+# a loss past this many times log(classes) (a uniform guess's) at the model clients
+# start from: the server's step threw it out (lr=10 for FedAdam: 1e5 times), not training
+WILD_LOSS = 1000
+
+
 class ServerOptimizer(Protocol):
     """The server's step from the global model and the sampled clients' weighted
     average to the next global model (FedAvg: the average itself). Its state
@@ -71,6 +76,8 @@ class ServerOptimizer(Protocol):
 
     def step(self, model: torch.Tensor, average: torch.Tensor) -> torch.Tensor: ...
 
+    # optional: ``key``, the config key of the step size (``fedadam.lr``), named when it diverges
+
 
 def step(ctx: Context, model: torch.Tensor, t: int, fraction: float, objective: Objective | None = None,
          server: ServerOptimizer | None = None) -> tuple[torch.Tensor, Round]:
@@ -78,10 +85,30 @@ def step(ctx: Context, model: torch.Tensor, t: int, fraction: float, objective: 
     (local training on ``objective`` when given; the new model is ``server``'s step
     from the clients' average, or the average itself)."""
     sampled = ctx.sample(t, fraction)
-    _, loss = local_update(ctx, model, sampled, t, objective)
+    try:
+        _, loss = local_update(ctx, model, sampled, t, objective)
+    except NonFiniteError as e:
+        raise _diverged(ctx, model, server, t) or e from None
     row, w = sampled_weights(ctx, sampled)
     average = ctx.comm.weighted_sum(ctx.clients.params, w)
     return (average if server is None else server.step(model, average)), Round(train_loss=loss, mixing=Shared(row))
+
+
+def _diverged(ctx: Context, model: torch.Tensor, server: ServerOptimizer | None, t: int) -> NonFiniteError | None:
+    """The error naming the server's step size when the global model the clients
+    started from already gives a wild loss (non-finite, or past :data:`WILD_LOSS`
+    times a uniform guess's: the server's step diverged, not the clients'
+    training); None otherwise."""
+    key = getattr(server, "key", None)
+    if key is None or ctx.clients.n == 0:
+        return None
+    loss, _ = ctx.clients.evaluate("train", model, np.arange(1))
+    if np.all(loss <= WILD_LOSS * np.log(ctx.clients.n_classes)):  # NaN: not <=
+        return None
+    p = getattr(ctx.cfg, key.split(".")[0])
+    return NonFiniteError(f"the global model the server's step made before round {t + 1} gives a loss of "
+                          f"{float(loss[0]):.3g} on client {int(ctx.clients.ids[0])}'s training data: the "
+                          f"server's step diverged; lower {key} (now {p.lr:g})")
 
 
 def evaluate(ctx: Context, state: State, t: int) -> dict[str, np.ndarray]:

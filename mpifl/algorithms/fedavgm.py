@@ -69,6 +69,11 @@ class ServerMomentum:
     beta: float
     v: torch.Tensor  # [P] momentum, identical on every rank
 
+    @property
+    def key(self) -> str:
+        """The config key of the step size, named when the step diverges."""
+        return "fedavgm.lr"
+
     def step(self, model: torch.Tensor, average: torch.Tensor) -> torch.Tensor:
         self.v = self.beta * self.v + (model - average)
         return model - self.lr * self.v

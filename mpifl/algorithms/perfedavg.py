@@ -44,6 +44,7 @@ to the adapted one in ``test_acc``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -77,9 +78,9 @@ class Params:
     delta: float = 0.001  # hf: finite-difference step of the Hessian-vector product
 
     def validate(self, cfg: Config) -> None:
-        check(self.alpha > 0, "perfedavg.alpha", self.alpha, "must be > 0")
-        check(self.beta >= 0, "perfedavg.beta", self.beta, "must be >= 0 (0 = train.lr)")
-        check(self.delta > 0, "perfedavg.delta", self.delta, "must be > 0")
+        check(0 < self.alpha < math.inf, "perfedavg.alpha", self.alpha, "must be a finite number > 0")
+        check(0 <= self.beta < math.inf, "perfedavg.beta", self.beta, "must be a finite number >= 0 (0 = train.lr)")
+        check(0 < self.delta < math.inf, "perfedavg.delta", self.delta, "must be a finite number > 0")
 
 
 @dataclass

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
+import sys
 from typing import Any
 
 from ..errors import ConfigError, check, shorten
@@ -14,6 +16,8 @@ from ..errors import ConfigError, check, shorten
 # C0 controls (newline, tab, escape...), DEL and C1 controls: a newline in a
 # value that reaches a shell script (run.name, run.out_dir) would be a new command
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+NAME_MAX, PATH_MAX = 255, 4096  # Linux's limits on one path component and a whole path, in bytes
+PATH_ROOM = 128  # bytes kept for what mpifl writes under the run directory (checkpoint/.round-NNNNNN.tmp/...)
 
 
 def _check_text(cfg: Any) -> None:
@@ -27,6 +31,35 @@ def _check_text(cfg: Any) -> None:
                                   f"no newlines or other control characters")
 
 
+def _check_printable(cfg: Any) -> None:
+    """``run.name`` and ``run.out_dir`` can be printed where the run prints (its
+    progress lines name the run directory): a non-ASCII path under
+    ``PYTHONIOENCODING=ascii`` is refused here, not met as a traceback after round 0."""
+    encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
+    for key in ("out_dir", "name"):
+        value = getattr(cfg.run, key)
+        try:
+            value.encode(encoding)
+        except UnicodeEncodeError:
+            raise ConfigError(f"run.{key}={shorten(repr(value))} is not allowed here: this process's output "
+                              f"encoding ({encoding}) cannot print it; use an ASCII {key.replace('_', ' ')}, or set "
+                              f"PYTHONIOENCODING=utf-8 (or a UTF-8 locale)") from None
+        except LookupError:  # an encoding Python does not know: printing would fail for everything alike
+            return
+
+
+def _check_run_path(cfg: Any) -> None:
+    """The run directory's path fits the OS's limits with the files mpifl writes
+    under it: every component at most NAME_MAX bytes, the whole at most PATH_MAX
+    less :data:`PATH_ROOM` (ENAMETOOLONG from the first mkdir otherwise)."""
+    path = os.fsencode(os.path.abspath(cfg.run_dir))
+    longest = max((len(c) for c in path.split(b"/")), default=0)
+    if longest > NAME_MAX or len(path) > PATH_MAX - PATH_ROOM:
+        raise ConfigError(f"run.out_dir={shorten(repr(cfg.run.out_dir), 60)} is not allowed: the run directory's "
+                          f"path is {len(path)} bytes (at most {PATH_MAX - PATH_ROOM}: PATH_MAX less room for the "
+                          f"files under it) with a component of {longest} (at most {NAME_MAX}); pick a shorter one")
+
+
 def validate(cfg: Any, n_ranks: int = 1) -> None:
     """Ranges and combinations; types and choices were checked while building.
     Each algorithm section validates itself (``Params.validate``), and the chosen
@@ -37,6 +70,8 @@ def validate(cfg: Any, n_ranks: int = 1) -> None:
     _check_text(cfg)
     check(bool(r.name) and "/" not in r.name and r.name not in (".", "..") and len(r.name.encode()) <= 255,
            "run.name", r.name, "must be a plain non-empty directory name of at most 255 bytes")
+    _check_printable(cfg)
+    _check_run_path(cfg)
     check(r.rounds >= 1, "run.rounds", r.rounds, "must be >= 1")
     check(r.seed >= 0, "run.seed", r.seed, "must be >= 0")
     check(r.eval_every >= 1, "run.eval_every", r.eval_every, "must be >= 1")
@@ -76,7 +111,7 @@ def validate(cfg: Any, n_ranks: int = 1) -> None:
            "must be a non-empty list of positive widths")
     check(t.lr > 0 and math.isfinite(t.lr), "train.lr", t.lr, "must be a finite number > 0")
     check(0 <= t.momentum < 1, "train.momentum", t.momentum, "must be in [0, 1)")
-    check(t.weight_decay >= 0, "train.weight_decay", t.weight_decay, "must be >= 0")
+    check(0 <= t.weight_decay < math.inf, "train.weight_decay", t.weight_decay, "must be a finite number >= 0")
     check(t.batch_size >= 1, "train.batch_size", t.batch_size, "must be >= 1")
     check(t.local_epochs >= 0, "train.local_epochs", t.local_epochs, "must be >= 0")
     check(0 < a.fraction <= 1, "algorithm.fraction", a.fraction, "must be in (0, 1]")

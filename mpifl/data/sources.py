@@ -27,6 +27,17 @@ from dataclasses import dataclass
 
 NAMES = ("mnist", "fashionmnist", "emnist", "cifar10", "cifar100")
 MD5SUMS = "MD5SUMS"  # md5s fetch derived itself (from an archive whose md5 it checked), md5sum's format
+# md5 of each IDX file's gunzipped bytes: a copy recompressed elsewhere (Debian's
+# dataset-fashion-mnist) differs from torchvision's .gz in bytes, not in content,
+# so an intact copy of it is recognised by what it decodes to wherever it lies
+CONTENT_MD5 = {
+    "fashionmnist": {
+        "train-images-idx3-ubyte": "f4a8712d7a061bf5bd6d2ca38dc4d50a",
+        "train-labels-idx1-ubyte": "9018921c3c673c538a1fc5bad174d6f9",
+        "t10k-images-idx3-ubyte": "8181f5470baa50b63fa0f6fddb340f0a",
+        "t10k-labels-idx1-ubyte": "15d484375f8d13e6eb1aabb0c3f46965",
+    },
+}
 
 
 @dataclass(frozen=True)
@@ -42,6 +53,7 @@ class File:
     name: str  # relative to the dataset's folder
     md5: str | None  # None: torchvision publishes none; MD5SUMS in the folder holds it
     idx: bool = False  # an IDX file: read as ``name`` or ``name.gz``; the md5 is the ``.gz`` file's
+    content_md5: str | None = None  # IDX: md5 of the gunzipped bytes, for a .gz compressed by another tool
 
 
 @dataclass(frozen=True)
@@ -67,7 +79,9 @@ def table() -> dict[str, Source]:
     for name, cls in (("mnist", tvd.MNIST), ("fashionmnist", tvd.FashionMNIST)):
         out[name] = Source(name, f"{cls.__name__}/raw", tuple(cls.mirrors),
                            tuple(Download(f, m) for f, m in cls.resources),
-                           tuple(File(f[:-len(".gz")], m, idx=True) for f, m in cls.resources), "idx")
+                           tuple(File(f[:-len(".gz")], m, idx=True,
+                                      content_md5=CONTENT_MD5.get(name, {}).get(f[:-len(".gz")]))
+                                 for f, m in cls.resources), "idx")
     base, zipname = tvd.EMNIST.url.rsplit("/", 1)
     out["emnist"] = Source("emnist", "EMNIST/raw", (base + "/",), (Download(zipname, tvd.EMNIST.md5),),
                            tuple(File(f, None, idx=True) for s in tvd.EMNIST.splits

@@ -2,8 +2,10 @@
 holds, one line per dataset, before a job is queued on it.
 
 The downloadable datasets (:mod:`mpifl.data.sources`) are checked file by file
-against torchvision's md5s (EMNIST's against the ``MD5SUMS`` fetch wrote), in the
-layout :mod:`mpifl.data.datasets` reads: ``present``, ``missing: <files>`` or
+against torchvision's md5s (EMNIST's against the ``MD5SUMS`` fetch wrote), or, for a
+``.gz`` compressed by another tool, by the md5 of its gunzipped bytes
+(``sources.CONTENT_MD5``: Fashion-MNIST as Debian ships it, wherever it was
+copied), in the layout :mod:`mpifl.data.datasets` reads: ``present``, ``missing: <files>`` or
 ``bad checksum: <files>``. An IDX file found both extracted and gzipped is
 read extracted, so the extracted one is compared with the checked ``.gz``; one
 found only extracted (another tool unpacked it and dropped the ``.gz``) has no
@@ -95,6 +97,25 @@ def _same_as_gunzipped(path: Path, gz: Path, chunk: int = 1 << 20) -> bool:
         return False
 
 
+def gunzipped_md5(gz: Path, chunk: int = 1 << 20) -> str | None:
+    """md5 of ``gz``'s decompressed bytes; None when it does not decompress."""
+    import hashlib
+
+    h = hashlib.md5()
+    try:
+        with gzip.open(gz, "rb") as f:
+            while block := f.read(chunk):
+                h.update(block)
+    except (OSError, EOFError, gzip.BadGzipFile):
+        return None
+    return h.hexdigest()
+
+
+def intact(path: Path, md5: str, content_md5: str | None) -> bool:
+    """``path`` has ``md5``, or (a .gz another tool compressed) decodes to bytes of ``content_md5``."""
+    return calculate_md5(path) == md5 or (content_md5 is not None and gunzipped_md5(path) == content_md5)
+
+
 def check(folder: Path, src: Source, md5s: dict[str, str] | None = None) -> Status:
     """``folder`` against ``src``'s files. Each file's md5 comes from ``md5s`` (by
     file name), else from ``src`` (torchvision's), else from the folder's MD5SUMS."""
@@ -121,7 +142,7 @@ def check(folder: Path, src: Source, md5s: dict[str, str] | None = None) -> Stat
         expected = expected or derived.get(on_disk.name)
         if expected is None:
             st.unchecked.append(on_disk.name)
-        elif calculate_md5(on_disk) != expected:
+        elif not intact(on_disk, expected, f.content_md5 if f.idx else None):
             st.bad.append(on_disk.name)
             continue
         else:

@@ -45,7 +45,10 @@ Fletcher-32 checksum, gzip'd ones zlib's Adler-32 (a Fletcher-32 over the 40 KB
 gzip'd mixing chunk of an N = 100 round cost 20 us and adds nothing). A chunk
 changed after it was written (a bit flip on disk, a damaged copy) fails to read,
 and ``Run`` raises :class:`Corrupt` naming the dataset; scalars and empty
-datasets are not chunked and carry none.
+datasets are not chunked and carry none. A closed log also carries a CRC-32 of
+every dataset's values (:mod:`.sums`), checked the first time a reader reads the
+dataset: it sees the flips Fletcher-32 cannot (0x0000 <-> 0xFFFF) and a chunk
+read as never written.
 
 A write the file system refuses (full, over quota, I/O error) raises
 ``StorageError`` from the writer, which then writes nothing more; the file keeps
@@ -70,6 +73,7 @@ import numpy as np
 from ..errors import StorageError, storage_error
 from ..mixing import COO_COL, COO_END, COO_ROW, COO_VAL, Dense, Mixing
 from . import pending as pending_rounds
+from . import sums
 from .journal import Journaled, journal_path, read_journal
 
 ROUND_KEY = "rounds/round"
@@ -121,6 +125,7 @@ class _Log:
         self._fspace: dict[str, Any] = {}
         self._mspace: dict[tuple, Any] = {}
         self._types: dict[str, tuple[np.dtype, Any]] = {}
+        self.sums = sums.Running()  # the appended datasets' CRC-32s, for the seal at close
 
     def _dataset(self, path: str, row: np.ndarray) -> h5py.Dataset:
         """Open (or create, for rows like ``row``) the per-round dataset ``path`` and
@@ -176,6 +181,7 @@ class _Log:
         if mem is None:
             mem = self._mspace[block.shape] = h5py.h5s.create_simple(block.shape)
         ds.id.write(mem, space, block, mtype=kind[1])
+        self.sums.update(path, ds, block, at)
 
     def trim(self, rows: int) -> None:
         """Cut the datasets grown ahead back to ``rows`` (at close: exact shapes)."""
@@ -382,9 +388,8 @@ class Writer:
             return
         with self._storage():
             self.flush()
+            self._seal()
             if self._log is not None:
-                if self._rows is not None:
-                    self._log.trim(self._rows)
                 self._log.f.close()
                 self._log = None
             if self._file is not None:
@@ -393,6 +398,13 @@ class Writer:
                 self._file = None
                 journal_path(self.path).unlink(missing_ok=True)
             self._appender.close(remove=True)  # run.h5 holds every round
+
+    def _seal(self) -> None:
+        """Exact shapes, then every dataset's CRC-32 (:mod:`.sums`), in the last commit."""
+        log = self._open()
+        if self._rows is not None:
+            log.trim(self._rows)
+        sums.seal(log.f, log.sums)
 
     @contextmanager
     def _storage(self):
@@ -431,6 +443,7 @@ class Writer:
         if self._log is None:
             self._file = Journaled(self.path, "r+")
             self._log = _Log(h5py.File(self._file, "r+"))
+            sums.unseal(self._log.f)  # the datasets are about to change: the next commit drops their sums
         return self._log
 
     def _commit(self) -> None:
@@ -537,6 +550,7 @@ class Run:
         self._held_attrs: dict[str, Any] | None = None
         self._config: tuple[str, dict] | None = None
         self._merged: tuple[tuple, bytes] | None = None  # run.h5 with its pending rounds, and what it was made of
+        self._summed: dict[str, tuple] = {}  # datasets whose CRC-32 matched, with the file's state then
 
     @contextmanager
     def reading(self):
@@ -620,6 +634,7 @@ class Run:
                 if not recs:
                     return None
                 _append_rounds(_Log(mf), recs, _compact(mf), _rows(mf))
+                sums.unseal(mf)  # rounds added: the sums, if any, are not of these datasets
         except OSError:  # the bytes caught a writer inside a commit: the log as opened, pending rounds next time
             return None
         self._merged = (key, buf.getvalue())
@@ -734,17 +749,43 @@ class Run:
         if path == "graph/mixing":
             return self.mixing(t)
         with self._file() as f, _checked(path):
+            self._intact(f, [path])
             return f[path][t]
+
+    def _intact(self, f: h5py.File, paths: list[str]) -> None:
+        """Datasets ``paths`` match their stored CRC-32 (:mod:`.sums`), or
+        :class:`Corrupt`; each is summed once per state of the file."""
+        try:
+            st = self.path.stat()
+            state: tuple | None = (st.st_size, st.st_mtime_ns)
+        except OSError:
+            state = None
+        if state is None or self._summed.get("/") != state:
+            if not sums.names_intact(f):
+                raise Corrupt(f"the list of datasets of {str(self.path)!r} fails its CRC-32: the file changed after "
+                              f"it was written (a bit flip or a damaged disk or copy)")
+            self._summed["/"] = state
+        for p in paths:
+            if state is not None and self._summed.get(p) == state:
+                continue
+            with _checked(p):
+                ok = sums.intact(f[p])
+            if not ok:
+                raise Corrupt(f"/{p} fails its CRC-32: the file changed after it was written "
+                              f"(a bit flip or a damaged disk or copy)")
+            self._summed[p] = state
 
     def keys(self) -> list[str]:
         out: list[str] = []
         with self._file() as f:
+            self._intact(f, [])
             f.visititems(lambda name, obj: out.append(name) if isinstance(obj, h5py.Dataset) else None)
         return out
 
     def get(self, path: str) -> np.ndarray:
         """A dataset; per-round datasets are cut to the complete rounds."""
         with self._file() as f, _checked(path):
+            self._intact(f, [path])
             ds = f[path]
             if not ds.attrs.get("per_round", False):
                 return ds[()]
@@ -771,6 +812,8 @@ class Run:
         """The mixing matrix of logged row ``t`` in the form it was stored."""
         with self._file() as f, _checked("graph/mixing"):
             g = f["graph"]
+            self._intact(f, [f"graph/{k}" for k in g if isinstance(g[k], h5py.Dataset)]
+                         + [f"graph/mixing_coo/{k}" for k in g.get("mixing_coo", {})])
             if g.attrs.get("mixing_format", "dense") == "dense":
                 return Dense(g["mixing"][t])
             end = g[COO_END]

@@ -5,6 +5,7 @@ temporary file is left, and running again finishes the log an undisturbed run
 writes. (tests/test_disk_full.py does this with a real full disk.)"""
 
 import io
+import re
 
 import numpy as np
 import pytest
@@ -31,7 +32,9 @@ def _refused(mpi, tmp, name) -> str:
     with pytest.raises(StorageError) as e:
         _run(mpi, tmp, name)
     msgs = mpi.allgather(str(e.value))
-    assert len(set(msgs)) == 1 and msgs[0].endswith("free space and rerun the same command to resume")
+    # and what the same command will then do: resume after the last checkpoint, or start over
+    assert len(set(msgs)) == 1 and re.search(r"free space and rerun the same command( to resume after round \d+ \(its "
+                                             r"last checkpoint\)|: it starts the run over, as no checkpoint)", msgs[0])
     return msgs[0]
 
 
