@@ -117,8 +117,9 @@ class FedericoReference:
     client measures for its own model (docs/algorithms.md: "init 0 or the first
     measured loss"). M-step (Eq. 4-6, 8): theta_j moves along
     sum_i w_ij grad L_i(theta_j) over the clients i that hold theta_j this round
-    (its own included); one plain SGD step here. Prediction weights (Section 3.1,
-    Eq. 2, restricted to the models held): w_i over S_i + {i}, renormalised.
+    (its own included); one plain SGD step here. Prediction weights (Section 3.2's
+    mixture, Eq. 1, and Section 4.3: "a mixture of predictions" weighted by w_i),
+    restricted to the models held: w_i over S_i + {i}, renormalised.
     """
 
     def __init__(self, theta: torch.Tensor, train, n_classes: int, beta: float, temperature: float, lr: float):
