@@ -221,8 +221,9 @@ def test_federico_neighbour_sampling_probabilities(w):
 
 
 def fedavg_round(theta: torch.Tensor, train, sizes: np.ndarray, n_classes: int, lr: float, epochs: int):
-    """McMahan et al.'s FedAvg with every client sampled and full-batch local steps
-    (Section III-F's warm-up "by the center")."""
+    """McMahan et al.'s FedAvg with every client sampled and full-batch local steps:
+    theta_0, "trained, e.g., by the center" (Section III-D; docs/algorithms.md: a
+    FedAvg warm-up)."""
     p = sizes / sizes.sum()
     rows = []
     for data in train:
