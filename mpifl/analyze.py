@@ -408,6 +408,17 @@ def plot_heatmaps(run: Run, out_dir: Path, rounds: list[int] | None, warn=print,
 # --------------------------------------------------------------------------- CLI
 
 
+def table_provenance(runs: list[Summary], what: str, echo=print) -> str:
+    """The provenance line of a table's runs; a warning echoed for each fact that
+    differs between them (commit, CPU capability, device)."""
+    from .provenance import table_line
+
+    line, warnings = table_line([r.provenance for r in runs])
+    for w in warnings:
+        echo(f"mpifl.analyze: warning: {what} mixes {w}")
+    return line
+
+
 def analyze(paths: list[str | Path], out: Path, heatmaps: str = "first", rounds: list[int] | None = None,
             ddof: int = 1, echo=print, window: int = WINDOW, layouts: list[Path] = (),
             check: Callable[[list[Summary], list[str]], None] | None = None) -> dict[str, Any]:
@@ -415,7 +426,7 @@ def analyze(paths: list[str | Path], out: Path, heatmaps: str = "first", rounds:
     ``layouts``: paper-layout files (``mpifl.paper_table``), each rendered to
     ``<out>/<layout name>.md``. ``check(runs, keys)`` runs before anything is
     written, so a request the runs cannot answer costs no figures."""
-    from .paper_table import load_layout, render
+    from .paper_table import cells, load_layout, render_cells
 
     chosen_layouts = [(Path(f), load_layout(f)) for f in layouts]  # a bad file fails before any reading
     runs, skipped = [], []
@@ -445,7 +456,7 @@ def analyze(paths: list[str | Path], out: Path, heatmaps: str = "first", rounds:
     out.mkdir(parents=True, exist_ok=True)
     cols, rows = table(groups, keys, ddof)
     write_csv(out / "table.csv", cols, rows)
-    md = markdown(cols, rows, ddof, window)
+    md = markdown(cols, rows, ddof, window) + f"\n{table_provenance(runs, 'the table', echo)}\n"
     (out / "table.md").write_text(md)
     run_rows = [{**dict(zip(keys, r.group)), **run_row(r)} for r in runs]
     write_csv(out / "runs.csv", list(dict.fromkeys(k for row in run_rows for k in row)), run_rows)
@@ -463,7 +474,9 @@ def analyze(paths: list[str | Path], out: Path, heatmaps: str = "first", rounds:
                 echo(f"no heatmaps of {r.path}: corrupt: {e}")
     papers = []
     for f, layout in chosen_layouts:
-        text = render(layout, runs, ddof)
+        got, notes = cells(layout, runs)
+        mine = [r for c in got.values() for r in c.runs]
+        text = render_cells(layout, got, notes, ddof) + "\n" + table_provenance(mine, layout.title, echo) + "\n"
         (out / f"{f.name.split('.')[0]}.md").write_text(text)
         papers.append(text)
         echo(text)

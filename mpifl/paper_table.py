@@ -107,6 +107,7 @@ class Cell:
     values: list[float]  # the metric of each finished run, in %
     seeds: list[int]
     unfinished: list[str] = field(default_factory=list)  # "name (done/planned rounds)"
+    runs: list[Summary] = field(default_factory=list)  # the finished runs behind ``values``, in their order
 
     def stats(self, ddof: int) -> tuple[float, float]:
         x = np.array(self.values, float)
@@ -133,6 +134,7 @@ def cells(layout: Layout, runs: list[Summary]) -> tuple[dict[tuple[str, str], Ce
             continue
         c.values.append(100.0 * getattr(r, layout.metric))
         c.seeds.append(r.seed)
+        c.runs.append(r)
     return out, notes
 
 
@@ -148,7 +150,11 @@ def _order(means: dict[str, float]) -> str:
 
 def render(layout: Layout, runs: list[Summary], ddof: int = 1) -> str:
     """The table as Markdown, with the paper's figures and the method orders."""
-    got, notes = cells(layout, runs)
+    return render_cells(layout, *cells(layout, runs), ddof)
+
+
+def render_cells(layout: Layout, got: dict[tuple[str, str], Cell], notes: list[str], ddof: int = 1) -> str:
+    """The table of cells already gathered (from runs, or from a record: :mod:`mpifl.record`)."""
     cols = list(layout.columns)
     lines = [f"### {layout.title}", "",
              "| method | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]

@@ -208,3 +208,31 @@ def lines(p: dict[str, Any]) -> list[str]:
     if s:
         out.append(f"  sweep      {s['name']}, point {s['point']}")
     return out
+
+
+def _counted(values: list[str]) -> str:
+    counts: dict[str, int] = {}
+    for v in values:
+        counts[v] = counts.get(v, 0) + 1
+    return ", ".join(f"{v} ({n})" for v, n in counts.items())
+
+
+TABLE_FACTS = (("commit", "commit", "commits"), ("cpu_capability", "CPU capability", "CPU capabilities"),
+               ("device", "device", "devices"))
+
+
+def table_line(provs: list[dict[str, Any]]) -> tuple[str, list[str]]:
+    """What a table's runs are made of, one line (each fact's values with their
+    numbers of runs), and a warning for each fact on which the runs differ (``<table>
+    mixes`` + it): a
+    table mixing commits, CPU kernels or devices compares float noise along with
+    the methods. Facts of logs without provenance read ``unknown``."""
+    briefs = [brief(p) for p in provs]
+    parts, warnings = [], []
+    for key, one, many in TABLE_FACTS:
+        values = [b[key] for b in briefs]
+        parts.append(f"{one if len(set(values)) == 1 else many} {_counted(values)}")
+        if len(set(values)) > 1:
+            warnings.append(f"runs of {len(set(values))} {many} ({_counted(values)}): its differences hold "
+                            f"the float differences between them along with the methods'")
+    return f"provenance: {'; '.join(parts)} (runs in brackets)", warnings
