@@ -128,19 +128,22 @@ def host() -> str:
 
 def sweep_point(run_dir: str | Path) -> dict[str, Any] | None:
     """The sweep and point ``run_dir`` is, from ``<sweep>/sweep.yaml`` (None: not a sweep's point)."""
-    from .summary import sweep_points
-
-    point = Path(run_dir).absolute()
-    if point.parent.name != "runs":
-        return None
-    root = point.parent.parent
-    points = sweep_points(root)
-    if not points or point.name not in points:
-        return None
+    from .errors import ConfigError
     from .yamlio import read_yaml
 
-    name = (read_yaml(root / "sweep.yaml", "sweep record") or {}).get("name", root.name)
-    return {"name": str(name), "point": point.name, "values": points[point.name]}
+    point = Path(run_dir).absolute()
+    spec = point.parent.parent / "sweep.yaml"
+    if point.parent.name != "runs" or not spec.is_file():
+        return None
+    try:
+        raw = read_yaml(spec, f"sweep record {str(spec)!r}") or {}
+    except ConfigError:  # a damaged record names no point; the run itself goes on
+        return None
+    for p in raw.get("points") or [] if isinstance(raw, dict) else []:
+        if isinstance(p, dict) and str(p.get("name")) == point.name:
+            return {"name": str(raw.get("name", point.parent.parent.name)), "point": point.name,
+                    "values": p.get("values") or {}}
+    return None
 
 
 def collect(comm: Any, device: str, run_dir: str | Path | None = None) -> dict[str, Any] | None:
