@@ -463,7 +463,7 @@ def analyze(paths: list[str | Path], out: Path, heatmaps: str = "first", rounds:
     out.mkdir(parents=True, exist_ok=True)
     cols, rows = table(groups, keys, ddof)
     write_csv(out / "table.csv", cols, rows)
-    md = markdown(cols, rows, ddof, window) + f"\n{table_provenance(runs, 'the table', echo)}\n"
+    md = markdown(cols, rows, ddof, window)
     (out / "table.md").write_text(md)
     run_rows = [{**dict(zip(keys, r.group)), **run_row(r)} for r in runs]
     write_csv(out / "runs.csv", list(dict.fromkeys(k for row in run_rows for k in row)), run_rows)
@@ -482,11 +482,11 @@ def analyze(paths: list[str | Path], out: Path, heatmaps: str = "first", rounds:
     papers = []
     for f, layout in chosen_layouts:
         got, notes = cells(layout, runs)
-        mine = [r for c in got.values() for r in c.runs]
-        text = render_cells(layout, got, notes, ddof) + "\n" + table_provenance(mine, layout.title, echo) + "\n"
+        text = render_cells(layout, got, notes, ddof)
         (out / f"{f.name.split('.')[0]}.md").write_text(text)
         papers.append(text)
         echo(text)
+        echo(table_provenance([r for c in got.values() for r in c.runs], layout.title, echo))
     if record is not None:
         from . import record as rec
 
@@ -499,6 +499,7 @@ def analyze(paths: list[str | Path], out: Path, heatmaps: str = "first", rounds:
     for r in incomplete:
         echo(f"  in progress or stopped: {r.name} ({r.rounds_done}/{r.rounds_planned} rounds)")
     echo(md, end="")
+    echo(table_provenance(runs, "the table", echo))
     echo(f"wrote {out / 'table.csv'}, {out / 'table.md'}, {out / 'runs.csv'} and {len(figures)} figure(s) under {out}")
     return {"runs": runs, "groups": groups, "keys": keys, "rows": rows, "figures": figures, "skipped": skipped,
             "papers": papers}
