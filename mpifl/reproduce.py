@@ -49,6 +49,7 @@ def plan(rows: list[Row], n_cells: int | None) -> tuple[dict[tuple, list[Row]], 
 
 def _points(runs: dict[str, dict[str, Any]], root: Path) -> list:
     from . import config as config_mod
+    from .summary import defaults
     from .sweep import Point
 
     points = []
@@ -56,7 +57,8 @@ def _points(runs: dict[str, dict[str, Any]], root: Path) -> list:
         raw: dict[str, Any] = {}
         for k, v in flat.items():
             config_mod.assign(raw, k, v, "record")
-        name = f"{i:03d}_{flat.get('algorithm.name', 'fedavg')}_seed-{flat.get('run.seed', 0)}"
+        full = {**defaults(), **flat}
+        name = f"{i:03d}_{full['algorithm.name']}_seed-{full['run.seed']}"
         config_mod.assign(raw, "run.name", name, "reproduce")
         config_mod.assign(raw, "run.out_dir", str(root / "runs"), "reproduce")
         points.append(Point(i, name, {}, config_mod.from_dict(raw)))
