@@ -108,7 +108,11 @@ def gpu(device: str) -> dict[str, Any] | None:
     import torch
 
     index = torch.device(device).index or 0
-    return {"name": torch.cuda.get_device_name(index), "driver": _driver(), "cuda": torch.version.cuda}
+    try:
+        name = torch.cuda.get_device_name(index)
+    except Exception:  # noqa: BLE001 - a GPU torch cannot query (a broken driver): named unknown, the run goes on
+        name = UNKNOWN
+    return {"name": name, "driver": _driver(), "cuda": torch.version.cuda}
 
 
 def machine(device: str = "cpu") -> dict[str, Any]:

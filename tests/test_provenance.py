@@ -62,3 +62,14 @@ def test_a_resumed_run_keeps_the_start_that_ran_elsewhere():
     both = provenance.resumed(a, b)
     assert both["cpu_capability"] == "AVX512" and both["earlier"] == [a]
     assert provenance.resumed(both, b)["earlier"] == [a]
+
+
+def test_a_gpu_torch_cannot_name_is_unknown_and_a_cpu_run_has_none(monkeypatch):
+    def broken(index):
+        raise RuntimeError("no driver")
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", broken)
+    g = provenance.gpu("cuda:1")
+    assert g["name"] == provenance.UNKNOWN and g["cuda"] == torch.version.cuda
+    assert provenance.gpu("cpu") is None
+    assert provenance.brief({"device": "cuda:1", "gpu": g})["device"] == "cuda:1 (unknown)"
