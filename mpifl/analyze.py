@@ -44,6 +44,10 @@ console) with clients ordered by true cluster, beside
 ``heatmaps/<run>/clients_label_hist.png`` (clients x classes). Legends and labels
 name each group by its keys and values (``algorithm.name=oracle, train.lr=0.1``).
 
+``--record FILE``: the per-seed values behind the table(s), one CSV row per
+run and metric with the run's config and provenance (``mpifl/record.py``): what
+``python -m mpifl.reproduce`` re-runs and the docs render their tables from.
+
 ``--x KEY [--versus NAME [--ceiling NAME]] [--y KEY2] [--method NAME] [--metric
 M]``: curves of a summary metric over a swept numeric key per method; against a
 baseline, paired by seed, the mean difference with its 95% interval and where
@@ -417,14 +421,28 @@ def plot_heatmaps(run: Run, out_dir: Path, rounds: list[int] | None, warn=print,
 # --------------------------------------------------------------------------- CLI
 
 
+def table_provenance(runs: list[Summary], what: str, echo=print) -> str:
+    """The provenance line of a table's runs; a warning echoed for each fact that
+    differs between them (commit, CPU capability, device)."""
+    from .provenance import table_line
+
+    line, warnings = table_line([r.provenance for r in runs])
+    for w in warnings:
+        echo(f"mpifl.analyze: warning: {what} mixes {w}")
+    return line
+
+
 def analyze(paths: list[str | Path], out: Path, heatmaps: str = "first", rounds: list[int] | None = None,
             ddof: int = 1, echo=print, window: int = WINDOW, layouts: list[Path] = (),
-            check: Callable[[list[Summary], list[str]], None] | None = None) -> dict[str, Any]:
+            check: Callable[[list[Summary], list[str]], None] | None = None,
+            record: Path | None = None) -> dict[str, Any]:
     """Read the logs, write tables and figures under ``out``; returns what was made.
     ``layouts``: paper-layout files (``mpifl.paper_table``), each rendered to
-    ``<out>/<layout name>.md``. ``check(runs, keys)`` runs before anything is
+    ``<out>/<layout name>.md``. ``record``: write the per-seed values behind the
+    layout tables (else behind ``table.md``) there (:mod:`mpifl.record`).
+    ``check(runs, keys)`` runs before anything is
     written, so a request the runs cannot answer costs no figures."""
-    from .paper_table import load_layout, render
+    from .paper_table import cells, load_layout, render_cells
     from .sweep_status import failed_points
 
     chosen_layouts = [(Path(f), load_layout(f)) for f in layouts]  # a bad file fails before any reading
@@ -474,15 +492,25 @@ def analyze(paths: list[str | Path], out: Path, heatmaps: str = "first", rounds:
     papers = []
     failed = failed_points(paths) if chosen_layouts else []
     for f, layout in chosen_layouts:
-        text = render(layout, runs, ddof, failed)
+        got, notes = cells(layout, runs, failed)
+        text = render_cells(layout, got, notes, ddof)
         (out / f"{f.name.split('.')[0]}.md").write_text(text)
         papers.append(text)
         echo(text)
+        echo(table_provenance([r for c in got.values() for r in c.runs], layout.title, echo))
+    if record is not None:
+        from . import record as rec
+
+        rows = [x for f, layout in chosen_layouts for x in rec.layout_rows(f, layout, runs)] if chosen_layouts \
+            else rec.table_rows(groups, keys, ACC)
+        rec.write(record, rows)
+        echo(f"wrote the record of {len(rows)} per-seed value(s) to {record}")
     incomplete = [r for r in runs if not r.complete]
     echo(f"{len(runs)} run(s) in {len(groups)} group(s); grouped by: {', '.join(keys)}")
     for r in incomplete:
         echo(f"  in progress or stopped: {r.name} ({r.rounds_done}/{r.rounds_planned} rounds)")
     echo(md, end="")
+    echo(table_provenance(runs, "the table", echo))
     echo(f"wrote {out / 'table.csv'}, {out / 'table.md'}, {out / 'runs.csv'} and {len(figures)} figure(s) under {out}")
     return {"runs": runs, "groups": groups, "keys": keys, "rows": rows, "figures": figures, "skipped": skipped,
             "papers": papers}
@@ -530,6 +558,8 @@ def main(argv: list[str] | None = None) -> int:
                          "ours; see mpifl/paper_table.py); may be repeated")
     ap.add_argument("--window", type=int, default=WINDOW, help="last evaluated rounds averaged by tail_acc "
                                                                "and joined for graph ARI (default 10)")
+    ap.add_argument("--record", type=Path, metavar="FILE", help="also write the per-seed values behind the "
+                    "table(s) to this CSV (mpifl/record.py), for python -m mpifl.reproduce and the docs' tables")
     c = ap.add_argument_group("curves over a swept key (mpifl/curves.py)")
     c.add_argument("--x", metavar="KEY", help="per method, the metric's mean ± std over seeds against this config "
                                               "key (a PNG, a CSV and a Markdown table)")
@@ -567,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
     made = not out.exists()  # a folder this call makes holds only what it wrote: removed if it fails
     try:
         res = analyze(a.paths, out, a.heatmaps, a.rounds, a.ddof, window=max(1, a.window), layouts=a.layout,
-                      check=check)
+                      check=check, record=a.record)
         if a.x:
             report(res["runs"], a.x, Grouping(res["keys"], setting, NOT_APPLICABLE), out, a.metric, a.versus,
                    a.method, a.ddof, ceiling=a.ceiling, y=a.y)

@@ -6,7 +6,8 @@ allocation: it starts MPI and reports the ranks, nodes and node-local ranks, the
 PMI in use, cores and GPUs per rank against the config's placement, the memory
 a rank needs at least against what it has (:mod:`mpifl.sizes`), whether every
 rank sees the same run directory and data root, the versions on every rank, the
-time ``import torch`` took and a tiny exchange timing. Each problem is one line
+facts every run log records (:mod:`mpifl.provenance`: commit, CPU kernels, BLAS,
+GPU, hosts), the time ``import torch`` took and a tiny exchange timing. Each problem is one line
 saying what is wrong and what to change; any problem makes the exit status 1
 (a config no rank can read: 2, as for every entry point). Notes (shared cores,
 shared GPUs) do not.
@@ -345,6 +346,7 @@ def run(path: str | None, overrides: list[str], mpi_comm, torch_s: float = 0.0) 
     out_failed, probe_seen = _probe_run_dir(cfg, mpi_comm)
     seen.update(probe=mpi_comm.allgather(probe_seen), out_failed=out_failed, timing=exchange_timing(mpi_comm))
     lines += _report(cfg, facts, seen)
+    lines += _provenance(cfg, mpi_comm, seen["devices"][mpi_comm.Get_rank()])
     problems += [p for p in (_placement(cfg, len(facts)), _root_unset(cfg), dev_problem) if p]
     problems += list(dict.fromkeys(p for m in seen["memory"] for p in m[1:] if p))
     problems += _judge(cfg, facts, seen, mismatch=mismatch is not None)
@@ -411,6 +413,15 @@ def _report(cfg: Config, facts: list[dict], seen: dict) -> list[str]:
         same = len({f["data"] for f in facts}) == 1 and f0["data"] not in (None, UNREADABLE)
         lines.append(f"  data root  {_data_path(cfg)}: {'the same listing on every rank' if same else 'see problems'}")
     return lines
+
+
+def _provenance(cfg: Config, mpi_comm, device: str) -> list[str]:
+    """What the run's log would record as its provenance (collective)."""
+    from . import provenance
+    from .comm import Comm
+
+    facts = provenance.collect(Comm(cfg.data.n_clients, mpi_comm), "cpu" if device == "?" else device, cfg.run_dir)
+    return provenance.lines(facts) if facts is not None else []
 
 
 def _nodes(facts: list[dict], node_of_rank: list[int]) -> dict[str, list[int]]:

@@ -9,6 +9,10 @@ Adding a block is adding a function and an entry; adding an algorithm changes
 nothing here (its module carries what its table row says). The counts and quoted
 results of every page (configs, runs, tests, another page's numbers) and the
 README's python examples are checked too (:mod:`mpifl.doccounts`).
+
+A block with an argument, ``<!-- generated:record docs/reproductions/data/X.csv -->``,
+is rendered by :data:`ARG_BLOCKS` from that file: a reproduction page's table from
+its per-seed record (:mod:`mpifl.record`), so the page's numbers are the record's.
 """
 
 from __future__ import annotations
@@ -22,10 +26,10 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-FILES = ("README.md",)
+FILES = ("README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs" / "reproductions").glob("*.md")))
 # the sweep that runs every algorithm on its own job file: the table's "job file"
 JOBS_SWEEP = "jobs/sweeps/quickstart-algorithms.yaml"
-BLOCK = re.compile(r"(<!-- generated:(\w+) -->\n)(.*?)(<!-- /generated -->)", re.S)
+BLOCK = re.compile(r"(<!-- generated:(\w+)(?: (\S+))? -->\n)(.*?)(<!-- /generated -->)", re.S)
 
 
 def _cell(text: str) -> str:
@@ -80,16 +84,28 @@ def config_reference(root: Path = ROOT) -> str:
     return reference()
 
 
+def record_table(root: Path, path: str) -> str:
+    """The table(s) of a per-seed record, as ``mpifl.analyze --layout`` prints them."""
+    from .record import render
+
+    return render(path, root).rstrip("\n")
+
+
 BLOCKS: dict[str, Callable[[Path], str]] = {"algorithms": algorithm_table, "config": config_reference}
+ARG_BLOCKS: dict[str, Callable[[Path, str], str]] = {"record": record_table}
 
 
 def render(text: str, root: Path = ROOT) -> str:
     """``text`` with every generated block rendered afresh (unknown names: an error)."""
 
     def fill(m: re.Match) -> str:
-        if m.group(2) not in BLOCKS:
-            raise KeyError(f"no generator for block {m.group(2)!r}; known: {', '.join(BLOCKS)}")
-        return m.group(1) + BLOCKS[m.group(2)](root) + "\n" + m.group(4)
+        name, arg = m.group(2), m.group(3)
+        known = ARG_BLOCKS if arg else BLOCKS
+        if name not in known:
+            raise KeyError(f"no generator for block {name!r}{' with an argument' if arg else ''}; "
+                           f"known: {', '.join(known)}")
+        made = ARG_BLOCKS[name](root, arg) if arg else BLOCKS[name](root)
+        return m.group(1) + made + "\n" + m.group(5)
 
     return BLOCK.sub(fill, text)
 
@@ -99,8 +115,9 @@ def stale(root: Path = ROOT) -> list[str]:
     out = []
     for f in FILES:
         text = (root / f).read_text()
-        fresh = {m.group(2): m.group(3) for m in BLOCK.finditer(render(text, root))}
-        out += [f"{f}:{m.group(2)}" for m in BLOCK.finditer(text) if fresh[m.group(2)] != m.group(3)]
+        fresh = {m.group(1): m.group(4) for m in BLOCK.finditer(render(text, root))}
+        out += [f"{f}:{m.group(2)}" + (f" {m.group(3)}" if m.group(3) else "")
+                for m in BLOCK.finditer(text) if fresh[m.group(1)] != m.group(4)]
     return out
 
 

@@ -111,6 +111,7 @@ class Cell:
     seeds: list[int]
     unfinished: list[str] = field(default_factory=list)  # "name (done/planned rounds)"
     failed: list[int] = field(default_factory=list)  # exit statuses of its points that ran and failed
+    runs: list[Summary] = field(default_factory=list)  # the finished runs behind ``values``, in their order
 
     def stats(self, ddof: int) -> tuple[float, float]:
         x = np.array(self.values, float)
@@ -153,6 +154,7 @@ def cells(layout: Layout, runs: list[Summary], failed: list[Failed] = ()) -> tup
             continue
         c.values.append(100.0 * getattr(r, layout.metric))
         c.seeds.append(r.seed)
+        c.runs.append(r)
     return out, notes
 
 
@@ -175,7 +177,11 @@ def _failed(cell: Cell) -> str:
 def render(layout: Layout, runs: list[Summary], ddof: int = 1, failed: list[Failed] = ()) -> str:
     """The table as Markdown, with the paper's figures and the method orders;
     ``failed``: points that ran and failed (:func:`cells`)."""
-    got, notes = cells(layout, runs, failed)
+    return render_cells(layout, *cells(layout, runs, failed), ddof)
+
+
+def render_cells(layout: Layout, got: dict[tuple[str, str], Cell], notes: list[str], ddof: int = 1) -> str:
+    """The table of cells already gathered (from runs, or from a record: :mod:`mpifl.record`)."""
     cols = list(layout.columns)
     lines = [f"### {layout.title}", "",
              "| method | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import __version__, algorithms, checkpoint, models, runlock, sizes
+from . import __version__, algorithms, checkpoint, models, provenance, runlock, sizes
 from .algorithms.base import Algorithm, Context, Round, evaluates
 from .comm import Comm, agree, node_local_rank, node_of_ranks, pick_device, set_threads, versions
 from .config import Config
@@ -157,7 +157,8 @@ def check_log(cfg: Config, ck: Path) -> None:
                           f"log back from a copy, or start over with run.resume=never (replaces the checkpoints)")
 
 
-def _writer(cfg: Config, s: Setup, keep_rounds: int | None) -> Writer | None:
+def _writer(cfg: Config, s: Setup, keep_rounds: int | None, origin: dict | None) -> Writer | None:
+    """Rank 0's writer; ``origin``: this start's provenance (:mod:`mpifl.provenance`, rank 0's)."""
     ctx = s.ctx
     if not ctx.comm.is_writer:
         return None
@@ -172,6 +173,8 @@ def _writer(cfg: Config, s: Setup, keep_rounds: int | None) -> Writer | None:
         if e.errno not in UNWRITABLE:
             raise storage_error("the config", rd.config, e, "nothing was logged yet") from None
         raise _unwritable(cfg, rd, e) from None
+    # the log's own provenance before this start (read before the writer cuts the log to the checkpoint)
+    earlier = provenance.read(open_run(rd.log).attrs) if keep_rounds is not None and rd.log.is_file() else {}
     d = ctx.data
     attrs = {
         "mpifl_version": __version__, "algorithm": cfg.algorithm.name, "seed": cfg.run.seed,
@@ -180,7 +183,7 @@ def _writer(cfg: Config, s: Setup, keep_rounds: int | None) -> Writer | None:
         "versions": versions(), "hostname": socket.gethostname(),
         "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "threads_per_rank": s.threads, "device": str(ctx.clients.device), "n_params": ctx.clients.P,
-        "train_path": "batched" if ctx.clients.batched else "per_client",
+        "train_path": "batched" if ctx.clients.batched else "per_client", "provenance": origin,
     }
     if ctx.clients.path_times is not None:  # train.batched=auto's timing (s, summed over ranks)
         attrs["train_path_times"] = list(ctx.clients.path_times)
@@ -192,7 +195,7 @@ def _writer(cfg: Config, s: Setup, keep_rounds: int | None) -> Writer | None:
     writer = Writer(rd.log, attrs, clients, d.n_clients, dense_max=cfg.log.dense_max, flush_s=cfg.log.flush_s,
                     keep_rounds=keep_rounds)
     if keep_rounds is not None:  # the stored config is the latest: an extension's run.rounds, a moved run's place
-        writer.set_attrs(config_yaml=text)
+        writer.set_attrs(config_yaml=text, provenance=provenance.resumed(earlier, origin))
     return writer
 
 
@@ -395,7 +398,8 @@ def _run(cfg: Config, mpi_comm) -> Path:
         agree(mpi_comm, lambda: check_log(cfg, ck) if comm.is_writer else None)
     # a finished run started again changes nothing: its log and config.yaml stay as they are
     finished = ck is not None and first >= cfg.run.rounds
-    writer = None if finished else agree(mpi_comm, lambda: _writer(cfg, s, first if ck is not None else None))
+    origin = None if finished else provenance.collect(comm, str(ctx.clients.device), cfg.run_dir)
+    writer = None if finished else agree(mpi_comm, lambda: _writer(cfg, s, first if ck is not None else None, origin))
     say = _say if comm.is_writer else (lambda *a, **k: None)
     say(f"mpifl {cfg.algorithm.name}: {ctx.N} clients on {comm.size} rank(s), {ctx.clients.P} parameters, "
         f"{ctx.clients.device}, {s.threads} thread(s)/rank, {_path_text(ctx.clients)} -> {cfg.run_dir}"

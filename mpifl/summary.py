@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from . import provenance
 from .config.identity import flatten
 from .errors import ConfigError
 from .logging.h5 import Corrupt, Run, open_run
@@ -47,6 +48,7 @@ class Summary:
     ari: dict[str, float] = field(default_factory=dict)
     group: tuple = ()
     rounds: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # 0-based round of each curve row
+    provenance: dict[str, Any] = field(default_factory=dict)  # mpifl.provenance's facts; {} in an older log
 
     @property
     def complete(self) -> bool:
@@ -337,6 +339,7 @@ def _summarize(run: Run, window: int, ari: bool, points: dict[str, dict] | None)
         best_acc=float(nanmean(best)), best_acc_w=_wmean(best, n_test),
         client_final=client_final, curve=curve, ari=cluster_recovery(run, len(n_test), window) if ari else {},
         rounds=np.asarray(run.rounds, np.int64) if n_rounds else np.zeros(0, np.int64),
+        provenance=provenance.read(run.attrs),
     )
 
 

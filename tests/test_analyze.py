@@ -427,3 +427,37 @@ def test_a_log_older_than_a_key_reads_as_its_default(tmp_path):
     assert s.config["local.sampled_only"] is False and s.config["data.train_per_client"] == 0
     new = _summary(0, algorithm={"name": "local"}, local={"sampled_only": True})
     assert an.varying_keys([s, new]) == ["algorithm.name", "local.sampled_only"]
+
+
+def _made_by(commit: str, cpu: str) -> dict:
+    return {"mpifl": {"commit": commit * 40, "dirty": False}, "cpu_capability": cpu, "device": "cpu"}
+
+
+def test_a_table_names_what_it_is_made_of_and_warns_when_it_mixes():
+    runs = [_summary(s) for s in range(4)]
+    for r, p in zip(runs, [_made_by("a", "AVX2"), _made_by("a", "AVX2"), _made_by("b", "AVX512"), {}]):
+        r.provenance = p
+    said = []
+    line = an.table_provenance(runs, "the table", said.append)
+    assert line == ("provenance: commits aaaaaaa (2), bbbbbbb (1), unknown (1); CPU capabilities AVX2 (2), "
+                    "AVX512 (1), unknown (1); devices cpu (3), unknown (1) (runs in brackets)")
+    assert [s.split(" (")[0] for s in said] == [f"mpifl.analyze: warning: the table mixes runs of {n} {w}"
+                                                for n, w in ((3, "commits"), (3, "CPU capabilities"), (2, "devices"))]
+    said.clear()
+    assert "commit aaaaaaa (2); CPU capability AVX2 (2)" in an.table_provenance(runs[:2], "t", said.append)
+    assert said == []  # one commit, one CPU, one device: nothing to warn about
+
+
+@pytest.mark.slow
+def test_analyze_reads_provenance_from_the_logs_and_survives_logs_without(tmp_path):
+    for name, p in (("new", _made_by("c", "AVX2")), ("old", None)):
+        w = _write_log(tmp_path / name / "run.h5", extras=False)
+        if p is not None:
+            w.set_attrs(provenance=p)
+        w.close()
+    said = []
+    res = an.analyze([tmp_path], tmp_path / "out", heatmaps="none", echo=lambda *a, **k: said.append(a[0]))
+    assert {r.name: bool(r.provenance) for r in res["runs"]} == {"new": True, "old": False}
+    assert any(s.startswith("provenance: commits ccccccc (1), unknown (1); ") for s in said)
+    assert "provenance" not in (tmp_path / "out" / "table.md").read_text()  # printed: the file is the table
+    assert any(s.startswith("mpifl.analyze: warning: the table mixes runs of 2 commits") for s in said)

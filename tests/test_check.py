@@ -93,7 +93,8 @@ def test_the_quickstart_under_mpiexec_2_reports_and_exits_0(tmp_path):
     res = launch([QUICK, f"run.out_dir={tmp_path}"], n=2, module="mpifl.check")
     assert res.returncode == 0, res.stdout + res.stderr
     for word in ("mpiexec (PMI), 2 rank(s) on 1 node(s)", "PMI_RANK", "node-local 0-1", "20 clients on 2 rank(s)",
-                 "read back by 2 of 2 rank(s)", "torch took", "Allreduce", "mpifl.check: ok, no problems"):
+                 "read back by 2 of 2 rank(s)", "torch took", "Allreduce", "torch kernels", "code       mpifl",
+                 "mpifl.check: ok, no problems"):
         assert word in res.stdout, (word, res.stdout)
     assert res.stdout.count("mpifl.check: ok") == 1  # rank 0 alone prints
 

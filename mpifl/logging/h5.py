@@ -3,7 +3,8 @@
 Layout (rows are rounds, columns clients)::
 
     attrs: mpifl_version, algorithm, seed, n_clients, n_ranks, n_nodes,
-           config_yaml, versions, hostname, started_at
+           config_yaml, versions, hostname, started_at,
+           provenance (JSON: commit, CPU kernels, devices, hosts; mpifl.provenance)
     /clients/{cluster, rank, node, n_train, n_val, n_test, label_hist}
                (rank: the MPI rank hosting the client; node: that rank's node,
                 numbered in the order of each node's lowest rank)

@@ -1,11 +1,15 @@
-"""Large-N logging under MPI: compact N x N storage gathered from every rank reads
-back as the dense log does; ``log.every`` thins rows without changing results."""
+"""Logging under MPI: compact N x N storage gathered from every rank reads
+back as the dense log does; ``log.every`` thins rows without changing results; every
+log records its provenance (mpifl.provenance)."""
+
+import json
 
 import h5py
 import numpy as np
 import pytest
+import torch
 
-from mpifl import config, runtime
+from mpifl import config, provenance, runtime
 from mpifl.logging.h5 import open_run
 from mpifl.mixing import Dense, Grouped, Shared
 
@@ -50,3 +54,17 @@ def test_log_every_thins_rows_not_results(mpi, shared_tmp):
         np.testing.assert_allclose(thin.get(key), full.get(key)[keep], rtol=1e-5)
     for i, t in enumerate(keep):
         np.testing.assert_allclose(thin.mixing(i), full.mixing(t))
+
+
+def test_every_log_records_its_provenance(mpi, shared_tmp):
+    """Every rank's host is gathered into rank 0's log; a resumed start on the same
+    code and machine keeps one provenance, no ``earlier`` starts."""
+    log = run(mpi, shared_tmp, "origin", **{"algorithm.name": "fedavg", "run.rounds": 2})
+    p = json.loads(log.attrs["provenance"])
+    assert p["hosts"] == list(dict.fromkeys(mpi.allgather(provenance.host())))
+    assert p["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert p["device"] == log.attrs["device"] and p["versions"] == json.loads(log.attrs["versions"])
+    assert p["mpifl"]["commit"] and p["sweep"] is None
+    longer = run(mpi, shared_tmp, "origin", **{"algorithm.name": "fedavg", "run.rounds": 3})
+    again = json.loads(longer.attrs["provenance"])
+    assert longer.n_rounds == 3 and "earlier" not in again and again["hosts"] == p["hosts"]

@@ -1,0 +1,164 @@
+"""Per-seed records: the values behind a table, one CSV row per (cell, seed, metric).
+
+``python -m mpifl.analyze PATHS --layout L.yaml --record FILE`` writes the record of
+the paper-layout table(s); without ``--layout``, of ``table.md`` (method:
+``algorithm.name``, setting: the other keys the runs vary by). Columns:
+
+- ``table``, ``layout``: the table's title and its layout file (relative to the
+  repository where it lies in it; empty without a layout);
+- ``method``, ``setting``: the cell (the layout's row and column);
+- ``seed``, ``metric``, ``value``: the run's seed and its metric in percent,
+  written with every digit (``repr``), so a re-run can be compared bit for bit;
+- ``config``: the run's config keys that differ from the defaults (JSON; where a
+  run's files were, ``run.name`` and ``run.out_dir``, left out): what
+  ``python -m mpifl.reproduce`` runs again;
+- ``provenance``: what made the run (JSON, :mod:`mpifl.provenance`, without the
+  host names and sweep).
+
+A page's table is rendered from its record between ``<!-- generated:record
+docs/reproductions/data/NAME.csv -->`` and ``<!-- /generated -->`` by
+``python -m mpifl.docs`` (:func:`render`), so a number on a page cannot be typed
+by hand, and ``--check`` fails when the page and its record differ.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .config.identity import WHERE
+
+if TYPE_CHECKING:
+    from .paper_table import Layout
+    from .summary import Summary
+
+COLUMNS = ("table", "layout", "method", "setting", "seed", "metric", "value", "config", "provenance")
+REPO = Path(__file__).resolve().parent.parent
+# facts of where a run ran that differ between runs of one table without meaning anything
+_PLACE = ("hosts", "sweep", "earlier")
+
+
+@dataclass
+class Row:
+    table: str
+    layout: str
+    method: str
+    setting: str
+    seed: int
+    metric: str
+    value: float
+    config: dict[str, Any]
+    provenance: dict[str, Any]
+
+    @property
+    def cell(self) -> tuple[str, str, str]:
+        return self.table, self.method, self.setting
+
+
+def run_config(r: Summary) -> dict[str, Any]:
+    """The keys of a run's config that differ from the defaults (its place left out)."""
+    from .summary import JOB, defaults
+
+    d = defaults()
+    return {k: v for k, v in r.config.items() if k not in (*WHERE, JOB) and (k not in d or d[k] != v)}
+
+
+def _rel(path: Path) -> str:
+    p = Path(path).resolve()
+    return str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p)
+
+
+def _row(table: str, layout: str, method: str, setting: str, r: Summary, metric: str) -> Row:
+    made = {k: v for k, v in r.provenance.items() if k not in _PLACE}
+    return Row(table, layout, method, setting, r.seed, metric, 100.0 * getattr(r, metric), run_config(r), made)
+
+
+def layout_rows(path: Path, layout: Layout, runs: list[Summary]) -> list[Row]:
+    """The record of a paper-layout table: its finished runs, cell by cell in the layout's order."""
+    from .paper_table import cells
+
+    got, _ = cells(layout, runs)
+    return [_row(layout.title, _rel(path), method, setting, r, layout.metric)
+            for method in layout.rows for setting in layout.columns if (method, setting) in got
+            for r in sorted(got[(method, setting)].runs, key=lambda r: r.seed)]
+
+
+def table_rows(groups: list, keys: list[str], metrics: tuple[str, ...]) -> list[Row]:
+    """The record of ``table.md``: per group (method: ``algorithm.name``; setting:
+    the other keys' values), every finished run's ``metrics``."""
+    out = []
+    for g in groups:
+        setting = ", ".join(f"{k}={v}" for k, v in zip(keys[1:], g.key[1:]))
+        out += [_row("table", "", str(g.key[0]), setting, r, m) for r in g.runs if r.complete for m in metrics]
+    return out
+
+
+def write(path: Path, rows: list[Row]) -> None:
+    from .paths import atomic_write_text
+
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(COLUMNS)
+    for r in rows:
+        w.writerow([r.table, r.layout, r.method, r.setting, r.seed, r.metric, repr(float(r.value)),
+                    json.dumps(r.config, sort_keys=True, separators=(",", ":")),
+                    json.dumps(r.provenance, sort_keys=True, separators=(",", ":"))])
+    atomic_write_text(Path(path), buf.getvalue())
+
+
+class RecordError(ValueError):
+    """A record that cannot be read: one line naming the file and what is wrong."""
+
+
+def read(path: str | Path) -> list[Row]:
+    p = Path(path)
+    try:
+        with open(p, newline="") as f:
+            reader = csv.DictReader(f)
+            missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
+            if missing:
+                raise RecordError(f"record {str(p)!r} lacks the column(s) {', '.join(missing)}; a record has "
+                                  f"{', '.join(COLUMNS)} (python -m mpifl.analyze ... --record FILE)")
+            return [Row(d["table"], d["layout"], d["method"], d["setting"], int(d["seed"]), d["metric"],
+                        float(d["value"]), json.loads(d["config"]), json.loads(d["provenance"] or "{}"))
+                    for d in reader]
+    except OSError as e:
+        raise RecordError(f"record {str(p)!r} cannot be read ({e.strerror})") from None
+    except (ValueError, KeyError) as e:
+        if isinstance(e, RecordError):
+            raise
+        raise RecordError(f"record {str(p)!r} holds a row mpifl cannot read ({e})") from None
+
+
+def cells(rows: list[Row]) -> dict[tuple[str, str, str], list[Row]]:
+    """Rows by cell (table, method, setting), in the record's order."""
+    out: dict[tuple[str, str, str], list[Row]] = {}
+    for r in rows:
+        out.setdefault(r.cell, []).append(r)
+    return out
+
+
+def render(path: str | Path, root: Path = REPO) -> str:
+    """The record's table(s) as the page shows them: each layout's table
+    (``mpifl.paper_table``) with its provenance line."""
+    from .paper_table import Cell, load_layout, render_cells
+    from .provenance import table_line
+
+    rows = read(root / path)
+    out = []
+    for table in dict.fromkeys(r.table for r in rows):
+        mine = [r for r in rows if r.table == table]
+        if not mine[0].layout:
+            raise RecordError(f"record {str(path)!r}: table {table!r} has no layout file to render it with")
+        layout = load_layout(root / mine[0].layout)
+        got = {}
+        for (_, method, setting), rs in cells(mine).items():
+            got[(method, setting)] = Cell([r.value for r in rs], [r.seed for r in rs])
+        line, warnings = table_line([r.provenance for r in mine])
+        out.append(render_cells(layout, got, [], ddof=1) + "\n" + line + "\n"
+                   + "".join(f"\nwarning: the table mixes {w}\n" for w in warnings))
+    return "\n".join(out)

@@ -1,0 +1,196 @@
+"""Run a record's points again and say how well they agree:
+``python -m mpifl.reproduce RECORD [--cells K] [--parallel P] [--out DIR]``.
+
+RECORD is a per-seed record (:mod:`mpifl.record`, ``mpifl.analyze --record``).
+Every run behind its cells (all, or the first K cells in the record's order) is
+made again from the config the record holds, one rank each, ``P`` at a time on
+warm workers (``mpifl.sweep --local``'s machinery; the runs go to
+``DIR/reproduce/runs/``, and a run already complete there is not made again).
+Then, per cell:
+
+- ``bitwise``: every seed's value is the recorded one, bit for bit;
+- ``within``: not bitwise, but the 95% t-interval of the paired differences
+  (re-run minus record, one per seed: :func:`mpifl.stats.paired_interval`)
+  contains 0: the re-run agrees up to the float noise of its seeds;
+- ``differs``: the interval excludes 0 (or there is one seed, or a run failed).
+
+Last, whether this re-run's provenance matches the record's: commit, CPU
+capability, versions. Same commit, versions and CPU capability promise
+``bitwise``; anything else promises ``within`` at most. Exit status 0 unless a
+cell differs (1); 2 for a record that cannot be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+from .record import RecordError, Row, cells, read
+
+SWEEP_NAME = "reproduce"  # the folder under --out the runs go to
+VERDICTS = ("bitwise", "within", "differs")
+
+
+def _key(config: dict[str, Any]) -> str:
+    return json.dumps(config, sort_keys=True)
+
+
+def plan(rows: list[Row], n_cells: int | None) -> tuple[dict[tuple, list[Row]], dict[str, dict[str, Any]]]:
+    """The chosen cells' rows, and each distinct run config behind them (by its JSON)."""
+    chosen = dict(list(cells(rows).items())[:n_cells] if n_cells else cells(rows).items())
+    runs = {_key(r.config): r.config for rs in chosen.values() for r in rs}
+    return chosen, runs
+
+
+def _points(runs: dict[str, dict[str, Any]], root: Path) -> list:
+    from . import config as config_mod
+    from .summary import defaults
+    from .sweep import Point
+
+    points = []
+    for i, flat in enumerate(runs.values()):
+        raw: dict[str, Any] = {}
+        for k, v in flat.items():
+            config_mod.assign(raw, k, v, "record")
+        full = {**defaults(), **flat}
+        name = f"{i:03d}_{full['algorithm.name']}_seed-{full['run.seed']}"
+        config_mod.assign(raw, "run.name", name, "reproduce")
+        config_mod.assign(raw, "run.out_dir", str(root / "runs"), "reproduce")
+        points.append(Point(i, name, {}, config_mod.from_dict(raw)))
+    return points
+
+
+def _local(sw: Any, parallel: int) -> None:
+    """``mpifl.sweep --local``: one rank per run, ``parallel`` warm workers."""
+    from . import sweep
+
+    sweep.run_local(sw, 1, Path(__file__).resolve().parent.parent, parallel=parallel)
+
+
+def rerun(runs: dict[str, dict[str, Any]], out: Path, parallel: int, source: Path,
+          run_points: Callable[[Any, int], None] = _local) -> dict[str, Path]:
+    """Make every run again under ``out/reproduce`` as a sweep of its own (its
+    ``sweep.yaml`` names ``source``) with ``run_points(sweep, parallel)``;
+    returns each config's log."""
+    from . import sweep
+    from .paths import RunDir
+
+    root = (out / SWEEP_NAME).resolve()
+    points = _points(runs, root)
+    sw = sweep.Sweep(SWEEP_NAME, source.resolve(), None, root, {}, {}, sweep.SlurmOptions.from_dict({}), points)
+    sweep.write(sw, Path(__file__).resolve().parent.parent)
+    run_points(sw, parallel)
+    return {key: RunDir(p.config.run_dir).log for key, p in zip(runs, points)}
+
+
+def judge(rows: list[Row], new: dict[int, float]) -> tuple[str, str]:
+    """A cell's verdict and its detail, from its recorded rows and the re-run's value per seed."""
+    import math
+
+    from .stats import paired_interval
+
+    missing = [r.seed for r in rows if r.seed not in new or math.isnan(new[r.seed])]
+    if missing:
+        return "differs", f"no value re-made for seed(s) {', '.join(map(str, missing))}"
+    if all(new[r.seed] == r.value for r in rows):
+        return "bitwise", f"{len(rows)} seed(s) equal bit for bit"
+    mean, low, high, n = paired_interval([new[r.seed] - r.value for r in rows])
+    if n < 2:
+        return "differs", f"re-run - record {mean:+.3f} points (1 seed: no interval)"
+    text = f"re-run - record {mean:+.3f} points, 95% interval [{low:+.3f}, {high:+.3f}] over {n} seeds"
+    return ("within" if low <= 0.0 <= high else "differs"), text
+
+
+def _facts(p: dict[str, Any]) -> dict[str, str]:
+    from .provenance import brief, commit_text
+
+    return {"commit": commit_text(p), "CPU capability": brief(p)["cpu_capability"],
+            "versions": json.dumps(p.get("versions") or {}, sort_keys=True)}
+
+
+def compare_provenance(recorded: list[dict[str, Any]], made: list[dict[str, Any]]) -> list[str]:
+    """One line per fact: the record's value(s), this re-run's, and whether they match."""
+    out = []
+    for fact in ("commit", "CPU capability", "versions"):
+        old = sorted({_facts(p)[fact] for p in recorded})
+        new = sorted({_facts(p)[fact] for p in made})
+        if fact == "versions":
+            olds = [json.loads(v) for v in old]
+            news = [json.loads(v) for v in new]
+            keys = sorted({k for d in olds + news for k in d})
+            diff = [k for k in keys if {d.get(k) for d in olds} != {d.get(k) for d in news}]
+            text = "same" if not diff else "; ".join(
+                f"{k} {'/'.join(sorted({str(d.get(k)) for d in olds}))} in the record, "
+                f"{'/'.join(sorted({str(d.get(k)) for d in news}))} here" for k in diff)
+            out.append(f"provenance: versions {text}")
+            continue
+        same = old == new and "unknown" not in old
+        out.append(f"provenance: {fact} {', '.join(old)} in the record, {', '.join(new)} here: "
+                   + ("same" if same else "differs"))
+    return out
+
+
+def reproduce(record: Path, n_cells: int | None = None, parallel: int = 1, out: Path = Path("reproduce"),
+              echo=print, run_points: Callable[[Any, int], None] = _local) -> int:
+    """The whole command; returns its exit status. ``run_points``: how the runs are
+    made (:func:`rerun`; the tests' runs stay in their process)."""
+    from .summary import summarize
+
+    rows = read(record)
+    if not rows:
+        raise RecordError(f"record {str(record)!r} holds no rows")
+    chosen, runs = plan(rows, n_cells)
+    echo(f"mpifl.reproduce: {len(chosen)} cell(s) of {record}, {len(runs)} run(s), {parallel} at a time, under "
+         f"{out / SWEEP_NAME}")
+    logs = rerun(runs, out, parallel, record, run_points)
+    summaries = {}
+    for key, log in logs.items():
+        try:
+            summaries[key] = summarize(log, ari=False)
+        except Exception as e:  # noqa: BLE001 - a run that failed or left no readable log: its cells differ
+            echo(f"mpifl.reproduce: no result from {log}: {e}")
+    counts = dict.fromkeys(VERDICTS, 0)
+    for (_, method, setting), rs in chosen.items():
+        new = {}
+        for r in rs:
+            s = summaries.get(_key(r.config))
+            if s is not None and s.complete:
+                new[r.seed] = 100.0 * getattr(s, r.metric)
+        verdict, detail = judge(rs, new)
+        counts[verdict] += 1
+        echo(f"{verdict:8s} {method} / {setting} ({rs[0].metric}): {detail}")
+    recorded = [r.provenance for rs in chosen.values() for r in rs]
+    for line in compare_provenance(recorded, [s.provenance for s in summaries.values()]):
+        echo(line)
+    echo(f"mpifl.reproduce: {counts['bitwise']} bitwise, {counts['within']} within, {counts['differs']} differs "
+         f"(of {len(chosen)} cell(s))")
+    return 1 if counts["differs"] else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mpifl.reproduce", description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("record", type=Path, help="a per-seed record (mpifl.analyze --record FILE)")
+    ap.add_argument("--cells", type=int, metavar="K", help="only the first K cells of the record (default all)")
+    ap.add_argument("--parallel", type=int, default=1, metavar="P", help="runs at once (default 1)")
+    ap.add_argument("--out", type=Path, default=Path("reproduce"), metavar="DIR",
+                    help="where the runs go: DIR/reproduce/runs/ (default ./reproduce)")
+    a = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    if a.cells is not None and a.cells < 1:
+        ap.error(f"--cells {a.cells}: at least 1")
+    if a.parallel < 1:
+        ap.error(f"--parallel {a.parallel}: at least 1")
+    try:
+        return reproduce(a.record, a.cells, a.parallel, a.out)
+    except (RecordError, ConfigError) as e:
+        print(f"mpifl.reproduce: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""mpifl.record and mpifl.reproduce on a shrunk record: tiny synthetic runs, 2 rounds,
+2 methods x 3 seeds, re-made in this process (the CLI's warm workers: the slow test)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import yaml
+
+from mpifl import analyze as an
+from mpifl import config, docs, record, reproduce, runtime, sweep
+from mpifl.comm import world
+from tests.helpers import launch
+
+TINY = {"run": {"rounds": 2, "threads": 1, "device": "cpu"},
+        "data": {"name": "synthetic", "n_samples": 300, "n_clients": 6, "n_clusters": 3}, "model": {"hidden": [8]}}
+LAYOUT = {"title": "tiny", "metric": "final_acc", "columns": {"synthetic": {"data.name": "synthetic"}},
+          "rows": {"Local": {"algorithm.name": "local"}, "FedAvg": {"algorithm.name": "fedavg"}}}
+
+
+def in_process(sw, parallel: int) -> None:
+    """The record's runs made again here, as --local would (a complete one is kept)."""
+    for p in sw.points:
+        if not sweep.is_complete(p.config):
+            runtime.run(p.config, world())
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    """The record of 6 runs, and one reproduce of it (its output lines and exit status)."""
+    root = tmp_path_factory.mktemp("record")
+    for algo in ("local", "fedavg"):
+        for seed in (0, 1, 2):
+            raw = {**{k: dict(v) for k, v in TINY.items()}, "algorithm": {"name": algo}}
+            raw["run"].update(seed=seed, name=f"{algo}-{seed}", out_dir=str(root / "runs"))
+            runtime.run(config.from_dict(raw), world())
+    (root / "tiny.layout.yaml").write_text(yaml.safe_dump(LAYOUT, sort_keys=False))
+    an.analyze([root / "runs"], root / "analysis", heatmaps="none", echo=lambda *a, **k: None,
+               layouts=[root / "tiny.layout.yaml"], record=root / "tiny.csv")
+    said = []
+    rc = reproduce.reproduce(root / "tiny.csv", out=root / "again", echo=said.append, run_points=in_process)
+    return root, said, rc
+
+
+def _shifted(root, name: str, by: list[float]):
+    """A copy of the record with seed i's values moved by ``by[i]``."""
+    rows = [dataclasses.replace(r, value=r.value + by[r.seed]) for r in record.read(root / "tiny.csv")]
+    record.write(root / name, rows)
+    return root / name
+
+
+def test_the_record_holds_each_seed_with_its_config_and_provenance(made):
+    root, _, _ = made
+    rows = record.read(root / "tiny.csv")
+    assert [(r.method, r.seed) for r in rows] == [(m, s) for m in ("Local", "FedAvg") for s in (0, 1, 2)]
+    assert all(r.metric == "final_acc" and r.setting == "synthetic" and 0 <= r.value <= 100 for r in rows)
+    assert rows[4].config["run.seed"] == 1 and rows[0].config["algorithm.name"] == "local"
+    assert "algorithm.name" not in rows[4].config  # fedavg is the default: the config holds what differs
+    assert "run.name" not in rows[0].config and "run.out_dir" not in rows[0].config
+    assert rows[0].provenance["cpu_capability"] and "hosts" not in rows[0].provenance
+    # the table a page renders from the record is the table analyze made from the logs
+    assert record.render(root / "tiny.csv").split("\n\n")[:2] == \
+        (root / "analysis" / "tiny.md").read_text().split("\n\n")[:2]
+
+
+def test_a_rerun_with_the_same_code_here_is_bitwise(made):
+    _, said, rc = made
+    assert rc == 0
+    assert [line.split()[0] for line in said if line.startswith(reproduce.VERDICTS)] == ["bitwise", "bitwise"]
+    assert any(line.startswith("provenance: commit") and line.endswith(": same") for line in said), said
+    assert "provenance: versions same" in said
+
+
+def test_seed_noise_is_within_and_a_shift_differs(made):
+    root, _, _ = made
+    said = []
+    noisy = _shifted(root, "noisy.csv", [0.01, -0.02, 0.015])
+    assert reproduce.reproduce(noisy, out=root / "again", echo=said.append, run_points=in_process) == 0
+    verdicts = [line for line in said if line.startswith(reproduce.VERDICTS)]
+    assert [v.split()[0] for v in verdicts] == ["within", "within"] and "95% interval [" in verdicts[0]
+    said.clear()
+    moved = _shifted(root, "moved.csv", [-1.0, -1.1, -0.9])
+    assert reproduce.reproduce(moved, n_cells=1, out=root / "again", echo=said.append, run_points=in_process) == 1
+    verdicts = [line for line in said if line.startswith(reproduce.VERDICTS)]
+    assert len(verdicts) == 1 and verdicts[0].startswith("differs  Local / synthetic")
+    assert "+1.000 points" in verdicts[0]
+
+
+def test_a_page_shows_its_record_and_the_check_sees_a_changed_number(made, tmp_path):
+    root, _, _ = made
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "tiny.csv").write_text((root / "tiny.csv").read_text())
+    page = "# page\n\n<!-- generated:record data/tiny.csv -->\nold\n<!-- /generated -->\n"
+    fresh = docs.render(page, tmp_path)
+    assert "| Local | " in fresh and "provenance: commit " in fresh and docs.render(fresh, tmp_path) == fresh
+    cell = next(line for line in fresh.splitlines() if line.startswith("| Local | "))
+    typed = fresh.replace(cell, cell.replace(".", ",", 1))  # one number typed by hand
+    assert docs.render(typed, tmp_path) == fresh != typed
+
+
+def test_a_bad_record_is_one_line_and_exit_2(tmp_path, capsys):
+    (tmp_path / "r.csv").write_text("method,seed\nfedavg,0\n")
+    assert reproduce.main([str(tmp_path / "r.csv")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "lacks the column(s) table, layout, setting" in err
+
+
+@pytest.mark.slow
+def test_the_command_remakes_a_cell_on_warm_workers_bit_for_bit(made, tmp_path):
+    root, _, _ = made
+    res = launch([str(root / "tiny.csv"), "--cells", "1", "--parallel", "2", "--out", str(tmp_path)], n=0,
+                 module="mpifl.reproduce")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "bitwise  Local / synthetic (final_acc): 3 seed(s) equal bit for bit" in res.stdout
+    assert "0 differs (of 1 cell(s))" in res.stdout
+    assert len(list((tmp_path / "reproduce" / "runs").iterdir())) == 3  # the first cell's runs only
