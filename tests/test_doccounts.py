@@ -1,6 +1,7 @@
 """The docs' counts and quoted results are checked against their sources
-(mpifl/doccounts.py, part of python -m mpifl.docs --check): each drift found in
-issue 46 fails the check, and the docs as they are pass it."""
+(mpifl/doccounts.py, part of python -m mpifl.docs --check): each kind of drift
+(a stale test, config or run count, a quote of another page that no longer holds,
+a README example ruff rejects) fails the check, and the docs as they are pass it."""
 
 from __future__ import annotations
 
