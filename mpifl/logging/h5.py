@@ -75,7 +75,7 @@ from ..errors import StorageError, storage_error
 from ..mixing import COO_COL, COO_END, COO_ROW, COO_VAL, Dense, Mixing
 from . import pending as pending_rounds
 from . import sums
-from .journal import Journaled, journal_path, read_journal
+from .journal import Journaled, journal_path, read_journal, snapshot
 
 ROUND_KEY = "rounds/round"
 CHUNK_BYTES = 1 << 12  # per-round datasets: rows per chunk up to this size (measured: 4 KiB best)
@@ -340,6 +340,8 @@ class Writer:
             journal_path(self.path).unlink(missing_ok=True)  # the old log's, before the old log goes
             pending_rounds.rounds_path(self.path).unlink(missing_ok=True)
             os.replace(tmp, self.path)
+            # the writer's mark for readers from now on: they copy the log while it exists (journal.snapshot)
+            journal_path(self.path).touch()
         except OSError as e:
             if e.errno is None:  # HDF5's own failure, not the disk's
                 raise
@@ -571,41 +573,34 @@ class Run:
 
     @contextmanager
     def _file(self):
-        """The log open for reading; with the rounds of a complete journal (a writer
-        killed inside a commit) applied in memory, and those waiting in
-        ``run.h5.rounds`` (:mod:`.pending`) added to an in-memory copy."""
+        """The log open for reading: in place when no writer has it open, else a
+        consistent copy of its last commit in memory (:func:`.journal.snapshot`),
+        with the rounds waiting in ``run.h5.rounds`` (:mod:`.pending`) added."""
         if self._held is not None:
             yield self._held
             return
         for i in range(self.open_tries):
-            jf = None
             try:
-                if read_journal(journal_path(self.path)) is None:
-                    f = h5py.File(self.path, "r", locking=False)
-                else:
-                    jf = Journaled(self.path, "r")
-                    f = h5py.File(jf, "r")
+                image = snapshot(self.path)
+                f = h5py.File(self.path if image is None else io.BytesIO(image), "r", locking=False)
                 break
             except OSError:
-                if jf is not None:
-                    jf.close()
                 if i == self.open_tries - 1:
                     raise
                 time.sleep(0.2)
         try:
-            image = self._with_pending(f, jf)
-            if image is not None:
+            merged = self._with_pending(f, image)
+            if merged is not None:
                 f.close()
-                f = h5py.File(io.BytesIO(image), "r")
+                f = h5py.File(io.BytesIO(merged), "r")
             yield f
         finally:
             f.close()
-            if jf is not None:
-                jf.close()
 
-    def _with_pending(self, f: h5py.File, jf: Journaled | None) -> bytes | None:
-        """The log's bytes with the rounds of ``run.h5.rounds`` past its last one
-        added (made once per state of the two files), or None when there are none."""
+    def _with_pending(self, f: h5py.File, image: bytes | None) -> bytes | None:
+        """The log's bytes (``image`` when read from a copy) with the rounds of
+        ``run.h5.rounds`` past its last one added (made once per state of the two
+        files), or None when there are none."""
         side = pending_rounds.rounds_path(self.path)
         try:
             st, ss = self.path.stat(), side.stat()
@@ -613,7 +608,7 @@ class Run:
             return None
         if ss.st_size == 0:
             return None
-        key = (st.st_size, st.st_mtime_ns, ss.st_size, ss.st_mtime_ns, jf is not None)
+        key = (st.st_size, st.st_mtime_ns, ss.st_size, ss.st_mtime_ns, image is not None)
         if self._merged is not None and self._merged[0] == key:
             return self._merged[1]
         try:
@@ -622,12 +617,7 @@ class Run:
             raise Corrupt(str(e)) from None
         if not recs or recs[-1]["t"] <= _last_round(f):
             return None
-        if jf is not None:
-            jf.seek(0)
-            data = jf.read(jf.size)
-        else:
-            data = self.path.read_bytes()
-        buf = io.BytesIO(data)
+        buf = io.BytesIO(self.path.read_bytes() if image is None else image)
         try:
             with h5py.File(buf, "r+") as mf:
                 last = _last_round(mf)  # of these bytes: a flush since f was opened may hold more rounds

@@ -36,6 +36,7 @@ from __future__ import annotations
 import errno
 import os
 import struct
+import time
 from pathlib import Path
 
 MAGIC = b"MPIFLJ02"
@@ -83,6 +84,49 @@ def read_journal(path: Path) -> tuple[int, Extents] | None:
         out.append((off, data[at:at + k]))
         at += k
     return size, out
+
+
+def _mark(path: Path) -> bytes | None:
+    """The journal's header (its magic, zeroed once applied, and commit number):
+    it changes with every commit; None when there is no journal, no writer."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(_HEAD.size)
+    except FileNotFoundError:
+        return None
+
+
+def snapshot(log: Path, tries: int = 200) -> bytes | None:
+    """The bytes of ``log``'s last commit, read while a writer may be committing;
+    None when the log has no journal (no writer has it open: read it in place).
+
+    HDF5 reads its metadata lazily, so a reader opening a log in place while the
+    writer commits a round may meet pieces of two rounds, and HDF5's C code may
+    crash (not raise) on them. This reads the whole file into memory between two
+    looks at the journal's header, which every commit changes (a new commit
+    number, then the zeroed magic once applied): the same header before the read,
+    after it and after reading the journal means that no commit began applying
+    during the read, or that the one applying is in the journal, complete, and is
+    laid over the bytes read. A journal left incomplete is a commit whose writes
+    have not begun reaching the log."""
+    jpath = journal_path(log)
+    for i in range(tries):
+        m0 = _mark(jpath)
+        if m0 is None:
+            return None
+        data = log.read_bytes()
+        m1 = _mark(jpath)
+        pending = read_journal(jpath) if m1 == m0 else None
+        if m1 == m0 and _mark(jpath) == m1:
+            if pending is None:
+                return data
+            size, extents = pending
+            buf = bytearray(data[:size].ljust(size, b"\0"))
+            for off, b in extents:
+                buf[off:off + len(b)] = b
+            return bytes(buf)
+        time.sleep(min(0.01 * (i + 1), 0.2))  # a commit under way: it takes milliseconds
+    raise OSError(errno.EBUSY, "the log kept changing while being read", str(log))
 
 
 def _merge(writes: Extents) -> Extents:

@@ -1,0 +1,143 @@
+"""Reading a log while its writer commits rounds (a sweep driver's progress, the
+status command, a test polling a run): the reader gets one commit's rounds, never
+pieces of two, which HDF5's C code may crash on rather than refuse."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from mpifl.logging import journal
+from mpifl.logging.h5 import Writer, open_run
+from mpifl.logging.journal import journal_path, snapshot
+from mpifl.mixing import Dense
+
+N = 6
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _round(w: Writer, t: int) -> None:
+    rng = np.random.default_rng(t)
+    w.write_round(t, {"wall_s": 0.1}, {"metrics/test_acc": rng.random(N), "algo/big": rng.random((N, 50))},
+                  mixing=Dense(np.full((N, N), 1.0 / N, np.float32)))
+
+
+def _writer(path: Path) -> Writer:
+    return Writer(path, {"n_ranks": 1, "n_clients": N}, {"cluster": np.arange(N) % 2}, N)
+
+
+def test_a_log_without_a_writer_is_read_in_place(tmp_path):
+    path = tmp_path / "run.h5"
+    w = _writer(path)
+    assert journal_path(path).exists()  # the writer's mark, from its first line on
+    _round(w, 0)
+    w.close()
+    assert not journal_path(path).exists() and snapshot(path) is None
+    assert open_run(path).n_rounds == 1
+
+
+def test_a_commit_during_the_read_is_not_mixed_into_it(tmp_path, monkeypatch):
+    """The first copy is torn (its first half before a commit, the rest after):
+    the reader sees the journal's header change and reads again."""
+    path = tmp_path / "run.h5"
+    w = _writer(path)
+    for t in range(3):
+        _round(w, t)
+    real = Path.read_bytes
+    calls = []
+
+    def torn(self):
+        if self != path or calls:
+            return real(self)
+        calls.append(1)
+        before = real(self)
+        _round(w, 3)  # flush_s 0: a commit
+        after = real(self)
+        return before[:len(before) // 2] + after[len(before) // 2:]
+
+    monkeypatch.setattr(Path, "read_bytes", torn)
+    image = snapshot(path)
+    monkeypatch.setattr(Path, "read_bytes", real)
+    assert calls and image == path.read_bytes()  # read again: the commit of round 3, whole
+    assert open_run(path).n_rounds == 4
+    w.close()
+
+
+def test_a_commit_in_the_journal_but_not_in_the_log_is_read_from_the_journal(tmp_path, monkeypatch):
+    """A writer killed after its journal's trailer, before the log was written:
+    readers see the commit; the log on disk is untouched until the next writer."""
+    path = tmp_path / "run.h5"
+    w = _writer(path)
+    for t in range(2):
+        _round(w, t)
+
+    def killed(self, extents):
+        raise KeyboardInterrupt  # stands in for SIGKILL between the journal and the log
+
+    monkeypatch.setattr(journal.Journaled, "_apply", killed)
+    try:
+        _round(w, 2)
+    except KeyboardInterrupt:
+        pass
+    assert journal.read_journal(journal_path(path)) is not None
+    with h5py.File(path, "r", locking=False) as f:  # in place: the commit before
+        assert f["rounds/round"].shape[0] == 2
+    assert open_run(path).n_rounds == 3
+    assert np.array_equal(open_run(path).get("metrics/test_acc")[2], np.random.default_rng(2).random(N))
+
+
+@pytest.mark.slow
+def test_a_reader_polling_a_live_writer_sees_only_whole_rounds(tmp_path):
+    """Two processes: one writes 150 rounds as fast as it can, the other opens the
+    log and reads it over and over. The reader must neither crash nor see a round
+    count go back or a row that is not the one written."""
+    path = tmp_path / "run.h5"
+    writer = textwrap.dedent(f"""
+        import sys; sys.path.insert(0, {str(ROOT / 'tests')!r})
+        from pathlib import Path
+        from test_live_reader import _round, _writer
+        w = _writer(Path({str(path)!r}))
+        Path({str(tmp_path / 'started')!r}).touch()
+        for t in range(150):
+            _round(w, t)
+        w.close()
+    """)
+    reader = textwrap.dedent(f"""
+        import sys, time; sys.path.insert(0, {str(ROOT / 'tests')!r})
+        from pathlib import Path
+        import numpy as np
+        from mpifl.logging.h5 import open_run
+        started, done = Path({str(tmp_path / 'started')!r}), Path({str(tmp_path / 'done')!r})
+        while not started.exists():
+            time.sleep(0.01)
+        seen, reads = 0, 0
+        while not done.exists():
+            run = open_run({str(path)!r})
+            with run.reading():
+                n = run.n_rounds
+                acc = run.get("metrics/test_acc") if n else np.zeros((0, {N}))
+            assert n >= seen, (n, seen)
+            assert acc.shape[0] == n
+            if n:
+                assert np.array_equal(acc[n - 1], np.random.default_rng(n - 1).random({N})), n
+            seen, reads = n, reads + 1
+        print(reads, seen)
+    """)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.Popen([sys.executable, "-c", reader], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    wr = subprocess.run([sys.executable, "-c", writer], env=env, capture_output=True, text=True, timeout=300,
+                        check=False)
+    (tmp_path / "done").touch()
+    out, err = r.communicate(timeout=300)
+    assert wr.returncode == 0, wr.stderr
+    assert r.returncode == 0, err  # a crash is -11
+    reads, seen = map(int, out.split())
+    assert reads > 10 and seen >= 1
