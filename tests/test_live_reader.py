@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import h5py
@@ -16,7 +17,7 @@ import pytest
 
 from mpifl.logging import journal
 from mpifl.logging.h5 import Writer, open_run
-from mpifl.logging.journal import journal_path, snapshot
+from mpifl.logging.journal import journal_path, still
 from mpifl.mixing import Dense
 
 N = 6
@@ -39,17 +40,43 @@ def test_a_log_without_a_writer_is_read_in_place(tmp_path):
     assert journal_path(path).exists()  # the writer's mark, from its first line on
     _round(w, 0)
     w.close()
-    assert not journal_path(path).exists() and snapshot(path) is None
+    assert not journal_path(path).exists()
+    with still(path) as image:
+        assert image is None
     assert open_run(path).n_rounds == 1
 
 
-def test_a_commit_during_the_read_is_not_mixed_into_it(tmp_path, monkeypatch):
-    """The first copy is torn (its first half before a commit, the rest after):
-    the reader sees the journal's header change and reads again."""
+def test_a_reader_holds_the_writers_next_commit_until_it_is_done(tmp_path):
+    path = tmp_path / "run.h5"
+    w = _writer(path)
+    _round(w, 0)
+    done = threading.Event()
+
+    def write() -> None:
+        _round(w, 1)  # flush_s 0: a commit
+        done.set()
+
+    with still(path) as image:
+        assert image is None  # read in place, the log held still
+        t = threading.Thread(target=write)
+        t.start()
+        assert not done.wait(0.5)
+        assert open_run(path).n_rounds == 1  # another reader (a shared lock) reads meanwhile
+    assert done.wait(60)
+    t.join()
+    assert open_run(path).n_rounds == 2
+    w.close()
+
+
+def test_without_locks_a_commit_during_the_copy_is_not_mixed_into_it(tmp_path, monkeypatch):
+    """A file system without flock: the reader copies the log, and the first copy
+    is torn (half before a commit, the rest after); the journal's header changed,
+    so it copies again."""
     path = tmp_path / "run.h5"
     w = _writer(path)
     for t in range(3):
         _round(w, t)
+    monkeypatch.setattr(journal, "_lock", lambda fd, how: False)
     real = Path.read_bytes
     calls = []
 
@@ -58,14 +85,14 @@ def test_a_commit_during_the_read_is_not_mixed_into_it(tmp_path, monkeypatch):
             return real(self)
         calls.append(1)
         before = real(self)
-        _round(w, 3)  # flush_s 0: a commit
+        _round(w, 3)
         after = real(self)
         return before[:len(before) // 2] + after[len(before) // 2:]
 
     monkeypatch.setattr(Path, "read_bytes", torn)
-    image = snapshot(path)
-    monkeypatch.setattr(Path, "read_bytes", real)
-    assert calls and image == path.read_bytes()  # read again: the commit of round 3, whole
+    with still(path) as image:
+        monkeypatch.setattr(Path, "read_bytes", real)
+        assert calls and image == path.read_bytes()  # copied again: the commit of round 3, whole
     assert open_run(path).n_rounds == 4
     w.close()
 

@@ -75,7 +75,7 @@ from ..errors import StorageError, storage_error
 from ..mixing import COO_COL, COO_END, COO_ROW, COO_VAL, Dense, Mixing
 from . import pending as pending_rounds
 from . import sums
-from .journal import Journaled, journal_path, read_journal, snapshot
+from .journal import Journaled, journal_path, read_journal, still
 
 ROUND_KEY = "rounds/round"
 CHUNK_BYTES = 1 << 12  # per-round datasets: rows per chunk up to this size (measured: 4 KiB best)
@@ -535,9 +535,9 @@ class DatasetInfo:
 class Run:
     """Read access to a run log, complete or still being written.
 
-    The writer flushes the file after every round, so a reader normally finds
-    it complete; opening is retried for a moment when it catches the writer
-    inside a round.
+    While a writer has the log open, each read holds it at its last commit (the
+    writer's next commit waits for the read: :func:`.journal.still`), so a reader
+    sees whole rounds, those flushed to run.h5 and those waiting in run.h5.rounds.
     """
 
     open_tries = 10
@@ -559,7 +559,8 @@ class Run:
     def reading(self):
         """Keep the log open, and its list of datasets, across the calls made
         inside: many small reads of one log (a summary) open it once. The rounds
-        seen are those complete when it was opened."""
+        seen are those complete when it was opened; a live writer's next commit
+        waits until the block ends."""
         if self._held is not None:
             yield self
             return
@@ -573,29 +574,29 @@ class Run:
 
     @contextmanager
     def _file(self):
-        """The log open for reading: in place when no writer has it open, else a
-        consistent copy of its last commit in memory (:func:`.journal.snapshot`),
+        """The log open for reading, held at its last commit while open
+        (:func:`.journal.still`: a live writer's next commit waits for the reader),
         with the rounds waiting in ``run.h5.rounds`` (:mod:`.pending`) added."""
         if self._held is not None:
             yield self._held
             return
-        for i in range(self.open_tries):
+        with still(self.path) as image:
+            for i in range(self.open_tries):
+                try:
+                    f = h5py.File(self.path if image is None else io.BytesIO(image), "r", locking=False)
+                    break
+                except OSError:
+                    if i == self.open_tries - 1:
+                        raise
+                    time.sleep(0.2)
             try:
-                image = snapshot(self.path)
-                f = h5py.File(self.path if image is None else io.BytesIO(image), "r", locking=False)
-                break
-            except OSError:
-                if i == self.open_tries - 1:
-                    raise
-                time.sleep(0.2)
-        try:
-            merged = self._with_pending(f, image)
-            if merged is not None:
+                merged = self._with_pending(f, image)
+                if merged is not None:
+                    f.close()
+                    f = h5py.File(io.BytesIO(merged), "r")
+                yield f
+            finally:
                 f.close()
-                f = h5py.File(io.BytesIO(merged), "r")
-            yield f
-        finally:
-            f.close()
 
     def _with_pending(self, f: h5py.File, image: bytes | None) -> bytes | None:
         """The log's bytes (``image`` when read from a copy) with the rounds of

@@ -34,9 +34,12 @@ inside HDF5's callback: h5py would carry the exception into its next calls
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import struct
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 MAGIC = b"MPIFLJ02"
@@ -96,35 +99,72 @@ def _mark(path: Path) -> bytes | None:
         return None
 
 
-def snapshot(log: Path, tries: int = 200) -> bytes | None:
-    """The bytes of ``log``'s last commit, read while a writer may be committing;
-    None when the log has no journal (no writer has it open: read it in place).
+def _lock(fd: int, how: int) -> bool:
+    """flock, or False where the file system has none (some NFS and Lustre mounts)."""
+    try:
+        fcntl.flock(fd, how)
+        return True
+    except OSError as e:
+        if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            return False
+        raise
 
-    HDF5 reads its metadata lazily, so a reader opening a log in place while the
-    writer commits a round may meet pieces of two rounds, and HDF5's C code may
-    crash (not raise) on them. This reads the whole file into memory between two
-    looks at the journal's header, which every commit changes (a new commit
-    number, then the zeroed magic once applied): the same header before the read,
-    after it and after reading the journal means that no commit began applying
-    during the read, or that the one applying is in the journal, complete, and is
-    laid over the bytes read. A journal left incomplete is a commit whose writes
-    have not begun reaching the log."""
+
+@contextmanager
+def still(log: Path) -> Iterator[bytes | None]:
+    """Hold ``log`` at its last commit while a reader reads it. Yields None: read
+    the log in place (no writer has it open, or the writer's next commit waits on
+    this reader's shared lock on the journal until the block ends); or, where the
+    file system has no ``flock``, the bytes of the last commit, copied.
+
+    HDF5 reads its metadata lazily, so a reader meeting a commit half applied
+    sees pieces of two rounds, and HDF5's C code may crash (not raise) on them.
+    Every commit holds the journal's exclusive lock (:meth:`Journaled.commit`)."""
+    jpath = journal_path(log)
+    while True:
+        try:
+            fd = os.open(jpath, os.O_RDONLY)
+        except FileNotFoundError:
+            yield None  # no writer (one that begins now commits its first round a round later)
+            return
+        try:
+            if not _lock(fd, fcntl.LOCK_SH):
+                yield _copy(log)
+                return
+            try:  # a journal replaced while we waited (a writer closed, another began) locks nothing
+                same = os.fstat(fd).st_ino == os.stat(jpath).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                pending = read_journal(jpath)  # a commit whose writer was killed before it reached the log
+                yield None if pending is None else _overlay(log.read_bytes(), pending)
+                return
+        finally:
+            os.close(fd)
+
+
+def _overlay(data: bytes, pending: tuple[int, Extents]) -> bytes:
+    size, extents = pending
+    buf = bytearray(data[:size].ljust(size, b"\0"))
+    for off, b in extents:
+        buf[off:off + len(b)] = b
+    return bytes(buf)
+
+
+def _copy(log: Path, tries: int = 200) -> bytes:
+    """Without locks: the log's bytes read between two looks at the journal's
+    header, which every commit changes (a new number, then the zeroed magic once
+    applied). The same header before the read, after it and after reading the
+    journal: no commit began applying during the read, or the one applying is in
+    the journal, complete, and is laid over the bytes read."""
     jpath = journal_path(log)
     for i in range(tries):
         m0 = _mark(jpath)
-        if m0 is None:
-            return None
         data = log.read_bytes()
         m1 = _mark(jpath)
         pending = read_journal(jpath) if m1 == m0 else None
         if m1 == m0 and _mark(jpath) == m1:
-            if pending is None:
-                return data
-            size, extents = pending
-            buf = bytearray(data[:size].ljust(size, b"\0"))
-            for off, b in extents:
-                buf[off:off + len(b)] = b
-            return bytes(buf)
+            return data if pending is None else _overlay(data, pending)
         time.sleep(min(0.01 * (i + 1), 0.2))  # a commit under way: it takes milliseconds
     raise OSError(errno.EBUSY, "the log kept changing while being read", str(log))
 
@@ -183,9 +223,14 @@ class Journaled:
             self.committed = 1 << 62  # every write would be an error anyway
             return
         self.jfd = os.open(self.journal, os.O_RDWR | os.O_CREAT, 0o666)
-        if pending is not None:
-            self._apply(self.writes)
-        os.ftruncate(self.jfd, 0)
+        locked = _lock(self.jfd, fcntl.LOCK_EX)
+        try:
+            if pending is not None:
+                self._apply(self.writes)
+            os.ftruncate(self.jfd, 0)
+        finally:
+            if locked:
+                fcntl.flock(self.jfd, fcntl.LOCK_UN)
         self.committed = self.size
 
     # -- what h5py's fileobj driver calls
@@ -282,6 +327,14 @@ class Journaled:
             raise OSError(e.errno or errno.EIO, e.strerror or str(e), str(self.path))
 
     def _commit(self) -> None:
+        locked = _lock(self.jfd, fcntl.LOCK_EX)  # readers in place wait (journal.still)
+        try:
+            self._commit_locked()
+        finally:
+            if locked:
+                fcntl.flock(self.jfd, fcntl.LOCK_UN)
+
+    def _commit_locked(self) -> None:
         if self.writes:
             self.seq += 1
             extents = _merge(self.writes)
