@@ -20,6 +20,14 @@ def shorten(text: str, limit: int = MAX_SHOWN) -> str:
     return f"{text[:limit // 2]}...({len(text)} characters)...{text[-limit // 4:]}"
 
 
+def did_you_mean(word: str, choices: Any) -> str:
+    """`` (did you mean 'train.lr'?)`` when one of ``choices`` is close to ``word``, else ""."""
+    import difflib
+
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def check(ok: bool, key: str, value: Any, allowed: str) -> None:
     """Raise the one-line error ``key=value is not allowed; allowed`` unless ``ok``."""
     if not ok:

@@ -23,7 +23,7 @@ from ..train import Clients
 
 if TYPE_CHECKING:  # algorithms are imported by the config (their Params) before MPI is wanted
     from ..comm import Comm
-    from ..config import Config
+    from ..config.sections import ConfigBase as Config
 
 
 @dataclass

@@ -80,7 +80,7 @@ from .base import Context, Round, evaluates, own_rows_metrics
 
 if TYPE_CHECKING:
     from ..comm import Comm
-    from ..config import Config
+    from ..config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "DPFL: BGGC candidate graph under budget B_c, GGC collaborators every `dpfl.period` rounds"

@@ -45,7 +45,7 @@ from . import fedavg
 from .base import Context, Round
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from ..config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (

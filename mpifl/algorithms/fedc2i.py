@@ -64,7 +64,7 @@ from ..train import Clients
 from .base import Context, Round, identity_rows, own_rows_metrics
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from ..config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "FedC2I: client- and class-level influence by leave-one-out models passed around the ring"

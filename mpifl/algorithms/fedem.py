@@ -59,7 +59,7 @@ from ..train import Objective, loss_acc_from_probs
 from .base import Context, Round, sampled_weights
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from ..config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (

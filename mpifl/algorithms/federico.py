@@ -83,7 +83,7 @@ from ..train.evaluation import clients_per_chunk
 from .base import Context, Round
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from ..config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "FedeRiCo: decentralized EM, k neighbours pulled point to point, weighted gradients pushed back"

@@ -58,7 +58,7 @@ from .base import Context, Round, own_rows_metrics
 from .federico import sample_neighbours
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from ..config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (

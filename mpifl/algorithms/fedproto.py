@@ -66,7 +66,7 @@ from ..train import Clients, loss_acc_from_probs, read_rows, write_back
 from .base import Context, Round, identity_rows
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from ..config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (

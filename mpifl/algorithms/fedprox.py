@@ -44,7 +44,7 @@ from . import fedavg
 from .base import Context, Round
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from ..config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "FedProx: FedAvg whose local loss adds (mu/2)||w - w_global||^2 (`fedprox.mu`)"

@@ -35,7 +35,7 @@ from . import fedavg_ft, fedprox
 from .base import Context, Round
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from ..config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "FedProx+FT (DPFL): FedProx's best-validation global model fine-tuned 2E epochs before evaluation"

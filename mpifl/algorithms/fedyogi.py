@@ -35,7 +35,7 @@ from . import fedadam, fedavg
 from .base import Context
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from ..config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "FedYogi: FedAdam with Yogi's second moment (`fedyogi.lr`, `beta1`, `beta2`, `tau`)"

@@ -57,7 +57,7 @@ from .base import Context, Round, group_weights, own_rows_metrics, round_half_up
 from .fedavg import local_update
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from ..config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "FeSEM: K centres in parameter space, clients assigned to the nearest by L2, centres = p-average of members"

@@ -39,7 +39,7 @@ SUMMARY = "every client trains alone"
 MIXING_ROW = "identity"
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from ..config.sections import ConfigBase as Config
 
 
 @dataclass

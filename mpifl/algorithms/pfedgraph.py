@@ -59,7 +59,7 @@ from ..train import read_rows, write_back
 from .base import Context, Round, own_rows_metrics
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from ..config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (

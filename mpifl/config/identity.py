@@ -53,7 +53,7 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
 def _flat_pair(old: dict, new: dict) -> tuple[dict[str, Any], dict[str, Any]]:
     """Both configs flattened; a key added by a later mpifl was, in effect, at its
     default in the older run."""
-    from .sections import config_class
+    from .schema import config_class
 
     old, new = flatten(old), flatten(new)
     defaults = flatten(config_class()().to_dict())

@@ -11,7 +11,8 @@ import re
 import sys
 from typing import Any
 
-from ..errors import ConfigError, check, shorten
+from .. import algorithms
+from ..errors import ConfigError, check, did_you_mean, shorten
 
 # C0 controls (newline, tab, escape...), DEL and C1 controls: a newline in a
 # value that reaches a shell script (run.name, run.out_dir) would be a new command
@@ -64,9 +65,11 @@ def validate(cfg: Any, n_ranks: int = 1) -> None:
     """Ranges and combinations; types and choices were checked while building.
     Each algorithm section validates itself (``Params.validate``), and the chosen
     algorithm may refuse a combination (``check_config``)."""
-    from .. import algorithms
-
     r, d, m, t, a = cfg.run, cfg.data, cfg.model, cfg.train, cfg.algorithm
+    # first, as when the name was a choice of its section: a bad name says so whatever else is wrong
+    if a.name not in algorithms.NAMES:
+        raise ConfigError(f"algorithm.name={a.name!r} is not allowed{did_you_mean(a.name, algorithms.NAMES)}; "
+                          f"choose one of: {', '.join(algorithms.NAMES)}")
     _check_text(cfg)
     check(bool(r.name) and "/" not in r.name and r.name not in (".", "..") and len(r.name.encode()) <= 255,
            "run.name", r.name, "must be a plain non-empty directory name of at most 255 bytes")
