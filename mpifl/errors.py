@@ -10,7 +10,16 @@ MAX_SHOWN = 200  # characters of a value echoed in an error message
 
 
 class ConfigError(ValueError):
-    """A user error in the configuration or inputs: reported in one line, exit 2."""
+    """A user error in the configuration or inputs: reported in one line, exit 2.
+
+    ``key``: the key the message opens with (``key=value ...``), when it is one.
+    An algorithm's ``Params`` name their own keys bare (``mu``, a field's name),
+    and the config's validation puts their section before them (``fedprox.mu``):
+    the section is the module's name, which its own code need not repeat."""
+
+    def __init__(self, message: str, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 def shorten(text: str, limit: int = MAX_SHOWN) -> str:
@@ -31,7 +40,7 @@ def did_you_mean(word: str, choices: Any) -> str:
 def check(ok: bool, key: str, value: Any, allowed: str) -> None:
     """Raise the one-line error ``key=value is not allowed; allowed`` unless ``ok``."""
     if not ok:
-        raise ConfigError(f"{key}={value!r} is not allowed; {allowed}")
+        raise ConfigError(f"{key}={value!r} is not allowed; {allowed}", key)
 
 
 UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)  # a place the user cannot write: a user error

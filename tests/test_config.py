@@ -1,5 +1,6 @@
 """Config loading details not covered by the bad-input corpus."""
 
+import dataclasses
 import math
 import re
 from pathlib import Path
@@ -204,3 +205,31 @@ def test_a_key_close_to_nothing_gets_no_guess():
     with pytest.raises(ConfigError) as e:
         config.load(None, ["zzzz.qqq=1"])
     assert "did you mean" not in str(e.value)
+
+
+def test_algorithm_errors_take_their_key_from_the_field_and_the_module():
+    from mpifl import algorithms
+    from mpifl.errors import check
+
+    with pytest.raises(ConfigError, match=r"^fedyogi\.lr=-1\.0 is not allowed; must be a finite number > 0$"):
+        config.load(None, ["fedyogi.lr=-1"])
+    with pytest.raises(ConfigError, match=r"^federico\.k=30 is not allowed; must be <= data\.n_clients - 1"):
+        config.load(None, ["algorithm.name=federico", "federico.k=30"])  # check_config: the chosen one's section
+    with pytest.raises(ConfigError, match=r"^data\.val_frac=0\.0 is not allowed"):  # another section's key stays
+        config.load(None, ["algorithm.name=dpfl", "data.val_frac=0"])
+
+    @dataclasses.dataclass
+    class Params:
+        mu: float = 0.1
+
+    with pytest.raises(TypeError, match="names 'nu' in an error, which is no key of its section"):
+        with algorithms._keys_of("fedprox", Params):
+            check(False, "nu", 1.0, "must be a typo")
+
+
+def test_each_algorithm_receives_its_own_section_as_ctx_params():
+    from mpifl.algorithms.base import Context
+
+    cfg = config.load(None, ["algorithm.name=fedprox", "fedprox.mu=0.25"])
+    assert Context(cfg, None, None, None).params is cfg.fedprox and cfg.fedprox.mu == 0.25
+    assert Context(config.load(None, ["algorithm.name=fedavg"]), None, None, None).params is None  # no Params

@@ -34,6 +34,12 @@ class Context:
     data: FederatedData
 
     @property
+    def params(self) -> Any:
+        """The chosen algorithm's own section (its module's ``Params``), None for
+        an algorithm without hyper-parameters."""
+        return getattr(self.cfg, self.cfg.algorithm.name, None)
+
+    @property
     def N(self) -> int:
         return self.data.n_clients
 

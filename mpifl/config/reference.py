@@ -63,8 +63,8 @@ def key_docs() -> list[KeyDoc]:
     out = []
     for section in dataclasses.fields(config_class()):
         cls = section.type
-        if hasattr(cls, "validate"):
-            ranges.update(_ranges(cls.validate))
+        if hasattr(cls, "validate"):  # an algorithm's section: it names its keys bare
+            ranges.update({f"{section.name}.{k}": v for k, v in _ranges(cls.validate).items()})
         hints = typing.get_type_hints(cls)
         names = {f.name for f in dataclasses.fields(cls)}
         defaults = cls()

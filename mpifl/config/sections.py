@@ -108,9 +108,6 @@ class TrainConfig:
 class AlgorithmConfig:
     name: str = "fedavg"  # every module of mpifl/algorithms
     fraction: float = 1.0  # participation fraction C per round (fedavg-like)
-    # fedavg_ft, fedprox_ft: local fine-tuning epochs before evaluation; 0 = 2 * train.local_epochs,
-    # DPFL's 2*tau (appendix F.6)
-    ft_epochs: int = 0
 
 
 @dataclass
