@@ -116,8 +116,8 @@ class Params:
                 raise ValueError(text)
             return float(int(text))
         except (ValueError, OverflowError):
-            raise ConfigError(f"dpfl.budget={self.budget!r} is not allowed; use a positive integer, "
-                              f"a fraction of N like 0.1N, or inf") from None
+            raise ConfigError(f"budget={self.budget!r} is not allowed; use a positive integer, "
+                              f"a fraction of N like 0.1N, or inf", "budget") from None
 
     def validate(self, cfg: Config) -> None:
         check(self.budget_for(cfg.data.n_clients) >= 1, "budget", self.budget, "must be >= 1 client (or inf)")
