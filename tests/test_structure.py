@@ -101,13 +101,11 @@ def test_the_graph_sees_imports_in_functions_and_type_only_ones(tmp_path):
     assert cycles(g) == [["mpifl.a", "mpifl.b", "mpifl.sub.d"]]  # closed by a type-only import
 
 
-# circles closed only by type hints, left to later work (issue 47): train/'s modules
-# name Clients, whose methods they are (item 2, rows as values); sweep's parts name
-# its Point and Sweep (item 3, sweep split into spec, SLURM and local runner). The
-# test fails on any other circle, and when one of these goes, so that this list
-# shrinks with them.
-KNOWN = [["mpifl.sweep", "mpifl.sweep_driver", "mpifl.sweep_select", "mpifl.sweep_status"],
-         ["mpifl.train.batched", "mpifl.train.clients", "mpifl.train.evaluation", "mpifl.train.loop",
+# the one circle left, closed only by type hints: train/'s modules name Clients,
+# whose methods they are; it goes with issue 47's item 2 (a rank's rows as a value).
+# The test fails on any other circle, and when this one goes, so that the list
+# shrinks with it.
+KNOWN = [["mpifl.train.batched", "mpifl.train.clients", "mpifl.train.evaluation", "mpifl.train.loop",
           "mpifl.train.objective", "mpifl.train.plan", "mpifl.train.rowmodel"]]
 
 
