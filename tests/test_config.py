@@ -233,3 +233,19 @@ def test_each_algorithm_receives_its_own_section_as_ctx_params():
     cfg = config.load(None, ["algorithm.name=fedprox", "fedprox.mu=0.25"])
     assert Context(cfg, None, None, None).params is cfg.fedprox and cfg.fedprox.mu == 0.25
     assert Context(config.load(None, ["algorithm.name=fedavg"]), None, None, None).params is None  # no Params
+
+
+def test_every_bare_key_an_algorithm_checks_is_a_field_of_its_params():
+    """What the registry would refuse only when the error fires, seen in the source."""
+    import ast
+
+    from mpifl import algorithms
+
+    for name in algorithms.NAMES:
+        mod = algorithms.get(name)
+        fields = {f.name for f in dataclasses.fields(mod.Params)} if hasattr(mod, "Params") else set()
+        for node in ast.walk(ast.parse(Path(mod.__file__).read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "check" and len(node.args) == 4:
+                key = node.args[1]
+                if isinstance(key, ast.Constant) and "." not in key.value:
+                    assert key.value in fields, f"{name} checks {key.value!r}, no key of its section"

@@ -61,7 +61,7 @@ init = fedavg_ft.init
 
 
 def round(ctx: Context, state: State, t: int) -> Round:
-    state.model, out = fedprox.step(ctx, state.model, t, ctx.cfg.fedprox.mu)  # FedProx's section: its training
+    state.model, out = fedprox.step(ctx, state.model, t, ctx.cfg.fedprox.mu)  # it trains as FedProx does
     if ctx.params.start == "best_val":
         fedavg_ft.track_best(ctx, state, out, t)
     return out
