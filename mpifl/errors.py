@@ -10,7 +10,16 @@ MAX_SHOWN = 200  # characters of a value echoed in an error message
 
 
 class ConfigError(ValueError):
-    """A user error in the configuration or inputs: reported in one line, exit 2."""
+    """A user error in the configuration or inputs: reported in one line, exit 2.
+
+    ``key``: the key the message opens with (``key=value ...``), when it is one.
+    An algorithm's ``Params`` name their own keys bare (``mu``, a field's name),
+    and the config's validation puts their section before them (``fedprox.mu``):
+    the section is the module's name, which its own code need not repeat."""
+
+    def __init__(self, message: str, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 def shorten(text: str, limit: int = MAX_SHOWN) -> str:
@@ -20,10 +29,18 @@ def shorten(text: str, limit: int = MAX_SHOWN) -> str:
     return f"{text[:limit // 2]}...({len(text)} characters)...{text[-limit // 4:]}"
 
 
+def did_you_mean(word: str, choices: Any) -> str:
+    """`` (did you mean 'train.lr'?)`` when one of ``choices`` is close to ``word``, else ""."""
+    import difflib
+
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def check(ok: bool, key: str, value: Any, allowed: str) -> None:
     """Raise the one-line error ``key=value is not allowed; allowed`` unless ``ok``."""
     if not ok:
-        raise ConfigError(f"{key}={value!r} is not allowed; {allowed}")
+        raise ConfigError(f"{key}={value!r} is not allowed; {allowed}", key)
 
 
 UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)  # a place the user cannot write: a user error

@@ -35,8 +35,8 @@ from torch import nn
 
 from .errors import ConfigError
 
-if TYPE_CHECKING:  # a type hint only: the config package sits above this module
-    from .config import ModelConfig
+if TYPE_CHECKING:  # a type hint only: importing the schema (a leaf) would run the config package first
+    from .config.sections import ModelConfig
 
 
 def mlp(in_shape: tuple[int, ...], n_classes: int, hidden: list[int]) -> nn.Module:

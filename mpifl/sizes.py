@@ -122,20 +122,20 @@ class Estimate:
 
 
 def epoch_counts(cfg: Any) -> dict[str, int]:
-    """The epoch counts of the run's training calls, by key: ``train.local_epochs``,
-    ``algorithm.ft_epochs`` (its fine-tuning algorithms, ``*_ft``) and the chosen
-    algorithm's own keys named ``*epochs`` or ``tau_*`` (local epochs, by the
-    project's naming: ``dpfl.tau_init``, ``fedrep.head_epochs``...)."""
+    """The epoch counts of the run's training calls, by key: ``train.local_epochs``
+    and the chosen algorithm's own keys named ``*epochs`` or ``tau_*`` (local
+    epochs, by the project's naming: ``dpfl.tau_init``, ``fedrep.head_epochs``,
+    ``fedavg_ft.ft_epochs``...)."""
     import dataclasses
 
     a = cfg.algorithm
     out = {"train.local_epochs": cfg.train.local_epochs}
-    if a.name.endswith("_ft"):
-        out["algorithm.ft_epochs"] = a.ft_epochs or 2 * cfg.train.local_epochs
     section = getattr(cfg, a.name, None)
     if dataclasses.is_dataclass(section):
         for f in dataclasses.fields(section):
             v = getattr(section, f.name)
+            if f.name == "ft_epochs":  # the *_ft algorithms' fine-tuning: 0 means 2 * train.local_epochs
+                v = v or 2 * cfg.train.local_epochs
             if (f.name.endswith("epochs") or f.name.startswith("tau_")) and isinstance(v, int):
                 out[f"{a.name}.{f.name}"] = v
     return out

@@ -18,7 +18,7 @@ from . import config as config_mod
 from .errors import ConfigError, shorten
 
 if TYPE_CHECKING:
-    from .sweep import Point
+    from .sweep_spec import Point
 
 BASE = "base"  # mpifl.sweep.BASE: the grid key that varies the config file
 

@@ -33,7 +33,7 @@ import numpy as np
 from .paths import RunDir, atomic_write_text
 
 if TYPE_CHECKING:
-    from .sweep import Point, Sweep
+    from .sweep_spec import Point, Sweep
 
 PREEMPTED = 75  # mpifl.runtime.PREEMPTED, without importing torch
 SUBMITTED = "submitted.txt"  # <sweep>/logs/: one line per array submitted, "JOBID 0-3,5[ OFFSET]"

@@ -1,5 +1,6 @@
 """Config loading details not covered by the bad-input corpus."""
 
+import dataclasses
 import math
 import re
 from pathlib import Path
@@ -49,8 +50,8 @@ def test_every_algorithm_module_is_registered_with_its_contract_and_section():
 
     files = {m.name for m in pkgutil.iter_modules(algorithms.__path__)} - {"base"}
     assert set(algorithms.NAMES) == {f for f in files if not f.startswith("_")}
-    hint = typing.get_type_hints(config.AlgorithmConfig)["name"]
-    assert typing.get_args(hint) == algorithms.NAMES  # the one list of names
+    assert typing.get_type_hints(config.AlgorithmConfig)["name"] is str  # the schema knows no algorithm
+    assert f"one of {', '.join(algorithms.NAMES)} |" in config.reference()  # the registry's names, documented
     cfg = config.Config()
     for name in algorithms.NAMES:
         mod = importlib.import_module(f"mpifl.algorithms.{name}")
@@ -204,3 +205,47 @@ def test_a_key_close_to_nothing_gets_no_guess():
     with pytest.raises(ConfigError) as e:
         config.load(None, ["zzzz.qqq=1"])
     assert "did you mean" not in str(e.value)
+
+
+def test_algorithm_errors_take_their_key_from_the_field_and_the_module():
+    from mpifl import algorithms
+    from mpifl.errors import check
+
+    with pytest.raises(ConfigError, match=r"^fedyogi\.lr=-1\.0 is not allowed; must be a finite number > 0$"):
+        config.load(None, ["fedyogi.lr=-1"])
+    with pytest.raises(ConfigError, match=r"^federico\.k=30 is not allowed; must be <= data\.n_clients - 1"):
+        config.load(None, ["algorithm.name=federico", "federico.k=30"])  # check_config: the chosen one's section
+    with pytest.raises(ConfigError, match=r"^data\.val_frac=0\.0 is not allowed"):  # another section's key stays
+        config.load(None, ["algorithm.name=dpfl", "data.val_frac=0"])
+
+    @dataclasses.dataclass
+    class Params:
+        mu: float = 0.1
+
+    with pytest.raises(TypeError, match="names 'nu' in an error, which is no key of its section"):
+        with algorithms._keys_of("fedprox", Params):
+            check(False, "nu", 1.0, "must be a typo")
+
+
+def test_each_algorithm_receives_its_own_section_as_ctx_params():
+    from mpifl.algorithms.base import Context
+
+    cfg = config.load(None, ["algorithm.name=fedprox", "fedprox.mu=0.25"])
+    assert Context(cfg, None, None, None).params is cfg.fedprox and cfg.fedprox.mu == 0.25
+    assert Context(config.load(None, ["algorithm.name=fedavg"]), None, None, None).params is None  # no Params
+
+
+def test_every_bare_key_an_algorithm_checks_is_a_field_of_its_params():
+    """What the registry would refuse only when the error fires, seen in the source."""
+    import ast
+
+    from mpifl import algorithms
+
+    for name in algorithms.NAMES:
+        mod = algorithms.get(name)
+        fields = {f.name for f in dataclasses.fields(mod.Params)} if hasattr(mod, "Params") else set()
+        for node in ast.walk(ast.parse(Path(mod.__file__).read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "check" and len(node.args) == 4:
+                key = node.args[1]
+                if isinstance(key, ast.Constant) and "." not in key.value:
+                    assert key.value in fields, f"{name} checks {key.value!r}, no key of its section"

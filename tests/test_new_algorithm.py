@@ -37,7 +37,7 @@ class Params:
     share: float = 0.5  # share of the average update the server takes
 
     def validate(self, cfg) -> None:
-        check(0 < self.share <= 1, "throwaway.share", self.share, "must be in (0, 1]")
+        check(0 < self.share <= 1, "share", self.share, "must be in (0, 1]")
 
 
 @dataclass
@@ -55,7 +55,7 @@ class State:
 
 
 def init(ctx: Context) -> State:
-    return State(model=ctx.clients.init.clone(), server=Share(ctx.cfg.throwaway.share))
+    return State(model=ctx.clients.init.clone(), server=Share(ctx.params.share))
 
 
 def round(ctx: Context, state: State, t: int) -> Round:

@@ -158,7 +158,7 @@ def test_counts_that_would_never_finish_are_refused_naming_the_count(over, key):
     (["train.batch_size=10000000000"], "train.batch_size=10000000000"),
     (["data.n_samples=10000000000"], "data.n_samples=10000000000"),
     (["algorithm.name=fedrep", "fedrep.head_epochs=100000000"], "fedrep.head_epochs=100000000"),
-    (["algorithm.name=fedavg_ft", "algorithm.ft_epochs=100000000"], "algorithm.ft_epochs=100000000"),
+    (["algorithm.name=fedavg_ft", "fedavg_ft.ft_epochs=100000000"], "fedavg_ft.ft_epochs=100000000"),
 ])
 def test_the_refusal_names_the_key_whose_part_of_the_estimate_is_largest(over, key):
     cfg = config.load(QUICK, over)

@@ -1,5 +1,6 @@
-"""The package's import graph: no cycles (imports inside functions count; type-only
-imports under ``if TYPE_CHECKING`` do not), and the leaf modules stay leaves."""
+"""The package's import graph: no cycles, counting every import (inside functions
+and type-only ones under ``if TYPE_CHECKING`` too: a cycle of type hints is still
+two modules that cannot be read apart), and the leaf modules stay leaves."""
 
 import ast
 import functools
@@ -17,23 +18,13 @@ def _module_name(path: Path, root: Path) -> str:
     return ".".join(parts)
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    t = node.test
-    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
-        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
-
-
 def _imports(path: Path, modules: set[str], root: Path) -> set[str]:
-    """mpifl modules ``path`` imports at run time (anywhere in the file)."""
+    """mpifl modules ``path`` imports (anywhere in the file, type-only ones included)."""
     name = _module_name(path, root)
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node):
-            for child in node.orelse:
-                visit(child)
-            return
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.split(".")[0] == "mpifl")
         elif isinstance(node, ast.ImportFrom):
@@ -96,33 +87,42 @@ def cycles(g: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-def test_the_graph_sees_imports_in_functions_but_not_type_only_ones(tmp_path):
+def test_the_graph_sees_imports_in_functions_and_type_only_ones(tmp_path):
     pkg = tmp_path / "mpifl"
     (pkg / "sub").mkdir(parents=True)
     for f in ("__init__.py", "a.py", "b.py", "c.py", "sub/__init__.py", "sub/d.py"):
         (pkg / f).write_text("")
     (pkg / "a.py").write_text("def f():\n    from . import b\n")
-    (pkg / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .c import X\n"
-                              "from .sub.d import y\n")
-    (pkg / "sub/d.py").write_text("from ..a import f\n")
+    (pkg / "b.py").write_text("from .sub.d import y\n")
+    (pkg / "sub/d.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..a import f\n")
+    (pkg / "c.py").write_text("import typing\nif typing.TYPE_CHECKING:\n    from .b import y\n")
     g = graph(pkg)
-    assert g["mpifl.a"] == {"mpifl.b"} and g["mpifl.b"] == {"mpifl.sub.d"}
-    assert cycles(g) == [["mpifl.a", "mpifl.b", "mpifl.sub.d"]]
+    assert g["mpifl.a"] == {"mpifl.b"} and g["mpifl.sub.d"] == {"mpifl.a"} and g["mpifl.c"] == {"mpifl.b"}
+    assert cycles(g) == [["mpifl.a", "mpifl.b", "mpifl.sub.d"]]  # closed by a type-only import
+
+
+# the one circle left, closed only by type hints: train/'s modules name Clients,
+# whose methods they are; it goes with issue 47's item 2 (a rank's rows as a value).
+# The test fails on any other circle, and when this one goes, so that the list
+# shrinks with it.
+KNOWN = [["mpifl.train.batched", "mpifl.train.clients", "mpifl.train.evaluation", "mpifl.train.loop",
+          "mpifl.train.objective", "mpifl.train.plan", "mpifl.train.rowmodel"]]
 
 
 def test_no_import_cycles():
-    assert cycles(graph()) == []
+    assert sorted(cycles(graph())) == KNOWN
 
 
-@pytest.mark.parametrize("leaf", ["mpifl.errors", "mpifl.paths", "mpifl.rng", "mpifl.state"])
+@pytest.mark.parametrize("leaf", ["mpifl.errors", "mpifl.paths", "mpifl.rng", "mpifl.state", "mpifl.config.sections"])
 def test_leaf_modules_import_nothing_of_mpifl(leaf):
     assert graph()[leaf] == set()
 
 
 def test_lower_layers_never_import_the_config_runtime_or_tools():
     """data, models, training, communication and logging take their config
-    sections as arguments; the config package (which knows every algorithm) sits
-    above them."""
+    sections as arguments; the config package (which consults the algorithm
+    registry) sits above them. Its schema, ``mpifl.config.sections``, is a leaf
+    every module may name."""
     upper = ("mpifl.config", "mpifl.runtime", "mpifl.main", "mpifl.sweep", "mpifl.analyze", "mpifl.check")
     g = graph()
     for m, deps in g.items():
@@ -130,5 +130,5 @@ def test_lower_layers_never_import_the_config_runtime_or_tools():
             continue
         if m.startswith(("mpifl.data", "mpifl.models", "mpifl.train", "mpifl.comm",
                          "mpifl.logging", "mpifl.yamlio", "mpifl.cli", "mpifl.algorithms")):
-            bad = sorted(d for d in deps if d.startswith(upper))
+            bad = sorted(d for d in deps if d.startswith(upper) and d != "mpifl.config.sections")
             assert not bad, f"{m} imports {bad}"

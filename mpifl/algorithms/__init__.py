@@ -5,19 +5,28 @@ adding one file (and its test); nothing else names it. A module provides what
 ``base.Algorithm`` describes (``State``, ``init``, ``round``, ``evaluate``) and,
 when it has hyper-parameters, a ``Params`` dataclass: the config section of the
 module's name (``fedprox.mu``), with commented defaults and a ``validate(cfg)``
-method.
+method naming its keys bare (``mu``: the field), and it receives that section as
+``ctx.params``.
 
 Nothing here imports torch or the algorithm modules until asked, so the names
 are known to ``mpifl.config`` without the cost of importing every algorithm.
+The config consults this registry: :data:`NAMES` are the allowed
+``algorithm.name``, :func:`sections` its sections and :func:`validate` checks them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import importlib
 import pkgutil
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, cast
 
+from ..errors import ConfigError
+
 if TYPE_CHECKING:
+    from ..config.sections import ConfigBase
     from .base import Algorithm
 
 NOT_ALGORITHMS = {"base"}
@@ -50,3 +59,33 @@ def sections() -> dict[str, type]:
         if params is not None:
             out[name] = params
     return out
+
+
+def validate(cfg: ConfigBase) -> None:
+    """Every algorithm section validates itself (``Params.validate``, whether
+    chosen or not: a sweep may switch to it), then the chosen algorithm may refuse
+    a combination (``check_config``)."""
+    for name, params in sections().items():
+        with _keys_of(name, params):
+            getattr(cfg, name).validate(cfg)
+    chosen = get(cfg.algorithm.name)
+    if hasattr(chosen, "check_config"):
+        with _keys_of(cfg.algorithm.name, getattr(chosen, "Params", None)):
+            chosen.check_config(cfg)
+
+
+@contextlib.contextmanager
+def _keys_of(name: str, params: type | None) -> Iterator[None]:
+    """An error naming a field of ``params`` bare (``mu``) names it in its
+    section (``fedprox.mu``): the key comes from the field and the module's name,
+    so no module types another's section (FedYogi's checks once said fedadam)."""
+    try:
+        yield
+    except ConfigError as e:
+        if e.key is None or "." in e.key:  # another section's key (data.val_frac), or no key
+            raise
+        fields = {f.name for f in dataclasses.fields(params)} if params is not None else set()
+        if e.key not in fields:
+            raise TypeError(f"mpifl.algorithms.{name} names {e.key!r} in an error, "
+                            f"which is no key of its section") from e
+        raise ConfigError(f"{name}.{e}", f"{name}.{e.key}") from None

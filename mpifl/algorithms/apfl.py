@@ -58,7 +58,7 @@ from . import fedavg
 from .base import Context, Round, own_rows_metrics, sampled_weights
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from ..config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (
@@ -76,7 +76,7 @@ class Params:
     adaptive: bool = True  # learn alpha_i by its gradient (the paper's adaptive APFL); false: fixed
 
     def validate(self, cfg: Config) -> None:
-        check(0 <= self.alpha <= 1, "apfl.alpha", self.alpha, "must be in [0, 1]")
+        check(0 <= self.alpha <= 1, "alpha", self.alpha, "must be in [0, 1]")
 
 
 @dataclass
@@ -90,7 +90,7 @@ class State:
 def init(ctx: Context) -> State:
     c = ctx.clients
     return State(model=c.init.clone(), v=c.init.repeat(c.n, 1), v_opt=c.opt.fresh_state(c.n),
-                 alpha=torch.full((c.n,), float(ctx.cfg.apfl.alpha), device=c.device))
+                 alpha=torch.full((c.n,), float(ctx.params.alpha), device=c.device))
 
 
 def mixture(state: State, w: torch.Tensor) -> torch.Tensor:
@@ -124,7 +124,7 @@ def _step(ctx: Context, state: State):
     """The APFL step of the equations above, for ``Clients.train``."""
     c = ctx.clients
     lr = ctx.cfg.train.lr
-    adaptive = ctx.cfg.apfl.adaptive
+    adaptive = ctx.params.adaptive
     v_opt = RowOptimizer(c.cfg, 0, c.P, c.device, c.layout.cols)
     v_opt.state = state.v_opt
 

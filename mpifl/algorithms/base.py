@@ -23,7 +23,7 @@ from ..train import Clients
 
 if TYPE_CHECKING:  # algorithms are imported by the config (their Params) before MPI is wanted
     from ..comm import Comm
-    from ..config import Config
+    from ..config.sections import ConfigBase as Config
 
 
 @dataclass
@@ -32,6 +32,12 @@ class Context:
     comm: Comm
     clients: Clients
     data: FederatedData
+
+    @property
+    def params(self) -> Any:
+        """The chosen algorithm's own section (its module's ``Params``), None for
+        an algorithm without hyper-parameters."""
+        return getattr(self.cfg, self.cfg.algorithm.name, None)
 
     @property
     def N(self) -> int:
@@ -99,8 +105,10 @@ class Algorithm(Protocol):
 
     Optional, looked up by name: ``Params``, a dataclass of hyper-parameters with
     commented defaults and ``validate(cfg)`` (the config section named as the
-    module); ``check_config(cfg)``, refusing combinations when the algorithm is
-    chosen; ``SUMMARY`` and ``MIXING_ROW``, one line each for the README's table
+    module, received as ``ctx.params``; its checks name keys bare, as the field,
+    and the registry adds the section); ``check_config(cfg)``, refusing
+    combinations when the algorithm is chosen (keys named the same way);
+    ``SUMMARY`` and ``MIXING_ROW``, one line each for the README's table
     (``mpifl.docs``; without them the docstring's first sentence and "–"). The
     module docstring opens with the paper, the equations and a runnable
     ``python -m mpifl.main`` command.

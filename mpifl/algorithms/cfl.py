@@ -65,7 +65,7 @@ from .base import Context, Round, group_weights, own_rows_metrics
 from .fedavg import local_update
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from ..config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (
@@ -87,10 +87,10 @@ class Params:
     linkage: Literal["single", "complete"] = "single"
 
     def validate(self, cfg: Config) -> None:
-        check(self.eps1 > 0 and np.isfinite(self.eps1), "cfl.eps1", self.eps1, "must be a finite number > 0")
-        check(self.eps2 > 0 and np.isfinite(self.eps2), "cfl.eps2", self.eps2, "must be a finite number > 0")
-        check(self.warmup_rounds >= 0, "cfl.warmup_rounds", self.warmup_rounds, "must be >= 0")
-        check(self.min_size >= 1, "cfl.min_size", self.min_size, "must be >= 1 (a split needs two members)")
+        check(self.eps1 > 0 and np.isfinite(self.eps1), "eps1", self.eps1, "must be a finite number > 0")
+        check(self.eps2 > 0 and np.isfinite(self.eps2), "eps2", self.eps2, "must be a finite number > 0")
+        check(self.warmup_rounds >= 0, "warmup_rounds", self.warmup_rounds, "must be >= 0")
+        check(self.min_size >= 1, "min_size", self.min_size, "must be >= 1 (a split needs two members)")
 
 
 @dataclass
@@ -124,7 +124,7 @@ def bipartition(U: torch.Tensor, linkage: str = "single") -> np.ndarray:
 
 
 def round(ctx: Context, state: State, t: int) -> Round:
-    f, c, comm = ctx.cfg.cfl, ctx.clients, ctx.comm
+    f, c, comm = ctx.params, ctx.clients, ctx.comm
     ids, P = comm.local_ids, c.P
     sampled = ctx.sample(t, ctx.cfg.algorithm.fraction)
     cl = state.cluster

@@ -68,8 +68,8 @@ class Params:
     personal_epochs: int = 0  # local epochs of the personal model per round; 0 = train.local_epochs
 
     def validate(self, cfg) -> None:
-        check(self.lam >= 0 and math.isfinite(self.lam), "ditto.lam", self.lam, "must be a finite number >= 0")
-        check(self.personal_epochs >= 0, "ditto.personal_epochs", self.personal_epochs,
+        check(self.lam >= 0 and math.isfinite(self.lam), "lam", self.lam, "must be a finite number >= 0")
+        check(self.personal_epochs >= 0, "personal_epochs", self.personal_epochs,
               "must be >= 0 (0 = train.local_epochs)")
 
 
@@ -86,7 +86,7 @@ def init(ctx: Context) -> State:
 
 
 def round(ctx: Context, state: State, t: int) -> Round:
-    c, p = ctx.clients, ctx.cfg.ditto
+    c, p = ctx.clients, ctx.params
     mine = ctx.local_of(ctx.sample(t, ctx.cfg.algorithm.fraction))
     loss = np.full(ctx.comm.n_local, np.nan)
     with c.using(state.personal, state.personal_opt):

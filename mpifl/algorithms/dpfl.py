@@ -80,7 +80,7 @@ from .base import Context, Round, evaluates, own_rows_metrics
 
 if TYPE_CHECKING:
     from ..comm import Comm
-    from ..config import Config
+    from ..config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "DPFL: BGGC candidate graph under budget B_c, GGC collaborators every `dpfl.period` rounds"
@@ -116,15 +116,15 @@ class Params:
                 raise ValueError(text)
             return float(int(text))
         except (ValueError, OverflowError):
-            raise ConfigError(f"dpfl.budget={self.budget!r} is not allowed; use a positive integer, "
-                              f"a fraction of N like 0.1N, or inf") from None
+            raise ConfigError(f"budget={self.budget!r} is not allowed; use a positive integer, "
+                              f"a fraction of N like 0.1N, or inf", "budget") from None
 
     def validate(self, cfg: Config) -> None:
-        check(self.budget_for(cfg.data.n_clients) >= 1, "dpfl.budget", self.budget, "must be >= 1 client (or inf)")
-        check(self.tau_init >= 0, "dpfl.tau_init", self.tau_init, "must be >= 0")
-        check(self.tau_train >= 0, "dpfl.tau_train", self.tau_train, "must be >= 0")
-        check(self.period >= 1, "dpfl.period", self.period, "must be >= 1")
-        check(0 <= self.malicious < 1, "dpfl.malicious", self.malicious, "must be in [0, 1)")
+        check(self.budget_for(cfg.data.n_clients) >= 1, "budget", self.budget, "must be >= 1 client (or inf)")
+        check(self.tau_init >= 0, "tau_init", self.tau_init, "must be >= 0")
+        check(self.tau_train >= 0, "tau_train", self.tau_train, "must be >= 0")
+        check(self.period >= 1, "period", self.period, "must be >= 1")
+        check(0 <= self.malicious < 1, "malicious", self.malicious, "must be in [0, 1)")
 
 
 def check_config(cfg: Config) -> None:
@@ -290,7 +290,7 @@ def derangement(n: int, g: np.random.Generator) -> np.ndarray:
 
 
 def init(ctx: Context) -> State:
-    cfg, c, N = ctx.cfg.dpfl, ctx.clients, ctx.N
+    cfg, c, N = ctx.params, ctx.clients, ctx.N
     malicious = np.zeros(N, bool)
     n_bad = math.floor(cfg.malicious * N + 0.5)
     if n_bad:
@@ -324,7 +324,7 @@ def _preprocess(ctx: Context, state: State) -> tuple[list[torch.Tensor | None], 
     """Round 0 after training: Omega_k for every local client and its new row."""
     c, comm, N, B = ctx.clients, ctx.comm, ctx.N, state.budget
     new: list[torch.Tensor | None] = [None] * comm.n_local
-    if ctx.cfg.dpfl.random_graph:
+    if ctx.params.random_graph:
         for i, k in enumerate(comm.local_ids):
             others = np.delete(np.arange(N), k)
             n = int(min(B, N - 1))
@@ -370,7 +370,7 @@ def _trained_metrics(ctx: Context, t: int) -> dict[str, np.ndarray]:
 
 
 def round(ctx: Context, state: State, t: int) -> Round:
-    cfg, c, comm, N = ctx.cfg.dpfl, ctx.clients, ctx.comm, ctx.N
+    cfg, c, comm, N = ctx.params, ctx.clients, ctx.comm, ctx.N
     everyone = np.arange(comm.n_local)
     loss = c.train(everyone, cfg.tau_init if t == 0 else cfg.tau_train, t)
     trained = _trained_metrics(ctx, t)

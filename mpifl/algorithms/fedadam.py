@@ -45,7 +45,7 @@ from . import fedavg
 from .base import Context, Round
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from ..config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (
@@ -65,10 +65,10 @@ class Params:
     tau: float = 1e-3  # adaptivity tau in eta_s m / (sqrt(v) + tau); v starts at tau^2
 
     def validate(self, cfg: Config) -> None:
-        check(self.lr > 0 and math.isfinite(self.lr), "fedadam.lr", self.lr, "must be a finite number > 0")
-        check(0 <= self.beta1 < 1, "fedadam.beta1", self.beta1, "must be in [0, 1)")
-        check(0 <= self.beta2 < 1, "fedadam.beta2", self.beta2, "must be in [0, 1)")
-        check(self.tau > 0 and math.isfinite(self.tau), "fedadam.tau", self.tau, "must be a finite number > 0")
+        check(self.lr > 0 and math.isfinite(self.lr), "lr", self.lr, "must be a finite number > 0")
+        check(0 <= self.beta1 < 1, "beta1", self.beta1, "must be in [0, 1)")
+        check(0 <= self.beta2 < 1, "beta2", self.beta2, "must be in [0, 1)")
+        check(self.tau > 0 and math.isfinite(self.tau), "tau", self.tau, "must be a finite number > 0")
 
 
 @dataclass
@@ -112,7 +112,7 @@ class State:
 
 def init(ctx: Context) -> State:
     x = ctx.clients.init.clone()
-    return State(model=x, server=ServerAdaptive.fresh("adam", ctx.cfg.fedadam, x))
+    return State(model=x, server=ServerAdaptive.fresh("adam", ctx.params, x))
 
 
 def round(ctx: Context, state: State, t: int) -> Round:

@@ -1,10 +1,10 @@
 """FedAvg+FT ("FedAvg+"): FedAvg, then before evaluation every client fine-tunes
-a global model for ``algorithm.ft_epochs`` local epochs (default 0: 2 * ``train.local_epochs``,
+a global model for ``fedavg_ft.ft_epochs`` local epochs (default 0: 2 * ``train.local_epochs``,
 DPFL's 2*tau) on its own data and is
 evaluated on the result. Evaluation-time only: neither the global model nor the
 clients' training state is changed by fine-tuning.
 
-    mpiexec -n 2 python -m mpi4py -m mpifl.main jobs/quickstart.yaml algorithm.name=fedavg_ft algorithm.ft_epochs=1
+    mpiexec -n 2 python -m mpi4py -m mpifl.main jobs/quickstart.yaml algorithm.name=fedavg_ft fedavg_ft.ft_epochs=1
 
 Which global model is fine-tuned (``fedavg_ft.start``):
 
@@ -30,7 +30,7 @@ root attribute ``best_round`` (the round whose model fine-tuning starts from).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -40,11 +40,11 @@ from . import fedavg
 from .base import Context, Round, own_rows_metrics
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from ..config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (
-    "FedAvg, then `algorithm.ft_epochs` of local fine-tuning before evaluation, from the current global "
+    "FedAvg, then `fedavg_ft.ft_epochs` of local fine-tuning before evaluation, from the current global "
     "model or (`fedavg_ft.start=best_val`, DPFL's FedAvg+FT) the one of best mean validation accuracy"
 )
 MIXING_ROW = "as fedavg"
@@ -55,15 +55,19 @@ class Params:
     # global model fine-tuned before evaluation: last = the current one, best_val =
     # the one of best mean validation accuracy over clients so far (DPFL's FedAvg+FT)
     start: Literal["last", "best_val"] = "last"
+    # local fine-tuning epochs before evaluation; 0 = 2 * train.local_epochs, DPFL's 2*tau (appendix F.6)
+    ft_epochs: int = 0
 
     def validate(self, cfg: Config) -> None:
-        check_start("fedavg_ft", self.start, cfg)
+        check(self.ft_epochs >= 0, "ft_epochs", self.ft_epochs, "must be >= 0 (0 = 2 * train.local_epochs)")
+        check_start(self, cfg)
 
 
-def check_start(section: str, start: str, cfg: Config) -> None:
-    """best_val needs validation samples (only when that algorithm is chosen)."""
-    if cfg.algorithm.name == section:
-        check(start != "best_val" or cfg.data.val_frac > 0, f"{section}.start", start,
+def check_start(p: Any, cfg: Config) -> None:
+    """best_val needs validation samples, only when the algorithm whose section
+    ``p`` is (this module's Params or FedProx+FT's) is chosen."""
+    if getattr(cfg, cfg.algorithm.name, None) is p:
+        check(p.start != "best_val" or cfg.data.val_frac > 0, "start", p.start,
               "best_val needs validation samples: set data.val_frac > 0 or use last")
 
 
@@ -81,19 +85,19 @@ def init(ctx: Context) -> State:
 
 def round(ctx: Context, state: State, t: int) -> Round:
     state.model, out = fedavg.step(ctx, state.model, t, ctx.cfg.algorithm.fraction)
-    if ctx.cfg.fedavg_ft.start == "best_val":
+    if ctx.params.start == "best_val":
         track_best(ctx, state, out, t)
     return out
 
 
-def ft_epochs(cfg: Config) -> int:
-    """The fine-tuning epochs: ``algorithm.ft_epochs``, 0 meaning DPFL's 2 * tau."""
-    return cfg.algorithm.ft_epochs or 2 * cfg.train.local_epochs
+def ft_epochs(ctx: Context) -> int:
+    """The fine-tuning epochs: the chosen algorithm's ``ft_epochs``, 0 meaning DPFL's 2 * tau."""
+    return ctx.params.ft_epochs or 2 * ctx.cfg.train.local_epochs
 
 
 def evaluate(ctx: Context, state: State, t: int) -> dict[str, np.ndarray]:
-    start = state.best if ctx.cfg.fedavg_ft.start == "best_val" else state.model
-    return finetuned_metrics(ctx, start, ft_epochs(ctx.cfg), t)
+    start = state.best if ctx.params.start == "best_val" else state.model
+    return finetuned_metrics(ctx, start, ft_epochs(ctx), t)
 
 
 def track_best(ctx: Context, state: State, out: Round, t: int) -> None:

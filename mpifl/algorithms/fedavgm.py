@@ -41,7 +41,7 @@ from . import fedavg
 from .base import Context, Round
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from ..config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "FedAvgM: FedAvg whose server steps with momentum on the average update (`fedavgm.lr`, `fedavgm.momentum`)"
@@ -56,8 +56,8 @@ class Params:
     momentum: float = 0.9  # server momentum beta
 
     def validate(self, cfg: Config) -> None:
-        check(self.lr > 0 and math.isfinite(self.lr), "fedavgm.lr", self.lr, "must be a finite number > 0")
-        check(0 <= self.momentum < 1, "fedavgm.momentum", self.momentum, "must be in [0, 1)")
+        check(self.lr > 0 and math.isfinite(self.lr), "lr", self.lr, "must be a finite number > 0")
+        check(0 <= self.momentum < 1, "momentum", self.momentum, "must be in [0, 1)")
 
 
 @dataclass
@@ -86,7 +86,7 @@ class State:
 
 
 def init(ctx: Context) -> State:
-    p, x = ctx.cfg.fedavgm, ctx.clients.init.clone()
+    p, x = ctx.params, ctx.clients.init.clone()
     return State(model=x, server=ServerMomentum(p.lr, p.momentum, torch.zeros_like(x)))
 
 

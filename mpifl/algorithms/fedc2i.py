@@ -64,7 +64,7 @@ from ..train import Clients
 from .base import Context, Round, identity_rows, own_rows_metrics
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from ..config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "FedC2I: client- and class-level influence by leave-one-out models passed around the ring"
@@ -82,7 +82,7 @@ class Params:
     ablation: Literal["none", "client_only", "class_only_local", "class_only_global"] = "none"
 
     def validate(self, cfg: Config) -> None:
-        check(self.alpha >= 0 and math.isfinite(self.alpha), "fedc2i.alpha", self.alpha, "must be a finite number >= 0")
+        check(self.alpha >= 0 and math.isfinite(self.alpha), "alpha", self.alpha, "must be a finite number >= 0")
 
 
 def check_config(cfg: Config) -> None:
@@ -189,7 +189,7 @@ def influence_batch(ctx: Context, t: int) -> tuple[torch.Tensor, torch.Tensor, t
 def aggregate(ctx: Context, state: State, t: int) -> Aggregation:
     """Steps 1-3 of a round: measure a_i and M_i, build each client's new model."""
     c, head, comm = ctx.clients, state.head, ctx.comm
-    cfg = ctx.cfg.fedc2i
+    cfg = ctx.params
     alpha, ablation = cfg.alpha, cfg.ablation
     N, m, C = ctx.N, c.n, head.n_classes
     dev = c.device

@@ -59,7 +59,7 @@ from ..train import Objective, loss_acc_from_probs
 from .base import Context, Round, sampled_weights
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from ..config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (
@@ -78,7 +78,7 @@ class Params:
     components: int = 4  # M shared component models (FedeRiCo ran FedEM with 4)
 
     def validate(self, cfg: Config) -> None:
-        check(1 <= self.components <= 64, "fedem.components", self.components, "must be in [1, 64]")
+        check(1 <= self.components <= 64, "components", self.components, "must be in [1, 64]")
 
 
 @dataclass
@@ -93,7 +93,7 @@ def component_seed(seed: int, m: int) -> int:
 
 
 def init(ctx: Context) -> State:
-    c, d, M = ctx.clients, ctx.data, ctx.cfg.fedem.components
+    c, d, M = ctx.clients, ctx.data, ctx.params.components
     rows = [c.init.clone()]
     for m in range(1, M):
         model = models.build(ctx.cfg.model, d.in_shape, d.n_classes, component_seed(ctx.cfg.run.seed, m))

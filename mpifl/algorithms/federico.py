@@ -83,7 +83,7 @@ from ..train.evaluation import clients_per_chunk
 from .base import Context, Round
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from ..config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "FedeRiCo: decentralized EM, k neighbours pulled point to point, weighted gradients pushed back"
@@ -114,19 +114,19 @@ class Params:
     init: Literal["per_client", "shared"] = "per_client"
 
     def validate(self, cfg: Config) -> None:
-        check(self.k >= 1, "federico.k", self.k, "must be >= 1")
-        check(0 <= self.eps <= 1, "federico.eps", self.eps, "must be in [0, 1]")
-        check(0 < self.beta <= 1, "federico.beta", self.beta, "must be in (0, 1]")
-        check(self.temperature > 0 and math.isfinite(self.temperature), "federico.temperature", self.temperature,
+        check(self.k >= 1, "k", self.k, "must be >= 1")
+        check(0 <= self.eps <= 1, "eps", self.eps, "must be in [0, 1]")
+        check(0 < self.beta <= 1, "beta", self.beta, "must be in (0, 1]")
+        check(self.temperature > 0 and math.isfinite(self.temperature), "temperature", self.temperature,
               "must be a finite number > 0")
         check(self.estep_batches == "all" or (self.estep_batches.isdigit() and int(self.estep_batches) >= 1),
-              "federico.estep_batches", self.estep_batches, "must be a positive integer or all")
+              "estep_batches", self.estep_batches, "must be a positive integer or all")
 
 
 def check_config(cfg: Config) -> None:
     f, n = cfg.federico, cfg.data.n_clients
-    check(f.k <= n - 1, "federico.k", f.k, f"must be <= data.n_clients - 1 ({n - 1}): a client never samples itself")
-    check(f.init == "shared" or not cfg.model.weights, "federico.init", f.init,
+    check(f.k <= n - 1, "k", f.k, f"must be <= data.n_clients - 1 ({n - 1}): a client never samples itself")
+    check(f.init == "shared" or not cfg.model.weights, "init", f.init,
           "model.weights gives every client the same weights: use federico.init=shared")
 
 
@@ -196,28 +196,28 @@ def init_rows(ctx: Context) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def init(ctx: Context) -> State:
-    n, N, k = ctx.comm.n_local, ctx.N, ctx.cfg.federico.k
-    if ctx.cfg.federico.init == "per_client" and n:
+    n, N, k = ctx.comm.n_local, ctx.N, ctx.params.k
+    if ctx.params.init == "per_client" and n:
         # (a resumed run overwrites these rows from its checkpoint)
         ctx.clients.params[:], ctx.clients.buffers[:] = init_rows(ctx)
     tracked = np.zeros((n, N))
-    return State(tracked_loss=tracked, weights=client_weights(tracked, ctx.cfg.federico.temperature),
+    return State(tracked_loss=tracked, weights=client_weights(tracked, ctx.params.temperature),
                  neighbours=np.zeros((n, k), np.int64))
 
 
 def _scales(ctx: Context) -> np.ndarray:
-    if ctx.cfg.federico.loss_scale == "sum":
+    if ctx.params.loss_scale == "sum":
         return ctx.clients.sizes[:, 0].astype(np.float64)
     return np.ones(ctx.comm.n_local)
 
 
 def _estep_batches(ctx: Context) -> int | None:
-    e = ctx.cfg.federico.estep_batches
+    e = ctx.params.estep_batches
     return None if e == "all" else int(e)
 
 
 def round(ctx: Context, state: State, t: int) -> Round:
-    f, c, comm = ctx.cfg.federico, ctx.clients, ctx.comm
+    f, c, comm = ctx.params, ctx.clients, ctx.comm
     n, ids = comm.n_local, comm.local_ids
     # 1. neighbours, from each client's own stream and its own weights
     # (every rank hosts at least one client: config validation sees to it)
@@ -281,7 +281,7 @@ def _batch_losses(ctx: Context, models: torch.Tensor, x, y, w, rows_of) -> tuple
 
 def evaluate(ctx: Context, state: State, t: int) -> dict[str, np.ndarray]:
     """Step 5 on each client's val and test split."""
-    c, comm, k = ctx.clients, ctx.comm, ctx.cfg.federico.k
+    c, comm, k = ctx.clients, ctx.comm, ctx.params.k
     n, ids = comm.n_local, comm.local_ids
     out = {}
     members = np.concatenate([state.neighbours, ids[:, None]], axis=1)

@@ -58,7 +58,7 @@ from .base import Context, Round, own_rows_metrics
 from .federico import sample_neighbours
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from ..config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (
@@ -81,15 +81,15 @@ class Params:
     val_frac: float = 0.2  # share of each client's training samples held out for the weights (PFLlib: 0.2)
 
     def validate(self, cfg: Config) -> None:
-        check(self.m >= 1, "fedfomo.m", self.m, "must be >= 1")
-        check(0 <= self.eps <= 1, "fedfomo.eps", self.eps, "must be in [0, 1]")
-        check(0 <= self.eps_decay <= 1, "fedfomo.eps_decay", self.eps_decay, "must be in [0, 1]")
-        check(0 < self.val_frac < 1, "fedfomo.val_frac", self.val_frac, "must be in (0, 1)")
+        check(self.m >= 1, "m", self.m, "must be >= 1")
+        check(0 <= self.eps <= 1, "eps", self.eps, "must be in [0, 1]")
+        check(0 <= self.eps_decay <= 1, "eps_decay", self.eps_decay, "must be in [0, 1]")
+        check(0 < self.val_frac < 1, "val_frac", self.val_frac, "must be in (0, 1)")
 
 
 def check_config(cfg: Config) -> None:
     m, n = cfg.fedfomo.m, cfg.data.n_clients
-    check(m <= n - 1, "fedfomo.m", m, f"must be <= data.n_clients - 1 ({n - 1}): a client never draws itself")
+    check(m <= n - 1, "m", m, f"must be <= data.n_clients - 1 ({n - 1}): a client never draws itself")
 
 
 @dataclass
@@ -107,7 +107,7 @@ def split(ctx: Context, r: int) -> tuple[np.ndarray, np.ndarray]:
     c = ctx.clients
     lo, hi = c.split_range(r, "train")
     n = hi - lo
-    k = min(n - 1, max(1, int(math.floor(ctx.cfg.fedfomo.val_frac * n)))) if n >= 2 else 0
+    k = min(n - 1, max(1, int(math.floor(ctx.params.val_frac * n)))) if n >= 2 else 0
     perm = ctx.rng(-1, int(c.ids[r]), VAL_PURPOSE).permutation(n)
     return lo + np.sort(perm[k:]), lo + np.sort(perm[:k])
 
@@ -138,7 +138,7 @@ def normalised(w: np.ndarray) -> np.ndarray:
 
 
 def round(ctx: Context, state: State, t: int) -> Round:
-    f, c, comm = ctx.cfg.fedfomo, ctx.clients, ctx.comm
+    f, c, comm = ctx.params, ctx.clients, ctx.comm
     n, ids, N = comm.n_local, comm.local_ids, ctx.N
     sampled = ctx.sample(t, ctx.cfg.algorithm.fraction)
     mine = ctx.local_of(sampled)

@@ -66,7 +66,7 @@ from ..train import Clients, loss_acc_from_probs, read_rows, write_back
 from .base import Context, Round, identity_rows
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from ..config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (
@@ -83,7 +83,7 @@ class Params:
     lam: float = 1.0  # weight of the prototype distance term (the authors' default)
 
     def validate(self, cfg: Config) -> None:
-        check(0 <= self.lam < float("inf"), "fedproto.lam", self.lam, "must be a finite number >= 0")
+        check(0 <= self.lam < float("inf"), "lam", self.lam, "must be a finite number >= 0")
 
 
 @dataclass
@@ -167,7 +167,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
     sampled = ctx.sample(t, ctx.cfg.algorithm.fraction)
     mine = ctx.local_of(sampled)
     loss = np.full(ctx.comm.n_local, np.nan)
-    step = make_step(head, state.protos, state.counts, ctx.cfg.fedproto.lam)
+    step = make_step(head, state.protos, state.counts, ctx.params.lam)
     loss[mine] = c.train(mine, ctx.cfg.train.local_epochs, t, step=step)
 
     sums, counts = local_prototypes(ctx, head, mine)

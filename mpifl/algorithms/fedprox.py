@@ -44,7 +44,7 @@ from . import fedavg
 from .base import Context, Round
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from ..config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "FedProx: FedAvg whose local loss adds (mu/2)||w - w_global||^2 (`fedprox.mu`)"
@@ -56,7 +56,7 @@ class Params:
     mu: float = 0.1  # proximal weight mu of (mu/2)||w - w_global||^2 (DPFL F.6: 0.1)
 
     def validate(self, cfg: Config) -> None:
-        check(self.mu >= 0 and math.isfinite(self.mu), "fedprox.mu", self.mu, "must be a finite number >= 0")
+        check(self.mu >= 0 and math.isfinite(self.mu), "mu", self.mu, "must be a finite number >= 0")
 
 
 State = fedavg.State
@@ -64,16 +64,17 @@ init = fedavg.init
 evaluate = fedavg.evaluate
 
 
-def step(ctx: Context, model: torch.Tensor, t: int) -> tuple[torch.Tensor, Round]:
-    """One FedProx round from the global ``model`` [P]: the new model and the round."""
-    objective = Objective(prox_center=model, prox_mu=ctx.cfg.fedprox.mu)
+def step(ctx: Context, model: torch.Tensor, t: int, mu: float) -> tuple[torch.Tensor, Round]:
+    """One FedProx round from the global ``model`` [P] with proximal weight ``mu``
+    (an argument: FedProx+FT trains with FedProx's): the new model and the round."""
+    objective = Objective(prox_center=model, prox_mu=mu)
     new, out = fedavg.step(ctx, model, t, ctx.cfg.algorithm.fraction, objective)
     out.extras["drift"] = drift(ctx, model, out.train_loss)
     return new, out
 
 
 def round(ctx: Context, state: State, t: int) -> Round:
-    state.model, out = step(ctx, state.model, t)
+    state.model, out = step(ctx, state.model, t, ctx.params.mu)
     return out
 
 

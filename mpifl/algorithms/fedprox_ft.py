@@ -9,13 +9,13 @@ Training is FedProx's round (proximal weight ``fedprox.mu``). After every round
 the new global model w^{t+1} is evaluated on every client's validation split;
 the model with the highest mean over clients so far (earliest on ties) is kept.
 Before evaluation each client i fine-tunes that model on its own loss F_i alone
-(no proximal term) for ``algorithm.ft_epochs`` local epochs from a fresh
+(no proximal term) for ``fedprox_ft.ft_epochs`` local epochs from a fresh
 optimizer, and is evaluated on the result. Fine-tuning and tracking are
 ``fedavg_ft``'s (one code path); neither changes the training state.
 
     mpiexec -n 2 python -m mpi4py -m mpifl.main jobs/quickstart.yaml algorithm.name=fedprox_ft fedprox.mu=0.1
 
-Choices: ``algorithm.ft_epochs`` 0 (the default) means 2 * ``train.local_epochs`` (DPFL's 2*tau);
+Choices: ``fedprox_ft.ft_epochs`` 0 (the default) means 2 * ``train.local_epochs`` (DPFL's 2*tau);
 ``start=last`` fine-tunes the current global model instead of the best one.
 The fine-tuning runs at every evaluation (``run.eval_every``) from the best model
 so far, so the last round's figures are DPFL's.
@@ -31,11 +31,12 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
+from ..errors import check
 from . import fedavg_ft, fedprox
 from .base import Context, Round
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from ..config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "FedProx+FT (DPFL): FedProx's best-validation global model fine-tuned 2E epochs before evaluation"
@@ -47,9 +48,12 @@ class Params:
     # global model fine-tuned: best_val = the one of best mean validation accuracy over
     # clients so far (DPFL), last = the current one
     start: Literal["best_val", "last"] = "best_val"
+    # local fine-tuning epochs before evaluation; 0 = 2 * train.local_epochs, DPFL's 2*tau (appendix F.6)
+    ft_epochs: int = 0
 
     def validate(self, cfg: Config) -> None:
-        fedavg_ft.check_start("fedprox_ft", self.start, cfg)
+        check(self.ft_epochs >= 0, "ft_epochs", self.ft_epochs, "must be >= 0 (0 = 2 * train.local_epochs)")
+        fedavg_ft.check_start(self, cfg)
 
 
 State = fedavg_ft.State
@@ -57,13 +61,13 @@ init = fedavg_ft.init
 
 
 def round(ctx: Context, state: State, t: int) -> Round:
-    state.model, out = fedprox.step(ctx, state.model, t)
-    if ctx.cfg.fedprox_ft.start == "best_val":
+    state.model, out = fedprox.step(ctx, state.model, t, ctx.cfg.fedprox.mu)  # it trains as FedProx does
+    if ctx.params.start == "best_val":
         fedavg_ft.track_best(ctx, state, out, t)
     return out
 
 
 def evaluate(ctx: Context, state: State, t: int) -> dict[str, np.ndarray]:
-    p = ctx.cfg.fedprox_ft
+    p = ctx.params
     start = state.best if p.start == "best_val" else state.model
-    return fedavg_ft.finetuned_metrics(ctx, start, fedavg_ft.ft_epochs(ctx.cfg), t)
+    return fedavg_ft.finetuned_metrics(ctx, start, fedavg_ft.ft_epochs(ctx), t)

@@ -62,7 +62,7 @@ class Params:
     head_epochs: int = 10  # epochs of head training (body frozen) before the body's, per round (paper: 10)
 
     def validate(self, cfg) -> None:
-        check(self.head_epochs >= 0, "fedrep.head_epochs", self.head_epochs, "must be >= 0")
+        check(self.head_epochs >= 0, "head_epochs", self.head_epochs, "must be >= 0")
 
 
 @dataclass
@@ -91,7 +91,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
     body_names = [n for n in c.layout.names if n not in state.head.names]
     head_loss = np.full(comm.n_local, np.nan)
     with c.using(c.params):  # the head's own optimizer, fresh: same rows
-        head_loss[mine] = c.train(mine, ctx.cfg.fedrep.head_epochs, t, purpose="head",
+        head_loss[mine] = c.train(mine, ctx.params.head_epochs, t, purpose="head",
                                   objective=Objective(frozen=body_names))
     loss = np.full(comm.n_local, np.nan)
     loss[mine] = c.train(mine, ctx.cfg.train.local_epochs, t, objective=Objective(frozen=state.head.names))

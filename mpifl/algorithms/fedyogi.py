@@ -35,7 +35,7 @@ from . import fedadam, fedavg
 from .base import Context
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from ..config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "FedYogi: FedAdam with Yogi's second moment (`fedyogi.lr`, `beta1`, `beta2`, `tau`)"
@@ -54,10 +54,10 @@ class Params:
 
     def validate(self, cfg: Config) -> None:
         # the same ranges as FedAdam's: Yogi changes how v moves, not what it needs
-        check(0 <= self.beta1 < 1, "fedyogi.beta1", self.beta1, "must be in [0, 1)")
-        check(0 <= self.beta2 < 1, "fedyogi.beta2", self.beta2, "must be in [0, 1)")
-        check(self.lr > 0 and math.isfinite(self.lr), "fedyogi.lr", self.lr, "must be a finite number > 0")
-        check(self.tau > 0 and math.isfinite(self.tau), "fedyogi.tau", self.tau, "must be a finite number > 0")
+        check(0 <= self.beta1 < 1, "beta1", self.beta1, "must be in [0, 1)")
+        check(0 <= self.beta2 < 1, "beta2", self.beta2, "must be in [0, 1)")
+        check(self.lr > 0 and math.isfinite(self.lr), "lr", self.lr, "must be a finite number > 0")
+        check(self.tau > 0 and math.isfinite(self.tau), "tau", self.tau, "must be a finite number > 0")
 
 
 State = fedadam.State
@@ -65,7 +65,7 @@ State = fedadam.State
 
 def init(ctx: Context) -> State:
     x = ctx.clients.init.clone()
-    return State(model=x, server=fedadam.ServerAdaptive.fresh("yogi", ctx.cfg.fedyogi, x))
+    return State(model=x, server=fedadam.ServerAdaptive.fresh("yogi", ctx.params, x))
 
 
 round = fedadam.round

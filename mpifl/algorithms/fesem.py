@@ -57,7 +57,7 @@ from .base import Context, Round, group_weights, own_rows_metrics, round_half_up
 from .fedavg import local_update
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from ..config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "FeSEM: K centres in parameter space, clients assigned to the nearest by L2, centres = p-average of members"
@@ -73,7 +73,7 @@ class Params:
     k: int = 0  # centres; 0 = the partition's true number of clusters
 
     def validate(self, cfg: Config) -> None:
-        check(self.k >= 0, "fesem.k", self.k, "must be >= 1, or 0 for the partition's number of clusters")
+        check(self.k >= 0, "k", self.k, "must be >= 1, or 0 for the partition's number of clusters")
 
 
 NO_CLUSTERS = ("iid", "patho", "dirichlet")
@@ -81,10 +81,10 @@ NO_CLUSTERS = ("iid", "patho", "dirichlet")
 
 def check_config(cfg: Config) -> None:
     k, part = cfg.fesem.k, cfg.data.partition
-    check(k > 0 or part not in NO_CLUSTERS, "fesem.k", k,
+    check(k > 0 or part not in NO_CLUSTERS, "k", k,
           f"data.partition={part!r} records no true clusters: set fesem.k >= 1")
     m = max(1, int(round_half_up(cfg.algorithm.fraction * cfg.data.n_clients)))
-    check(k <= m, "fesem.k", k, f"must be <= the clients sampled per round ({m}): round 0 seeds the centres with them")
+    check(k <= m, "k", k, f"must be <= the clients sampled per round ({m}): round 0 seeds the centres with them")
 
 
 @dataclass
@@ -95,7 +95,7 @@ class State:
 
 
 def n_centres(ctx: Context) -> int:
-    k = ctx.cfg.fesem.k or int(ctx.data.cluster.max()) + 1
+    k = ctx.params.k or int(ctx.data.cluster.max()) + 1
     m = len(ctx.sample(0, ctx.cfg.algorithm.fraction))
     if k > m:
         raise ConfigError(f"fesem.k={k} is not allowed here; must be <= the clients sampled per round ({m})")

@@ -52,7 +52,7 @@ from . import fedavg
 from .base import Context, Round
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from ..config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (
@@ -71,9 +71,9 @@ class Params:
     temperature: float = 1.0  # kernel exp(-d^2 / temperature) over the neighbours
 
     def validate(self, cfg: Config) -> None:
-        check(1 <= self.k <= 10_000, "knn_per.k", self.k, "must be in [1, 10000]")
-        check(0 <= self.lam <= 1, "knn_per.lam", self.lam, "must be in [0, 1]")
-        check(self.temperature > 0 and math.isfinite(self.temperature), "knn_per.temperature", self.temperature,
+        check(1 <= self.k <= 10_000, "k", self.k, "must be in [1, 10000]")
+        check(0 <= self.lam <= 1, "lam", self.lam, "must be in [0, 1]")
+        check(self.temperature > 0 and math.isfinite(self.temperature), "temperature", self.temperature,
               "must be a finite number > 0")
 
 
@@ -123,7 +123,7 @@ def one_hot_sums(lab: torch.Tensor, kern: torch.Tensor, n_classes: int) -> torch
 
 def interpolated_metrics(ctx: Context, model: torch.Tensor, head: Head) -> dict[str, np.ndarray]:
     """val/test loss and accuracy of lam p_kNN + (1 - lam) p_model per local client."""
-    c, kp = ctx.clients, ctx.cfg.knn_per
+    c, kp = ctx.clients, ctx.params
     local = np.arange(c.n)
     out: dict[str, np.ndarray] = {}
     train = c.split_index(local, "train")

@@ -39,7 +39,7 @@ SUMMARY = "every client trains alone"
 MIXING_ROW = "identity"
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from ..config.sections import ConfigBase as Config
 
 
 @dataclass
@@ -62,7 +62,7 @@ def init(ctx: Context) -> State:
 
 
 def round(ctx: Context, state: State, t: int) -> Round:
-    if not ctx.cfg.local.sampled_only:
+    if not ctx.params.sampled_only:
         loss = ctx.clients.train(np.arange(ctx.comm.n_local), ctx.cfg.train.local_epochs, t)
         return Round(train_loss=loss, mixing=identity_rows(ctx))
     mine = ctx.local_of(ctx.sample(t, ctx.cfg.algorithm.fraction))

@@ -21,7 +21,7 @@ from .base import Context, Round, group_weights, own_rows_metrics
 from .fedavg import local_update
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from ..config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "FedAvg inside each true cluster"

@@ -58,7 +58,7 @@ from . import fedavg
 from .base import Context, Round, evaluates, own_rows_metrics, sampled_weights
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from ..config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (
@@ -78,9 +78,9 @@ class Params:
     delta: float = 0.001  # hf: finite-difference step of the Hessian-vector product
 
     def validate(self, cfg: Config) -> None:
-        check(0 < self.alpha < math.inf, "perfedavg.alpha", self.alpha, "must be a finite number > 0")
-        check(0 <= self.beta < math.inf, "perfedavg.beta", self.beta, "must be a finite number >= 0 (0 = train.lr)")
-        check(0 < self.delta < math.inf, "perfedavg.delta", self.delta, "must be a finite number > 0")
+        check(0 < self.alpha < math.inf, "alpha", self.alpha, "must be a finite number > 0")
+        check(0 <= self.beta < math.inf, "beta", self.beta, "must be a finite number >= 0 (0 = train.lr)")
+        check(0 < self.delta < math.inf, "delta", self.delta, "must be a finite number > 0")
 
 
 @dataclass
@@ -93,11 +93,11 @@ def init(ctx: Context) -> State:
 
 
 def batches_per_step(ctx: Context) -> int:
-    return 3 if ctx.cfg.perfedavg.variant == "hf" else 2
+    return 3 if ctx.params.variant == "hf" else 2
 
 
 def outer_lr(ctx: Context) -> float:
-    return ctx.cfg.perfedavg.beta or ctx.cfg.train.lr
+    return ctx.params.beta or ctx.cfg.train.lr
 
 
 def round(ctx: Context, state: State, t: int) -> Round:
@@ -118,7 +118,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
 
 
 def _step(ctx: Context):
-    p_cfg = ctx.cfg.perfedavg
+    p_cfg = ctx.params
     B, alpha, beta, delta, hf = ctx.cfg.train.batch_size, p_cfg.alpha, outer_lr(ctx), p_cfg.delta, p_cfg.variant == "hf"
 
     def step(cl: Clients, sel, rows: np.ndarray, x: torch.Tensor, y: torch.Tensor, wt: torch.Tensor) -> torch.Tensor:
@@ -151,7 +151,7 @@ def adapted(ctx: Context, model: torch.Tensor, t: int) -> torch.Tensor:
     plan = c.plan(local, 1, t, purpose="adapt", max_batches=1)
     x, y, w = c.batch(plan.idx[:, 0])
     g, _ = c.grads(rows, x, y, w, local)
-    return rows.sub_(g, alpha=ctx.cfg.perfedavg.alpha)
+    return rows.sub_(g, alpha=ctx.params.alpha)
 
 
 def evaluate(ctx: Context, state: State, t: int) -> dict[str, np.ndarray]:

@@ -59,7 +59,7 @@ from ..train import read_rows, write_back
 from .base import Context, Round, own_rows_metrics
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from ..config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (
@@ -77,9 +77,9 @@ class Params:
     lam: float = 0.01  # weight of the similarity regulariser in local training (authors' code: 0.01)
 
     def validate(self, cfg: Config) -> None:
-        check(self.alpha > 0 and math.isfinite(self.alpha), "pfedgraph.alpha", self.alpha,
+        check(self.alpha > 0 and math.isfinite(self.alpha), "alpha", self.alpha,
               "must be a finite number > 0")
-        check(self.lam >= 0 and math.isfinite(self.lam), "pfedgraph.lam", self.lam, "must be a finite number >= 0")
+        check(self.lam >= 0 and math.isfinite(self.lam), "lam", self.lam, "must be a finite number >= 0")
 
 
 @dataclass
@@ -143,7 +143,7 @@ def regulariser_step(target: torch.Tensor, lam: float, on: np.ndarray):
 
 
 def round(ctx: Context, state: State, t: int) -> Round:
-    f, c, comm = ctx.cfg.pfedgraph, ctx.clients, ctx.comm
+    f, c, comm = ctx.params, ctx.clients, ctx.comm
     ids, P = comm.local_ids, c.P
     sampled = ctx.sample(t, ctx.cfg.algorithm.fraction)
     mine = ctx.local_of(sampled)

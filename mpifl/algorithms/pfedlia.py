@@ -69,7 +69,7 @@ from .base import Context, Round, own_rows_metrics
 from .oracle import cluster_fedavg
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from ..config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (
@@ -104,18 +104,18 @@ class Params:
 
     def validate(self, cfg: Config) -> None:
         n = cfg.data.n_clients
-        check(self.warmup_rounds >= 0, "pfedlia.warmup_rounds", self.warmup_rounds, "must be >= 0")
-        check(0 < self.fraction <= 1, "pfedlia.fraction", self.fraction, "must be in (0, 1]")
-        check(self.lia_epochs >= 1, "pfedlia.lia_epochs", self.lia_epochs, "must be >= 1")
-        check(self.lia_batch >= 1, "pfedlia.lia_batch", self.lia_batch, "must be >= 1")
-        check(0 < self.xi < 1, "pfedlia.xi", self.xi, "must be in (0, 1)")
-        check(2 <= self.min_samples <= max(2, n), "pfedlia.min_samples", self.min_samples,
+        check(self.warmup_rounds >= 0, "warmup_rounds", self.warmup_rounds, "must be >= 0")
+        check(0 < self.fraction <= 1, "fraction", self.fraction, "must be in (0, 1]")
+        check(self.lia_epochs >= 1, "lia_epochs", self.lia_epochs, "must be >= 1")
+        check(self.lia_batch >= 1, "lia_batch", self.lia_batch, "must be >= 1")
+        check(0 < self.xi < 1, "xi", self.xi, "must be in (0, 1)")
+        check(2 <= self.min_samples <= max(2, n), "min_samples", self.min_samples,
               f"must be in [2, data.n_clients] (n_clients is {n})")
 
 
 def check_config(cfg: Config) -> None:
     w, R = cfg.pfedlia.warmup_rounds, cfg.run.rounds
-    check(w < R, "pfedlia.warmup_rounds", w, f"must be < run.rounds ({R}) so that the clustering round happens")
+    check(w < R, "warmup_rounds", w, f"must be < run.rounds ({R}) so that the clustering round happens")
 
 
 @dataclass
@@ -135,7 +135,7 @@ def init(ctx: Context) -> State:
 
 
 def round(ctx: Context, state: State, t: int) -> Round:
-    cfg = ctx.cfg.pfedlia
+    cfg = ctx.params
     if t < cfg.warmup_rounds:
         state.model, out = fedavg.step(ctx, state.model, t, cfg.fraction)
         return out
@@ -167,7 +167,7 @@ def evaluate(ctx: Context, state: State, t: int) -> dict[str, np.ndarray]:
 def lia_models(ctx: Context, theta0: torch.Tensor, t: int) -> None:
     """Every local client trains ``lia_epochs`` epochs from ``theta0`` on one
     seeded batch of its training data; the results land in ``ctx.clients.params``."""
-    c, cfg = ctx.clients, ctx.cfg.pfedlia
+    c, cfg = ctx.clients, ctx.params
     subsets = []
     for k in range(c.n):
         lo, hi = c.split_range(k, "train")
@@ -234,7 +234,7 @@ def cluster(ctx: Context, state: State, t: int) -> tuple[dict, dict]:
     from sklearn.cluster import OPTICS, KMeans  # noqa: F401
     from sklearn.metrics import adjusted_rand_score
 
-    comm, c, cfg = ctx.comm, ctx.clients, ctx.cfg.pfedlia
+    comm, c, cfg = ctx.comm, ctx.clients, ctx.params
     sent0, recv0 = comm.bytes_sent.copy(), comm.bytes_recv.copy()
     t0 = time.perf_counter()
     theta0 = state.model
@@ -295,7 +295,7 @@ def _set_labels(collab: np.ndarray | None) -> np.ndarray | None:
 def p2p_step(ctx: Context, state: State, t: int) -> Round:
     """Sampled clients train their own model; every client then averages the
     models of its sampled collaborators (pulled point-to-point), weighted by p."""
-    c, comm, cfg = ctx.clients, ctx.comm, ctx.cfg.pfedlia
+    c, comm, cfg = ctx.clients, ctx.comm, ctx.params
     sampled = ctx.sample(t, cfg.fraction)
     mine = ctx.local_of(sampled)
     loss = np.full(comm.n_local, np.nan)

@@ -13,30 +13,32 @@ from __future__ import annotations
 
 from typing import Any
 
-from .load import all_keys, assign, build, coerce, did_you_mean, from_dict, key_type, load, override
+from ..errors import did_you_mean
+from .load import all_keys, assign, build, coerce, from_dict, key_type, load, override
 from .reference import KeyDoc, annotated_yaml, key_docs, reference
+from .schema import config_class
 from .sections import (
     CORE_SECTIONS,
     TAIL_SECTIONS,
     AlgorithmConfig,
+    ConfigBase,
     DataConfig,
     LogConfig,
     ModelConfig,
     RunConfig,
     TrainConfig,
-    config_class,
 )
 from .validate import CONTROL, validate
 
-__all__ = ["CONTROL", "CORE_SECTIONS", "TAIL_SECTIONS", "AlgorithmConfig", "Config", "DataConfig", "KeyDoc",
-           "LogConfig", "ModelConfig", "RunConfig", "TrainConfig", "all_keys", "annotated_yaml", "assign", "build",
-           "coerce", "config_class", "did_you_mean", "from_dict", "key_docs", "key_type", "load", "override",
+__all__ = ["CONTROL", "CORE_SECTIONS", "TAIL_SECTIONS", "AlgorithmConfig", "Config", "ConfigBase", "DataConfig",
+           "KeyDoc", "LogConfig", "ModelConfig", "RunConfig", "TrainConfig", "all_keys", "annotated_yaml", "assign",
+           "build", "coerce", "config_class", "did_you_mean", "from_dict", "key_docs", "key_type", "load", "override",
            "reference", "validate"]
 
 
 def __getattr__(name: str) -> Any:
-    # ``config.Config`` (and ``from mpifl.config import Config``) without importing
-    # every algorithm when only the sections are needed
+    # ``config.Config`` (and ``from mpifl.config import Config``) built on first use:
+    # its algorithm sections come from the registry
     if name == "Config":
         return config_class()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

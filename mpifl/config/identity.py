@@ -50,12 +50,22 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+# keys a later mpifl moved into the algorithm's own section: old key -> its key there
+MOVED = {"algorithm.ft_epochs": "ft_epochs"}
+
+
 def _flat_pair(old: dict, new: dict) -> tuple[dict[str, Any], dict[str, Any]]:
     """Both configs flattened; a key added by a later mpifl was, in effect, at its
-    default in the older run."""
-    from .sections import config_class
+    default in the older run, and a moved key (:data:`MOVED`) is read where it went
+    (dropped where the run's algorithm never read it)."""
+    from .schema import config_class
 
     old, new = flatten(old), flatten(new)
+    for key, field in MOVED.items():
+        if key in old and key not in new:
+            value, moved = old.pop(key), f"{old.get('algorithm.name')}.{field}"
+            if moved in new:
+                old.setdefault(moved, value)
     defaults = flatten(config_class()().to_dict())
     old.update({k: defaults[k] for k in set(new) - set(old) if k in defaults})
     return old, new

@@ -11,9 +11,9 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
-from ..errors import MAX_SHOWN, ConfigError, shorten
+from ..errors import MAX_SHOWN, ConfigError, did_you_mean, shorten
 from ..yamlio import parse_yaml, read_yaml
-from .sections import config_class
+from .schema import config_class
 from .validate import validate
 
 
@@ -148,14 +148,6 @@ def all_keys() -> list[str]:
             out += walk(hint, key) if dataclasses.is_dataclass(hint) else [key]
         return out
     return walk(config_class(), "")
-
-
-def did_you_mean(word: str, choices: Any) -> str:
-    """`` (did you mean 'train.lr'?)`` when one of ``choices`` is close to ``word``, else ""."""
-    import difflib
-
-    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _suggest(prefix: str, name: str, value: Any, names: list[str]) -> str:

@@ -15,8 +15,12 @@ from typing import Any, Literal
 
 import yaml
 
-from .sections import config_class
+from .. import algorithms
+from .schema import config_class
 from .validate import validate
+
+# keys whose choices validation checks (not their type): the registry's names
+CHOICES = {"algorithm.name": algorithms.NAMES}
 
 
 @dataclass
@@ -59,8 +63,8 @@ def key_docs() -> list[KeyDoc]:
     out = []
     for section in dataclasses.fields(config_class()):
         cls = section.type
-        if hasattr(cls, "validate"):
-            ranges.update(_ranges(cls.validate))
+        if hasattr(cls, "validate"):  # an algorithm's section: it names its keys bare
+            ranges.update({f"{section.name}.{k}": v for k, v in _ranges(cls.validate).items()})
         hints = typing.get_type_hints(cls)
         names = {f.name for f in dataclasses.fields(cls)}
         defaults = cls()
@@ -73,8 +77,8 @@ def key_docs() -> list[KeyDoc]:
             m = re.match(r"(\w+): [^=]+?(?:=\s*(.*?))?\s*(?:#\s*(.*))?$", s)
             if m and m.group(1) in names:
                 key, hint = f"{section.name}.{m.group(1)}", hints[m.group(1)]
-                allowed = [*(["one of " + ", ".join(map(str, typing.get_args(hint)))]
-                             if typing.get_origin(hint) is Literal else []),
+                choices = typing.get_args(hint) if typing.get_origin(hint) is Literal else CHOICES.get(key, ())
+                allowed = [*(["one of " + ", ".join(map(str, choices))] if choices else []),
                            *(["true or false"] if hint is bool else []), *ranges.get(key, [])]
                 out.append(KeyDoc(key, getattr(defaults, m.group(1)), _type_name(hint), "; ".join(allowed),
                                   " ".join([*pending, m.group(3) or ""]).strip()))

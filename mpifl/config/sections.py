@@ -1,19 +1,18 @@
 """The config's sections: one dataclass per concern, each key with its default
 and a comment saying what it means (``python -m mpifl.config`` prints them, the
-README's reference is generated from them). Algorithm sections are each
-algorithm module's ``Params`` (``mpifl.algorithms.sections``)."""
+README's reference is generated from them), and :class:`ConfigBase`, what every
+Config has. A leaf: it imports nothing of mpifl, so every module may name these
+types. Algorithm sections are each algorithm module's ``Params``, joined to
+these by :mod:`.schema` (which consults the registry, ``mpifl.algorithms``)."""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import yaml
-
-from ..algorithms import NAMES as ALGORITHM_NAMES
 
 
 @dataclass
@@ -107,11 +106,8 @@ class TrainConfig:
 
 @dataclass
 class AlgorithmConfig:
-    name: Literal[ALGORITHM_NAMES] = "fedavg"  # every module of mpifl/algorithms
+    name: str = "fedavg"  # every module of mpifl/algorithms
     fraction: float = 1.0  # participation fraction C per round (fedavg-like)
-    # fedavg_ft, fedprox_ft: local fine-tuning epochs before evaluation; 0 = 2 * train.local_epochs,
-    # DPFL's 2*tau (appendix F.6)
-    ft_epochs: int = 0
 
 
 @dataclass
@@ -133,8 +129,18 @@ CORE_SECTIONS = {"run": RunConfig, "data": DataConfig, "model": ModelConfig, "tr
 TAIL_SECTIONS = {"log": LogConfig}
 
 
-class _ConfigMethods:
-    """What every Config has besides its sections."""
+class ConfigBase:
+    """What every Config has besides its algorithm sections: the core sections
+    (typed here for whoever reads a Config) and the methods. The Config itself
+    (:func:`mpifl.config.schema.config_class`) adds one field per section."""
+
+    if TYPE_CHECKING:  # not at run time: typing.get_type_hints would list them before the Config's own fields
+        run: RunConfig
+        data: DataConfig
+        model: ModelConfig
+        train: TrainConfig
+        algorithm: AlgorithmConfig
+        log: LogConfig
 
     @property
     def run_dir(self) -> Path:
@@ -145,18 +151,3 @@ class _ConfigMethods:
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
-
-
-@functools.cache
-def config_class() -> type:
-    """The ``Config`` dataclass: one field per section, the algorithm sections read
-    from the registry. Built on first use, since that imports every algorithm."""
-    from .. import algorithms
-
-    secs = {**CORE_SECTIONS, **algorithms.sections(), **TAIL_SECTIONS}
-    cls = dataclasses.make_dataclass(
-        "Config", [(name, sec, field(default_factory=sec)) for name, sec in secs.items()],
-        bases=(_ConfigMethods,))
-    cls.__module__ = "mpifl.config"  # pickles as mpifl.config.Config (the package's __getattr__)
-    cls.__doc__ = "The whole run configuration: one dataclass per section."
-    return cls

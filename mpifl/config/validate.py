@@ -1,6 +1,6 @@
 """Ranges and combinations of a built Config (types and choices were checked
-while building). Each algorithm section validates itself (``Params.validate``)
-and the chosen algorithm may refuse a combination (``check_config``)."""
+while building). ``algorithm.name`` is checked against the registry
+(``mpifl.algorithms``), which validates the algorithm sections."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import re
 import sys
 from typing import Any
 
-from ..errors import ConfigError, check, shorten
+from .. import algorithms
+from ..errors import ConfigError, check, did_you_mean, shorten
 
 # C0 controls (newline, tab, escape...), DEL and C1 controls: a newline in a
 # value that reaches a shell script (run.name, run.out_dir) would be a new command
@@ -62,11 +63,13 @@ def _check_run_path(cfg: Any) -> None:
 
 def validate(cfg: Any, n_ranks: int = 1) -> None:
     """Ranges and combinations; types and choices were checked while building.
-    Each algorithm section validates itself (``Params.validate``), and the chosen
-    algorithm may refuse a combination (``check_config``)."""
-    from .. import algorithms
-
+    ``algorithm.name`` must be in the registry, which then validates the algorithm
+    sections (:func:`mpifl.algorithms.validate`)."""
     r, d, m, t, a = cfg.run, cfg.data, cfg.model, cfg.train, cfg.algorithm
+    # first, as when the name was a choice of its section: a bad name says so whatever else is wrong
+    if a.name not in algorithms.NAMES:
+        raise ConfigError(f"algorithm.name={a.name!r} is not allowed{did_you_mean(a.name, algorithms.NAMES)}; "
+                          f"choose one of: {', '.join(algorithms.NAMES)}")
     _check_text(cfg)
     check(bool(r.name) and "/" not in r.name and r.name not in (".", "..") and len(r.name.encode()) <= 255,
            "run.name", r.name, "must be a plain non-empty directory name of at most 255 bytes")
@@ -115,11 +118,7 @@ def validate(cfg: Any, n_ranks: int = 1) -> None:
     check(t.batch_size >= 1, "train.batch_size", t.batch_size, "must be >= 1")
     check(t.local_epochs >= 0, "train.local_epochs", t.local_epochs, "must be >= 0")
     check(0 < a.fraction <= 1, "algorithm.fraction", a.fraction, "must be in (0, 1]")
-    check(a.ft_epochs >= 0, "algorithm.ft_epochs", a.ft_epochs, "must be >= 0 (0 = 2 * train.local_epochs)")
     check(cfg.log.every >= 1, "log.every", cfg.log.every, "must be >= 1")
     check(cfg.log.dense_max >= 1, "log.dense_max", cfg.log.dense_max, "must be >= 1")
     check(0 <= cfg.log.flush_s < math.inf, "log.flush_s", cfg.log.flush_s, "must be a finite number >= 0")
-    for name in algorithms.sections():
-        getattr(cfg, name).validate(cfg)
-    if hasattr(algorithms.get(a.name), "check_config"):
-        algorithms.get(a.name).check_config(cfg)
+    algorithms.validate(cfg)

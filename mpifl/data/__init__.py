@@ -16,8 +16,8 @@ from ..rng import GLOBAL, rng
 from . import datasets
 from .partition import Partition, PoolInfo, partition
 
-if TYPE_CHECKING:  # a type hint only: the config package sits above this module
-    from ..config import DataConfig
+if TYPE_CHECKING:  # a type hint only: importing the schema (a leaf) would run the config package first
+    from ..config.sections import DataConfig
 
 SPLITS = ("train", "val", "test")
 

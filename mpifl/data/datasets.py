@@ -52,8 +52,8 @@ from ..errors import ConfigError
 from ..rng import GLOBAL, rng
 from . import cache
 
-if TYPE_CHECKING:  # a type hint only: the config package sits above this module
-    from ..config import DataConfig
+if TYPE_CHECKING:  # a type hint only: importing the schema (a leaf) would run the config package first
+    from ..config.sections import DataConfig
 
 BUILTIN = ("digits", "mnist1d", "synthetic")
 

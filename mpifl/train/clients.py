@@ -29,8 +29,8 @@ from .optimizer import RowOptimizer
 from .plan import SPLIT_INDEX, BatchPlan, gather, make_plan
 from .rows import rows_selector
 
-if TYPE_CHECKING:  # a type hint only: the config package sits above this package
-    from ..config import TrainConfig
+if TYPE_CHECKING:  # a type hint only: importing the schema (a leaf) would run the config package first
+    from ..config.sections import TrainConfig
 
 
 class NonFiniteError(RuntimeError):

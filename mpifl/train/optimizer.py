@@ -9,8 +9,8 @@ import torch
 
 from .rows import read_rows, write_back
 
-if TYPE_CHECKING:  # a type hint only: the config package sits above this package
-    from ..config import TrainConfig
+if TYPE_CHECKING:  # a type hint only: importing the schema (a leaf) would run the config package first
+    from ..config.sections import TrainConfig
 
 
 class RowOptimizer:

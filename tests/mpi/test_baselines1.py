@@ -100,7 +100,7 @@ def test_fedprox_with_mu_0_is_fedavg_bit_for_bit(mpi, threads):
 def test_finetuning_from_the_best_validation_model_matches_plain_torch(mpi, name):
     mu = 0.3 if name == "fedprox_ft" else 0.0
     cfg = make_cfg(mpi, **{"algorithm.name": name, "fedprox.mu": mu, "fedavg_ft.start": "best_val",
-                           "algorithm.ft_epochs": 4, "run.rounds": 3, "train.lr": 1.0})  # best: not the last
+                           "fedavg_ft.ft_epochs": 4, "run.rounds": 3, "train.lr": 1.0})  # best: not the last
     ctx, algo, state, _ = run(cfg, mpi, rounds=3)
     c = ctx.clients
     own, own_opt = c.params.clone(), {k: v.clone() for k, v in c.opt.state.items()}
