@@ -168,3 +168,17 @@ def test_a_reader_polling_a_live_writer_sees_only_whole_rounds(tmp_path):
     assert r.returncode == 0, err  # a crash is -11
     reads, seen = map(int, out.split())
     assert reads > 10 and seen >= 1
+
+
+def test_closing_a_closed_writer_leaves_the_log_as_it_was(tmp_path):
+    """The run's cleanup closes the writer its last round closed: the second close
+    must not reopen the log (a commit, and every dataset's CRC-32 read back)."""
+    path = tmp_path / "run.h5"
+    w = _writer(path)
+    _round(w, 0)
+    w.close()
+    before = path.stat()
+    w.close()
+    after = path.stat()
+    assert (after.st_mtime_ns, after.st_size) == (before.st_mtime_ns, before.st_size)
+    assert not journal_path(path).exists()

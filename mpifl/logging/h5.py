@@ -313,6 +313,7 @@ class Writer:
         self._rows: int | None = None  # rounds in the file, once known
         self._kept: int | None = None  # rows committed (what a refused write leaves), once known
         self._failed = False  # a write was refused: nothing more is written
+        self._closed = False
         self._appender = pending_rounds.Appender(self.path)
         if keep_rounds is not None and self.path.is_file():
             self._adopt()
@@ -385,7 +386,10 @@ class Writer:
 
     def close(self) -> None:
         """Write what is buffered and close the file. After a refused write
-        (``StorageError``), close without writing anything more."""
+        (``StorageError``), close without writing anything more. Closing again does
+        nothing (the run's cleanup closes a writer its last round already closed)."""
+        if self._closed:
+            return
         if self._failed:
             self._abandon()
             return
@@ -401,6 +405,7 @@ class Writer:
                 self._file = None
                 journal_path(self.path).unlink(missing_ok=True)
             self._appender.close(remove=True)  # run.h5 holds every round
+        self._closed = True
 
     def _seal(self) -> None:
         """Exact shapes, then every dataset's CRC-32 (:mod:`.sums`), in the last commit."""
