@@ -111,20 +111,21 @@ def test_the_holder_names_its_slurm_job(tmp_path, monkeypatch):
 # a short job: ~2-3 s of start-up (torch, MPI), then ~0.5 s of rounds
 JOB = ["jobs/quickstart.yaml", "data.n_clients=8", "run.rounds=20", "run.checkpoint_every=5", "run.threads=1",
        "log.flush_s=0"]
-REPEATS = 20
+REPEATS = 8
 MAX_DELAY = 1.0  # s between the two launches (not 5: see the test's doc)
 
 
 @pytest.mark.slow
 def test_two_launches_into_one_run_directory(tmp_path):
-    """Twenty times, two ``mpiexec -n 2`` launches of one job into one run
+    """Eight times, two ``mpiexec -n 2`` launches of one job into one run
     directory, the second 0-1 s after the first (seeded): exactly one runs and the
     other exits 2 in one line naming it, or, when the second locks after the first
     ended, the second finds the run finished and changes nothing; either way the
     log equals a solo run's bit for bit. Delays of 0-1 s rather than 0-5 s: a
     launch spends 2-3 s starting (torch, MPI) before it takes the lock and its
     rounds take ~0.5 s, so 0-1 s spans both outcomes (most often one refused) and
-    the twenty pairs take ~80 s on two idle cores (each pair is ~8 CPU-seconds)."""
+    the eight pairs take ~40 s on two idle cores (each pair is ~8 CPU-seconds; 20
+    pairs took 195 s of a loaded test run)."""
     solo = launch([*JOB, f"run.out_dir={tmp_path}", "run.name=solo"], n=2)
     assert solo.returncode == 0, solo.stderr
     ref = open_run(tmp_path / "solo")
