@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         for path in documents():
             text = path.read_text()
-            new = doccounts.fill(render(text) if path.name in FILES and path.parent == ROOT else text, tests=True)
+            new = doccounts.fill(render(text) if str(path.relative_to(ROOT)) in FILES else text, tests=True)
             if new != text:
                 path.write_text(new)
                 print(f"mpifl.docs: refreshed {path.relative_to(ROOT)}")
