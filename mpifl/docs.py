@@ -110,6 +110,11 @@ def render(text: str, root: Path = ROOT) -> str:
     return BLOCK.sub(fill, text)
 
 
+def rendered(path: Path) -> bool:
+    """Whether ``--write`` renders the generated blocks of ``path`` (one of FILES)."""
+    return path.is_relative_to(ROOT) and str(path.relative_to(ROOT)) in FILES
+
+
 def stale(root: Path = ROOT) -> list[str]:
     """``FILE:NAME`` of every block whose text differs from what it renders to."""
     out = []
@@ -133,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         for path in documents():
             text = path.read_text()
-            new = doccounts.fill(render(text) if str(path.relative_to(ROOT)) in FILES else text, tests=True)
+            new = doccounts.fill(render(text) if rendered(path) else text, tests=True)
             if new != text:
                 path.write_text(new)
                 print(f"mpifl.docs: refreshed {path.relative_to(ROOT)}")

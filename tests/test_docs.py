@@ -51,6 +51,9 @@ def test_generated_blocks_are_current():
     # a block left behind by its text is found, and --write would mend it
     old = text.replace("| `fedavg` |", "| `fedavg_old` |", 1)
     assert docs.render(old) == text != old
+    # --write refreshes every page whose blocks --check judges, the reproduction pages' records included
+    assert all(docs.rendered(REPO / f) for f in docs.FILES) and "docs/reproductions/fedc2i.md" in docs.FILES
+    assert not docs.rendered(REPO / "docs" / "analysis.md")
 
 
 def test_every_algorithm_has_a_row_and_every_job_file_a_result():
