@@ -87,8 +87,8 @@ except SystemExit as e:
 """
 
 
-@pytest.mark.xfail(strict=True, reason="the algorithm sections are each module's Params, read by importing the "
-                                       "module (and so torch); issue 47 item 1 asks for them without it")
+@pytest.mark.xfail(strict=True, reason="resolving a config imports each algorithm module (and so torch), "
+                                       "since an algorithm's section is its module's Params")
 def test_resolving_a_config_imports_neither_torch_nor_an_algorithm(tmp_path):
     mods = modules_after(RESOLVE, tmp_path)
     assert "mpifl.config.schema" in mods  # the check can fail
