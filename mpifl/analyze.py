@@ -74,12 +74,12 @@ from typing import Any
 
 import numpy as np
 
-from .config.identity import HOW, WHERE
-from .errors import FULL, UNWRITABLE
-from .figure import finish, pyplot
-from .logging.h5 import Corrupt, Run, open_run
-from .paths import atomic_write_text
-from .summary import ACC, JOB, PCT, WINDOW, Summary, find_logs, nanmean, run_row, summarize, unusable
+from mpifl.config.identity import HOW, WHERE
+from mpifl.errors import FULL, UNWRITABLE
+from mpifl.figure import finish, pyplot
+from mpifl.logging.h5 import Corrupt, Run, open_run
+from mpifl.paths import atomic_write_text
+from mpifl.summary import ACC, JOB, PCT, WINDOW, Summary, find_logs, nanmean, run_row, summarize, unusable
 
 # keys that say where or how a run ran, not what it computed (mpifl.config.identity),
 # the seed (the spread over seeds is the point of a group) and where its data was read
@@ -100,7 +100,7 @@ NOT_APPLICABLE = "–"
 def setting(r: Summary, key: str) -> str:
     """A run's value of ``key`` as a grouping label; ``–`` for a key of another
     algorithm's section, which that run never read."""
-    from .algorithms import NAMES
+    from mpifl.algorithms import NAMES
 
     section = key.split(".", 1)[0]
     algo = str(r.config.get("algorithm.name"))
@@ -424,7 +424,7 @@ def plot_heatmaps(run: Run, out_dir: Path, rounds: list[int] | None, warn=print,
 def table_provenance(runs: list[Summary], what: str, echo=print) -> str:
     """The provenance line of a table's runs; a warning echoed for each fact that
     differs between them (commit, CPU capability, device)."""
-    from .provenance import table_line
+    from mpifl.provenance import table_line
 
     line, warnings = table_line([r.provenance for r in runs])
     for w in warnings:
@@ -442,8 +442,8 @@ def analyze(paths: list[str | Path], out: Path, heatmaps: str = "first", rounds:
     layout tables (else behind ``table.md``) there (:mod:`mpifl.record`).
     ``check(runs, keys)`` runs before anything is
     written, so a request the runs cannot answer costs no figures."""
-    from .paper_table import cells, load_layout, render_cells
-    from .sweep_status import failed_points
+    from mpifl.paper_table import cells, load_layout, render_cells
+    from mpifl.sweep_status import failed_points
 
     chosen_layouts = [(Path(f), load_layout(f)) for f in layouts]  # a bad file fails before any reading
     runs, skipped = [], []
@@ -499,7 +499,7 @@ def analyze(paths: list[str | Path], out: Path, heatmaps: str = "first", rounds:
         echo(text)
         echo(table_provenance([r for c in got.values() for r in c.runs], layout.title, echo))
     if record is not None:
-        from . import record as rec
+        from mpifl import record as rec
 
         rows = [x for f, layout in chosen_layouts for x in rec.layout_rows(f, layout, runs)] if chosen_layouts \
             else rec.table_rows(groups, keys, ACC)
@@ -541,7 +541,7 @@ def _unwritable_out(e: OSError, out: Path, made: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .paper_table import LayoutError
+    from mpifl.paper_table import LayoutError
 
     ap = argparse.ArgumentParser(prog="python -m mpifl.analyze", description=__doc__.splitlines()[0])
     ap.add_argument("paths", nargs="+", help="run.h5 files, run directories or sweep directories")
@@ -587,7 +587,7 @@ def main(argv: list[str] | None = None) -> int:
     if out is None:
         one = Path(a.paths[0])
         out = one / "analysis" if len(a.paths) == 1 and one.is_dir() else Path("analysis")
-    from .curves import CurveError, Grouping, compute, report
+    from mpifl.curves import CurveError, Grouping, compute, report
 
     def check(runs: list[Summary], keys: list[str]) -> None:
         if a.x:
@@ -610,6 +610,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from .cli import quiet_pipe
+    from mpifl.cli import quiet_pipe
 
     sys.exit(quiet_pipe(main))

@@ -59,10 +59,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from .config.identity import config_diff
-from .errors import UNWRITABLE, ConfigError, StorageError, shorten, storage_error
-from .paths import RunDir, atomic_write_text, probe_write
-from .state import saved_fields
+from mpifl.config.identity import config_diff
+from mpifl.errors import UNWRITABLE, ConfigError, StorageError, shorten, storage_error
+from mpifl.paths import RunDir, atomic_write_text, probe_write
+from mpifl.state import saved_fields
 
 LATEST = "latest"
 META = "meta.pt"
@@ -128,7 +128,7 @@ def _save(obj: Any, path: Path, kept: str) -> tuple[int, str]:
 def _agreed(comm, fn, tmp: Path) -> Any:
     """``fn`` on every rank (collective), its result; a refused write on any rank
     removes the checkpoint being written (``tmp``) and raises on every rank."""
-    from .comm import agree
+    from mpifl.comm import agree
 
     try:
         return agree(comm, fn)

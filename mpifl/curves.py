@@ -58,9 +58,9 @@ from typing import Any
 
 import numpy as np
 
-from .figure import finish, pyplot
-from .stats import paired_interval, verdict
-from .summary import Summary
+from mpifl.figure import finish, pyplot
+from mpifl.stats import paired_interval, verdict
+from mpifl.summary import Summary
 
 LOG_SPAN = 10  # a log x axis once max/min reaches this
 NO_ROOM = "no room"
@@ -245,7 +245,7 @@ def compare(c: Curve, base: Curve, ceiling: Curve | None = None) -> Crossover:
 def _partner(c: Curve, keys: list[str], pool: list[Curve], name: str) -> Curve | None:
     """The curve of algorithm ``name`` that agrees with c on every key outside
     algorithm sections (and on --y)."""
-    from .algorithms import NAMES
+    from mpifl.algorithms import NAMES
 
     shared = [i for i, k in enumerate(keys) if i > 0 and k.split(".", 1)[0] not in NAMES]
     for b in pool:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-from .docsync import MARKER, documents
+from mpifl.docsync import MARKER, documents
 
 REPO = Path(__file__).resolve().parent.parent
 SWEEP_LINE = re.compile(r"sweep ([A-Za-z0-9_.+=-]+): (\d+) configs under")

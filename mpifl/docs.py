@@ -66,7 +66,7 @@ def job_files(root: Path = ROOT) -> dict[str, str]:
 def algorithm_table(root: Path = ROOT) -> str:
     """Every algorithm of ``mpifl.algorithms.NAMES``: what it does and row i of its
     mixing matrix (from its module), and the job file that shows it at its best."""
-    from . import algorithms
+    from mpifl import algorithms
 
     jobs = job_files(root)
     out = ["| name | what | mixing row of client i | job file |", "|---|---|---|---|"]
@@ -79,14 +79,14 @@ def algorithm_table(root: Path = ROOT) -> str:
 
 def config_reference(root: Path = ROOT) -> str:
     """Every config key (``python -m mpifl.config``)."""
-    from .config import reference
+    from mpifl.config import reference
 
     return reference()
 
 
 def record_table(root: Path, path: str) -> str:
     """The table(s) of a per-seed record, as ``mpifl.analyze --layout`` prints them."""
-    from .record import render
+    from mpifl.record import render
 
     return render(path, root).rstrip("\n")
 
@@ -132,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--write", action="store_true", help="refresh the blocks in place")
     ap.add_argument("--check", action="store_true", help="exit 1 if any block is stale (the default)")
     args = ap.parse_args(argv)
-    from . import doccounts
-    from .docsync import documents
+    from mpifl import doccounts
+    from mpifl.docsync import documents
 
     if args.write:
         for path in documents():

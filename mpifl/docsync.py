@@ -64,7 +64,7 @@ def _run(cmd: list[str], what: str) -> str:
 
 
 def _mpi(n: int, *args: str) -> list[str]:
-    from .sweep import _mpiexec
+    from mpifl.sweep import _mpiexec
 
     launcher = _mpiexec()
     if launcher is None:
@@ -93,7 +93,7 @@ def quickstart(work: Path) -> Output:
 
 def quickstart_baselines(work: Path) -> Output:
     """jobs/sweeps/quickstart-baselines.yaml with --local, then analyzed."""
-    from .analyze import analyze
+    from mpifl.analyze import analyze
 
     # the file sets run.device=cpu and run.threads=1 itself: the docs quote its plain command
     _run([sys.executable, "-m", "mpifl.sweep", "jobs/sweeps/quickstart-baselines.yaml", "--local",

@@ -36,12 +36,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import ConfigError
-from .yamlio import read_yaml
+from mpifl.errors import ConfigError
+from mpifl.yamlio import read_yaml
 
 if TYPE_CHECKING:
-    from .summary import Summary
-    from .sweep_status import Failed
+    from mpifl.summary import Summary
+    from mpifl.sweep_status import Failed
 
 METRICS = ("final_acc", "final_acc_w", "tail_acc", "tail_acc_w", "best_acc", "best_acc_w")
 

@@ -58,7 +58,7 @@ def _git(*args: str) -> str | None:
 def code() -> dict[str, Any]:
     """mpifl's commit and whether the checkout differs from it (tracked files);
     commit None where mpifl does not run from a git checkout."""
-    from . import __version__
+    from mpifl import __version__
 
     commit = _git("rev-parse", "HEAD") if (REPO / ".git").exists() else None
     dirty = None
@@ -119,7 +119,7 @@ def machine(device: str = "cpu") -> dict[str, Any]:
     """This process's facts besides the code and the nodes."""
     import torch
 
-    from .comm import versions
+    from mpifl.comm import versions
 
     return {"versions": versions(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "cpu": cpu_model(), "blas": blas(), "device": device, "gpu": gpu(device)}
@@ -132,8 +132,8 @@ def host() -> str:
 
 def sweep_point(run_dir: str | Path) -> dict[str, Any] | None:
     """The sweep and point ``run_dir`` is, from ``<sweep>/sweep.yaml`` (None: not a sweep's point)."""
-    from .errors import ConfigError
-    from .yamlio import read_yaml
+    from mpifl.errors import ConfigError
+    from mpifl.yamlio import read_yaml
 
     point = Path(run_dir).absolute()
     spec = point.parent.parent / "sweep.yaml"

@@ -14,20 +14,20 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import __version__, algorithms, checkpoint, models, provenance, runlock, sizes
-from .algorithms.base import Algorithm, Context, Round, evaluates
-from .comm import Comm, agree, node_local_rank, node_of_ranks, pick_device, set_threads, versions
-from .config import Config
-from .data import build as build_data
-from .errors import RERUN, UNWRITABLE, ConfigError, StorageError, shorten, storage_error
-from .logging.h5 import Writer, open_run
-from .mixing import Dense, Mixing, issparse
-from .paths import RunDir, atomic_write_text
-from .train import Clients
-from .yamlio import read_yaml
+from mpifl import __version__, algorithms, checkpoint, models, provenance, runlock, sizes
+from mpifl.algorithms.base import Algorithm, Context, Round, evaluates
+from mpifl.comm import Comm, agree, node_local_rank, node_of_ranks, pick_device, set_threads, versions
+from mpifl.config import Config
+from mpifl.data import build as build_data
+from mpifl.errors import RERUN, UNWRITABLE, ConfigError, StorageError, shorten, storage_error
+from mpifl.logging.h5 import Writer, open_run
+from mpifl.mixing import Dense, Mixing, issparse
+from mpifl.paths import RunDir, atomic_write_text
+from mpifl.train import Clients
+from mpifl.yamlio import read_yaml
 
 if TYPE_CHECKING:
-    from .logging.tensorboard import Events
+    from mpifl.logging.tensorboard import Events
 
 METRICS = ("val_loss", "val_acc", "test_loss", "test_acc")
 PREEMPTED = 75  # exit status after a signal-triggered checkpoint (EX_TEMPFAIL): requeue me
@@ -366,7 +366,7 @@ def _events(cfg: Config, writer: Writer | None) -> Events | None:
     """The TensorBoard events of a run that asks for them (``log.tensorboard``), on the log's writer."""
     if not cfg.log.tensorboard or writer is None:
         return None
-    from .logging.tensorboard import Events
+    from mpifl.logging.tensorboard import Events
 
     return Events(RunDir(cfg.run_dir).tb)
 

@@ -18,11 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from . import provenance
-from .config.identity import flatten
-from .errors import ConfigError
-from .logging.h5 import Corrupt, Run, open_run
-from .yamlio import read_yaml
+from mpifl import provenance
+from mpifl.config.identity import flatten
+from mpifl.errors import ConfigError
+from mpifl.logging.h5 import Corrupt, Run, open_run
+from mpifl.yamlio import read_yaml
 
 WINDOW = 10  # rounds averaged by tail_acc and joined for graph ARI
 JOB = "job"  # not a config key: the config file a sweep point was made from
@@ -75,7 +75,7 @@ def defaults() -> dict[str, Any]:
     """Every config key's default, flattened: a log written before a key existed
     ran as its default says, so it reads as that (``local.sampled_only`` is false
     in a Local run logged before the key was added)."""
-    from . import config
+    from mpifl import config
 
     return flatten(config.from_dict({}).to_dict())
 

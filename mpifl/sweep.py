@@ -65,15 +65,15 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from . import config as config_mod
-from .errors import ConfigError, shorten
-from .paths import RunDir, atomic_write_text
-from .sweep_select import select
-from .sweep_spec import Point, SlurmOptions, Sweep, check_script_values, no_control
-from .yamlio import read_yaml
+from mpifl import config as config_mod
+from mpifl.errors import ConfigError, shorten
+from mpifl.paths import RunDir, atomic_write_text
+from mpifl.sweep_select import select
+from mpifl.sweep_spec import Point, SlurmOptions, Sweep, check_script_values, no_control
+from mpifl.yamlio import read_yaml
 
 if TYPE_CHECKING:  # building Config imports every algorithm: only when points are loaded
-    from .config import Config
+    from mpifl.config import Config
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "slurm"
 RESERVED = ("run.name", "run.out_dir")  # the sweep owns where each point runs
@@ -300,7 +300,7 @@ def refuse_node_local(opts: SlurmOptions, workdir: Path, out_dir: Path) -> None:
     below a node-local folder: the compute nodes would not find them, and the job
     would fail there, far from the cause. ``slurm.allow_local_paths`` lets a
     one-node cluster do it."""
-    from .check import node_local
+    from mpifl.check import node_local
 
     if opts.allow_local_paths:
         return
@@ -317,7 +317,7 @@ def refuse_node_local(opts: SlurmOptions, workdir: Path, out_dir: Path) -> None:
 def preflight(configs: list[Config], opts: SlurmOptions, workdir: Path) -> list[str]:
     """``mpifl.check``'s local parts before ``--submit`` (no MPI launch): one line
     per problem, each said once however many points share it."""
-    from .check import launch_problems, local_problems
+    from mpifl.check import launch_problems, local_problems
 
     found = [p for cfg in configs for p in local_problems(cfg, opts.ntasks)]
     found += launch_problems(opts.python or sys.executable, opts.mpi, opts.ntasks, workdir)
@@ -349,7 +349,7 @@ def run_script(cfg: Config, opts: SlurmOptions, workdir: Path) -> str:
 def rounds_done(cfg: Config) -> int | None:
     """Rounds the run's log holds as done (``Run.rounds_done``); None without a
     readable log."""
-    from .logging.h5 import open_run
+    from mpifl.logging.h5 import open_run
 
     try:
         return open_run(cfg.run_dir).rounds_done
@@ -375,7 +375,7 @@ def stored_diff(path: Path, cfg: Config) -> str:
     """The experiment keys (:mod:`mpifl.config.identity`) in which the config file
     ``path`` differs from ``cfg``, as "k (a -> b), ..."; "" when it is the same
     experiment (its run.rounds, run.threads... may differ: the run continues)."""
-    from .config.identity import config_diff
+    from mpifl.config.identity import config_diff
 
     try:
         old = read_yaml(path, f"config file {str(path)!r}")
@@ -434,7 +434,7 @@ def local_preflight(points: list[Point], ranks: int) -> list[str]:
     """``mpifl.check``'s local parts (placement, data root, run.out_dir) for every
     point ``--local`` will run, before it starts any: one line per problem, naming
     the first point that has it and how many more do."""
-    from .check import local_problems
+    from mpifl.check import local_problems
 
     found: dict[str, list[str]] = {}
     for p in points:
@@ -465,7 +465,7 @@ def run_local(sweep: Sweep, ranks: int, workdir: Path, parallel: int = 1, warm: 
     raises :class:`Interrupted` once they have)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from .sweep_driver import Driver
+    from mpifl.sweep_driver import Driver
 
     sweep.log_dir.mkdir(parents=True, exist_ok=True)
     with Driver(sweep) as d:
@@ -481,7 +481,7 @@ def run_local(sweep: Sweep, ranks: int, workdir: Path, parallel: int = 1, warm: 
         python = sweep.slurm.python or None
         pool = None
         if warm and ranks == 1 and todo:
-            from .worker import Pool
+            from mpifl.worker import Pool
 
             pool = Pool(min(parallel, len(todo)), python, workdir)
         halt: list[Point] = []  # the point whose user error stopped the launching
@@ -524,7 +524,7 @@ def run_local(sweep: Sweep, ranks: int, workdir: Path, parallel: int = 1, warm: 
 
 def _run_claimed(sweep: Sweep, p: Point, ranks: int, workdir: Path, python: str | None, pool: Any, d: Any) -> int:
     """One point's run, its claim held by this driver: marked for ``--status``, its line printed."""
-    from . import sweep_status
+    from mpifl import sweep_status
 
     log = sweep_status.local_log(sweep, p.index)
     t0 = time.monotonic()
@@ -571,7 +571,7 @@ def run_point(cfg: Config, ranks: int, workdir: Path, log: Path, python: str | N
 def finished_line(p: Point, rc: int, seconds: float, log: Path) -> str:
     """What ``--local`` prints when a point's run ends: its final accuracy, or
     why it stopped and where its output is."""
-    from .sweep_status import PREEMPTED, last_line, log_facts
+    from mpifl.sweep_status import PREEMPTED, last_line, log_facts
 
     done, acc, _, _ = log_facts(p.config)
     took = f"{seconds:.0f}s" if seconds < 120 else f"{seconds / 60:.1f}min"
@@ -586,7 +586,7 @@ def finished_line(p: Point, rc: int, seconds: float, log: Path) -> str:
 def local_summary(sweep: Sweep, codes: dict[int, int], not_started: int = 0) -> str:
     """The last lines of ``--local``: how many points ran to the end, and each
     failed one with its output file."""
-    from .sweep_status import local_log
+    from mpifl.sweep_status import local_log
 
     skipped = len(sweep.chosen()) - len(codes) - not_started
     failed = [i for i, rc in codes.items() if rc != 0]
@@ -626,7 +626,7 @@ class Array:
     @property
     def spec(self) -> str:
         """``--array``'s value without the throttle, as ranges: ``0-999``, ``0-3,5``."""
-        from .check import ranges
+        from mpifl.check import ranges
 
         return ranges([i - self.offset for i in self.indices])
 
@@ -666,7 +666,7 @@ def submission_plan(sweep: Sweep) -> list[Array]:
     before anything is written: sbatch must be there, and SLURM's MaxArraySize
     (``scontrol show config``; 1001, its default, where it does not answer) bounds
     each array."""
-    from .sweep_status import max_array_size
+    from mpifl.sweep_status import max_array_size
 
     todo = [p.index for p in sweep.chosen() if not is_complete(p.config)]
     if todo:
@@ -679,7 +679,7 @@ def submit(sweep: Sweep, plan: list[Array] | None = None) -> list[str]:
     returns the job ids, one per array (none: nothing to do). With
     ``slurm.max_parallel`` each array waits for the one before (afterany), so the
     throttle holds for the whole sweep."""
-    from .sweep_status import record_submission
+    from mpifl.sweep_status import record_submission
 
     plan = submission_plan(sweep) if plan is None else plan
     jobs: list[str] = []
@@ -802,7 +802,7 @@ def main(argv: list[str] | None = None) -> int:
         sweep = load(a.file, a.out_dir, _slurm_flags(a), n_ranks=a.ranks, overrides=[*a.set, *a.overrides])
         sweep.selected = select(sweep.points, a.only, a.points)
         if a.status:
-            from .sweep_status import report
+            from mpifl.sweep_status import report
 
             report(sweep)
             return 0
@@ -850,6 +850,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from .cli import quiet_pipe
+    from mpifl.cli import quiet_pipe
 
     sys.exit(quiet_pipe(main))

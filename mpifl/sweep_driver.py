@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .sweep_spec import Sweep
+    from mpifl.sweep_spec import Sweep
 
 PREEMPTED = 75  # mpifl.runtime.PREEMPTED: stopped by a signal after a checkpoint
 POLL_S = 1.0  # how often a driver looks again at a claim another driver holds

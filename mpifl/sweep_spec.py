@@ -10,12 +10,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import config as config_mod
-from .errors import ConfigError, check, shorten
-from .paths import beneath
+from mpifl import config as config_mod
+from mpifl.errors import ConfigError, check, shorten
+from mpifl.paths import beneath
 
 if TYPE_CHECKING:  # building Config imports every algorithm: only when points are loaded
-    from .config import Config
+    from mpifl.config import Config
 
 
 @dataclass

@@ -52,7 +52,7 @@ def _child(config: str, log: str, answers: int) -> int:
     from mpi4py import MPI
 
     MPI.Init_thread(MPI.THREAD_MULTIPLE)  # what `python -m mpi4py` asks for (mpi4py.rc.thread_level)
-    from .main import main
+    from mpifl.main import main
 
     code = main([config])
     sys.stdout.flush()
@@ -89,7 +89,7 @@ def warm_up() -> None:
     mpi4py.rc.finalize = False
     from mpi4py import MPI  # noqa: F401 - loads the library, starts nothing
 
-    from . import config, main, runtime  # noqa: F401 - torch, h5py, the runtime
+    from mpifl import config, main, runtime  # noqa: F401 - torch, h5py, the runtime
 
     config.config_class()  # every algorithm module (the config's sections)
 

@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 
-from ..data import FederatedData
-from ..mixing import Dense, Mixing
-from ..rng import GLOBAL, rng
-from ..train import Clients
+from mpifl.data import FederatedData
+from mpifl.mixing import Dense, Mixing
+from mpifl.rng import GLOBAL, rng
+from mpifl.train import Clients
 
 if TYPE_CHECKING:  # algorithms are imported by the config (their Params) before MPI is wanted
-    from ..comm import Comm
-    from ..config.sections import ConfigBase as Config
+    from mpifl.comm import Comm
+    from mpifl.config.sections import ConfigBase as Config
 
 
 @dataclass

@@ -56,15 +56,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import check
-from ..head import Head, find_head
-from ..mixing import Dense
-from ..state import transient
-from ..train import Clients
-from .base import Context, Round, identity_rows, own_rows_metrics
+from mpifl.errors import check
+from mpifl.head import Head, find_head
+from mpifl.mixing import Dense
+from mpifl.state import transient
+from mpifl.train import Clients
+from mpifl.algorithms.base import Context, Round, identity_rows, own_rows_metrics
 
 if TYPE_CHECKING:
-    from ..config.sections import ConfigBase as Config
+    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "FedC2I: client- and class-level influence by leave-one-out models passed around the ring"

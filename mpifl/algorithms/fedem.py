@@ -50,16 +50,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .. import models
-from ..errors import check
-from ..mixing import Shared
-from ..rng import GLOBAL, rng
-from ..state import per_client
-from ..train import Objective, loss_acc_from_probs
-from .base import Context, Round, sampled_weights
+from mpifl import models
+from mpifl.errors import check
+from mpifl.mixing import Shared
+from mpifl.rng import GLOBAL, rng
+from mpifl.state import per_client
+from mpifl.train import Objective, loss_acc_from_probs
+from mpifl.algorithms.base import Context, Round, sampled_weights
 
 if TYPE_CHECKING:
-    from ..config.sections import ConfigBase as Config
+    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (

@@ -51,14 +51,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import check
-from ..mixing import Dense
-from ..state import per_client
-from .base import Context, Round, own_rows_metrics
-from .federico import sample_neighbours
+from mpifl.errors import check
+from mpifl.mixing import Dense
+from mpifl.state import per_client
+from mpifl.algorithms.base import Context, Round, own_rows_metrics
+from mpifl.algorithms.federico import sample_neighbours
 
 if TYPE_CHECKING:
-    from ..config.sections import ConfigBase as Config
+    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (

@@ -59,14 +59,14 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, vmap
 
-from ..errors import check
-from ..head import Head, find_head
-from ..state import transient
-from ..train import Clients, loss_acc_from_probs, read_rows, write_back
-from .base import Context, Round, identity_rows
+from mpifl.errors import check
+from mpifl.head import Head, find_head
+from mpifl.state import transient
+from mpifl.train import Clients, loss_acc_from_probs, read_rows, write_back
+from mpifl.algorithms.base import Context, Round, identity_rows
 
 if TYPE_CHECKING:
-    from ..config.sections import ConfigBase as Config
+    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (

@@ -42,12 +42,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..errors import check
-from ..head import Head, body_slices, find_head
-from ..mixing import Shared
-from ..state import transient
-from ..train import Objective
-from .base import Context, Round, own_rows_metrics, sampled_weights
+from mpifl.errors import check
+from mpifl.head import Head, body_slices, find_head
+from mpifl.mixing import Shared
+from mpifl.state import transient
+from mpifl.train import Objective
+from mpifl.algorithms.base import Context, Round, own_rows_metrics, sampled_weights
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (

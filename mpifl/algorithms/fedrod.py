@@ -43,12 +43,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..head import Head, find_head
-from ..mixing import Shared
-from ..state import per_client
-from ..train import Clients, RowOptimizer, read_rows, write_back
-from . import fedavg
-from .base import Context, Round, evaluates, own_rows_metrics, sampled_weights
+from mpifl.head import Head, find_head
+from mpifl.mixing import Shared
+from mpifl.state import per_client
+from mpifl.train import Clients, RowOptimizer, read_rows, write_back
+from mpifl.algorithms import fedavg
+from mpifl.algorithms.base import Context, Round, evaluates, own_rows_metrics, sampled_weights
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (

@@ -44,15 +44,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from ..errors import check
-from ..head import Head, find_head
-from ..state import transient
-from ..train import loss_acc_from_probs
-from . import fedavg
-from .base import Context, Round
+from mpifl.errors import check
+from mpifl.head import Head, find_head
+from mpifl.state import transient
+from mpifl.train import loss_acc_from_probs
+from mpifl.algorithms import fedavg
+from mpifl.algorithms.base import Context, Round
 
 if TYPE_CHECKING:
-    from ..config.sections import ConfigBase as Config
+    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (

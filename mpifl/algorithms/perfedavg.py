@@ -51,14 +51,14 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import torch
 
-from ..errors import check
-from ..mixing import Shared
-from ..train import Clients, read_rows, write_back
-from . import fedavg
-from .base import Context, Round, evaluates, own_rows_metrics, sampled_weights
+from mpifl.errors import check
+from mpifl.mixing import Shared
+from mpifl.train import Clients, read_rows, write_back
+from mpifl.algorithms import fedavg
+from mpifl.algorithms.base import Context, Round, evaluates, own_rows_metrics, sampled_weights
 
 if TYPE_CHECKING:
-    from ..config.sections import ConfigBase as Config
+    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (

@@ -52,14 +52,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from ..errors import check
-from ..mixing import Dense
-from ..state import per_client
-from ..train import read_rows, write_back
-from .base import Context, Round, own_rows_metrics
+from mpifl.errors import check
+from mpifl.mixing import Dense
+from mpifl.state import per_client
+from mpifl.train import read_rows, write_back
+from mpifl.algorithms.base import Context, Round, own_rows_metrics
 
 if TYPE_CHECKING:
-    from ..config.sections import ConfigBase as Config
+    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (

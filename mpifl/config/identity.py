@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import shorten
+from mpifl.errors import shorten
 
 WHERE = ("run.name", "run.out_dir")
 HOW = ("run.resume", "run.checkpoint_every", "run.keep_checkpoints", "run.keep_final_checkpoint", "run.threads",
@@ -58,7 +58,7 @@ def _flat_pair(old: dict, new: dict) -> tuple[dict[str, Any], dict[str, Any]]:
     """Both configs flattened; a key added by a later mpifl was, in effect, at its
     default in the older run, and a moved key (:data:`MOVED`) is read where it went
     (dropped where the run's algorithm never read it)."""
-    from .schema import config_class
+    from mpifl.config.schema import config_class
 
     old, new = flatten(old), flatten(new)
     for key, field in MOVED.items():

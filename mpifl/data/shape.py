@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:  # a type hint only: importing the schema (a leaf) would run the config package first
-    from ..config.sections import DataConfig
+    from mpifl.config.sections import DataConfig
 
 # data.emnist_split -> (classes, samples): EMNIST's published splits
 EMNIST = {"byclass": (62, 814255), "bymerge": (47, 814255), "balanced": (47, 131600), "letters": (26, 145600),

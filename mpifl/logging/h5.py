@@ -71,11 +71,11 @@ from typing import Any
 import h5py
 import numpy as np
 
-from ..errors import StorageError, storage_error
-from ..mixing import COO_COL, COO_END, COO_ROW, COO_VAL, Dense, Mixing
-from . import pending as pending_rounds
-from . import sums
-from .journal import Journaled, journal_path, read_journal, still
+from mpifl.errors import StorageError, storage_error
+from mpifl.mixing import COO_COL, COO_END, COO_ROW, COO_VAL, Dense, Mixing
+from mpifl.logging import pending as pending_rounds
+from mpifl.logging import sums
+from mpifl.logging.journal import Journaled, journal_path, read_journal, still
 
 ROUND_KEY = "rounds/round"
 CHUNK_BYTES = 1 << 12  # per-round datasets: rows per chunk up to this size (measured: 4 KiB best)
@@ -655,7 +655,7 @@ class Run:
 
     def _stored_config(self) -> Any:
         """The parsed config, shared between calls: parsed once per text."""
-        from ..yamlio import parse_yaml
+        from mpifl.yamlio import parse_yaml
 
         text = self.attrs["config_yaml"]
         if self._config is None or self._config[0] != text:

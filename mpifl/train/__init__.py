@@ -31,15 +31,15 @@ start of the run finds faster (:meth:`Clients.measure_paths`, bench/README.md).
 ==================  ==============================================================
 """
 
-from .clients import Clients, NonFiniteError
-from .layout import Layout, Part
-from .loss import cross_entropy, loss_acc, loss_acc_from_probs
-from .mlp import stacked_forward, stacked_mlp
-from .objective import Objective, StepFn
-from .optimizer import RowOptimizer
-from .plan import BatchPlan
-from .rowmodel import RowModel
-from .rows import read_rows, rows_selector, write_back
+from mpifl.train.clients import Clients, NonFiniteError
+from mpifl.train.layout import Layout, Part
+from mpifl.train.loss import cross_entropy, loss_acc, loss_acc_from_probs
+from mpifl.train.mlp import stacked_forward, stacked_mlp
+from mpifl.train.objective import Objective, StepFn
+from mpifl.train.optimizer import RowOptimizer
+from mpifl.train.plan import BatchPlan
+from mpifl.train.rowmodel import RowModel
+from mpifl.train.rows import read_rows, rows_selector, write_back
 
 __all__ = ["BatchPlan", "Clients", "Layout", "NonFiniteError", "Objective", "Part", "RowModel", "RowOptimizer",
            "StepFn", "cross_entropy", "loss_acc", "loss_acc_from_probs", "read_rows", "rows_selector",

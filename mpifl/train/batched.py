@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from . import mlp
-from .objective import Objective, StepFn
-from .plan import BatchPlan, gather
-from .rowmodel import grad_blocks, grads
-from .rows import read_rows, rows_selector, write_back
+from mpifl.train import mlp
+from mpifl.train.objective import Objective, StepFn
+from mpifl.train.plan import BatchPlan, gather
+from mpifl.train.rowmodel import grad_blocks, grads
+from mpifl.train.rows import read_rows, rows_selector, write_back
 
 if TYPE_CHECKING:
-    from .clients import Clients
+    from mpifl.train.clients import Clients
 
 # Parameter bytes per chunk of clients trained together on the CPU (chunks):
 # 2 to 8 MiB ran alike at 128 digits-MLP clients, 1 MiB 25% slower (bench/README.md).

@@ -18,19 +18,19 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..data import FederatedData
-from ..models import has_batchnorm
-from . import batched, evaluation, loop, rowmodel
-from .grouped import grouped_convnet
-from .layout import Layout
-from .mlp import stacked_mlp
-from .objective import Objective, StepFn
-from .optimizer import RowOptimizer
-from .plan import SPLIT_INDEX, BatchPlan, gather, make_plan
-from .rows import rows_selector
+from mpifl.data import FederatedData
+from mpifl.models import has_batchnorm
+from mpifl.train import batched, evaluation, loop, rowmodel
+from mpifl.train.grouped import grouped_convnet
+from mpifl.train.layout import Layout
+from mpifl.train.mlp import stacked_mlp
+from mpifl.train.objective import Objective, StepFn
+from mpifl.train.optimizer import RowOptimizer
+from mpifl.train.plan import SPLIT_INDEX, BatchPlan, gather, make_plan
+from mpifl.train.rows import rows_selector
 
 if TYPE_CHECKING:  # a type hint only: importing the schema (a leaf) would run the config package first
-    from ..config.sections import TrainConfig
+    from mpifl.config.sections import TrainConfig
 
 
 class NonFiniteError(RuntimeError):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .loss import cross_entropy
+from mpifl.train.loss import cross_entropy
 
 F = torch.nn.functional
 

@@ -13,7 +13,7 @@ from collections.abc import Collection
 import torch
 from torch import nn
 
-from .loss import cross_entropy
+from mpifl.train.loss import cross_entropy
 
 F = torch.nn.functional
 

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from .layout import Layout
+from mpifl.train.layout import Layout
 
 if TYPE_CHECKING:
-    from .clients import Clients
+    from mpifl.train.clients import Clients
 
 
 @dataclass

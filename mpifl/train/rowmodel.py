@@ -19,14 +19,14 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from . import mlp
-from .grouped import grouped_forward, grouped_loss
-from .layout import Layout
-from .loss import cross_entropy
-from .rows import rows_selector
+from mpifl.train import mlp
+from mpifl.train.grouped import grouped_forward, grouped_loss
+from mpifl.train.layout import Layout
+from mpifl.train.loss import cross_entropy
+from mpifl.train.rows import rows_selector
 
 if TYPE_CHECKING:
-    from .clients import Clients
+    from mpifl.train.clients import Clients
 
 
 class RowModel:
