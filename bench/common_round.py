@@ -6,7 +6,7 @@ same rounds, so no method is compared at a later round than another.
     python bench/common_round.py results/dpfl-table1-gpu --metric final_acc
 
 Per run: ``best_acc`` = per client, test accuracy at its best validation round among
-rounds 1..R (``mpifl.summary.best_val``), averaged over clients; ``final_acc`` = the
+rounds 1..R (``mpifl.analysis.summary.best_val``), averaged over clients; ``final_acc`` = the
 mean test accuracy at round R. R is the smallest number of complete rounds over the
 runs found (runs with fewer than ``--min-rounds`` are listed and left out).
 """
@@ -18,8 +18,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from mpifl.analysis.summary import best_val, find_logs, nanmean  # noqa: E402
 from mpifl.logging.h5 import open_run  # noqa: E402 - after the sys.path line
-from mpifl.summary import best_val, find_logs, nanmean  # noqa: E402
 
 
 def label(cfg: dict) -> str:

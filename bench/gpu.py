@@ -25,7 +25,7 @@ Sections (``--only`` picks some):
 ``agree``  the quickstart itself, 10 rounds, on the CPU and on the GPU: the largest
     difference of the per-round mean training loss and test accuracy.
 ``fit``  the largest N one rank holds on this GPU: free memory over the measured bytes
-    per client of the largest ``throughput`` size, beside ``mpifl.sizes``' estimate.
+    per client of the largest ``throughput`` size, beside ``mpifl.run.memory``' estimate.
 """
 
 from __future__ import annotations
@@ -44,10 +44,11 @@ import torch
 
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, REPO)
-from mpifl import config, models, sizes  # noqa: E402 - after the sys.path line
+from mpifl import config, models  # noqa: E402 - after the sys.path line
 from mpifl.comm import faithful_cuda  # noqa: E402
 from mpifl.data import build  # noqa: E402
 from mpifl.logging.h5 import open_run  # noqa: E402
+from mpifl.run import memory as sizes  # noqa: E402
 from mpifl.train import Clients  # noqa: E402
 
 
@@ -201,7 +202,7 @@ def table(res: dict) -> None:
               f"{g['first_round_rel_loss_diff']:.2e}), max test-acc diff {g['max_test_acc_diff']:.4f}")
     for r in res.get("fit", []):
         print(f"fit {r['model']}: {r['bytes_per_client'] / 2**20:.2f} MiB/client measured, "
-              f"free {r['free_bytes'] / 2**30:.1f} GiB -> N <= {r['largest_n']:,}; mpifl.sizes: "
+              f"free {r['free_bytes'] / 2**30:.1f} GiB -> N <= {r['largest_n']:,}; mpifl.run.memory: "
               f"{(r['sizes_estimate_per_client'] or 0) / 2**20:.2f} MiB/client")
 
 

@@ -61,7 +61,7 @@ column)  # DPFL's Dir(0.1) column at the paper's scale, in the background until 
 esac; done
 if [ -n "${COLUMN:-}" ]; then
     wait
-    pkill -f mpifl.sweep; pkill -f mpifl.worker; pkill -f mpifl.main; sleep 2
+    pkill -f mpifl.sweep; pkill -f mpifl.sweep.worker; pkill -f mpifl.main; sleep 2
     $PY bench/common_round.py results/dpfl-table1-gpu >> "$OUT/column.txt" 2>&1
     tail -24 "$OUT/column.txt"
     tar czf "$OUT/column.tgz" $(find results/dpfl-table1-gpu -name run.h5 -o -name config.yaml -o -name '*.sweep.yaml')

@@ -24,9 +24,10 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from mpifl import config, runtime
+from mpifl import config
 from mpifl.comm import world
 from mpifl.logging.h5 import Writer, open_run
+from mpifl.run import runtime
 
 
 def measure(mpi, n: int, rounds: int, dense_max: int, out: str, algo: str, flush_s: float

@@ -86,9 +86,10 @@ def authors_ggc(dpfl_dir: Path, deps: Path | None):
 def mpifl_rounds(job: str, budget: str, n_clients: int, seed: int, extra: list[str]):
     """Rounds 0 and 1 of mpifl's dpfl; returns (ctx, per-round logged sets, what
     each client's BGGC/GGC saw: (t, k, candidates, {j: row}, own row))."""
-    from mpifl import config, runtime
+    from mpifl import config
     from mpifl.algorithms import dpfl
     from mpifl.comm import solo
+    from mpifl.run import runtime
 
     cfg = config.load(REPO / job, [f"data.n_clients={n_clients}", f"dpfl.budget={budget}", "run.rounds=2",
                                    f"run.seed={seed}", "run.threads=1", "run.device=cpu", *extra])
@@ -374,7 +375,7 @@ def paired(a: np.ndarray, b: np.ndarray) -> str:
 
 def e2e(args) -> None:
     from mpifl import config
-    from mpifl.summary import best_val
+    from mpifl.analysis.summary import best_val
 
     for part in args.partitions:
         for budget in args.budgets:

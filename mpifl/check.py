@@ -4,9 +4,9 @@ Launch it as the run will be launched (``srun -n R python -m mpi4py -m
 mpifl.check CONFIG``, ``mpiexec -n R ...``, or alone) before spending an
 allocation: it starts MPI and reports the ranks, nodes and node-local ranks, the
 PMI in use, cores and GPUs per rank against the config's placement, the memory
-a rank needs at least against what it has (:mod:`mpifl.sizes`), whether every
+a rank needs at least against what it has (:mod:`mpifl.run.memory`), whether every
 rank sees the same run directory and data root, the versions on every rank, the
-facts every run log records (:mod:`mpifl.provenance`: commit, CPU kernels, BLAS,
+facts every run log records (:mod:`mpifl.run.provenance`: commit, CPU kernels, BLAS,
 GPU, hosts), the time ``import torch`` took and a tiny exchange timing. Each problem is one line
 saying what is wrong and what to change; any problem makes the exit status 1
 (a config no rank can read: 2, as for every entry point). Notes (shared cores,
@@ -355,10 +355,10 @@ def run(path: str | None, overrides: list[str], mpi_comm, torch_s: float = 0.0) 
 
 def _memory(cfg: Config, mpi_comm, facts: list[dict], device: str) -> tuple[str, str | None, str | None]:
     """This rank's memory estimate against what it has, and the problems the run
-    would refuse to start with: memory, run.threads past the CPUs (mpifl.sizes)."""
+    would refuse to start with: memory, run.threads past the CPUs (mpifl.run.memory)."""
     import torch
 
-    from mpifl import sizes
+    from mpifl.run import memory as sizes
 
     rank = mpi_comm.Get_rank()
     dev = torch.device("cpu" if device == "?" else device)
@@ -417,8 +417,8 @@ def _report(cfg: Config, facts: list[dict], seen: dict) -> list[str]:
 
 def _provenance(cfg: Config, mpi_comm, device: str) -> list[str]:
     """What the run's log would record as its provenance (collective)."""
-    from mpifl import provenance
     from mpifl.comm import Comm
+    from mpifl.run import provenance
 
     facts = provenance.collect(Comm(cfg.data.n_clients, mpi_comm), "cpu" if device == "?" else device, cfg.run_dir)
     return provenance.lines(facts) if facts is not None else []

@@ -29,9 +29,10 @@ def main(argv: list[str] | None = None) -> int:
     # arguments first: --help and usage errors must not wait for torch and MPI
     path, overrides = parse(sys.argv[1:] if argv is None else argv, prog="python -m mpifl.main",
                             description="Run one federated-learning job.", epilog=EPILOG)
-    from mpifl import config, runtime
+    from mpifl import config
     from mpifl.comm import report_crash, world
     from mpifl.errors import STORAGE_EXIT, ConfigError, StorageError
+    from mpifl.run import runtime
 
     mpi = world()
     try:

@@ -7,6 +7,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+# the checkout mpifl runs from: its slurm/ templates, jobs/ and docs/ (an installed copy has none of them)
+REPO = Path(__file__).resolve().parents[1]
+
 
 def beneath(name: str) -> property:
     """A property naming ``<self.root>/name``: a directory's file names, one line each."""
@@ -20,7 +23,7 @@ class RunDir:
     log = beneath("run.h5")
     checkpoint = beneath("checkpoint")
     tb = beneath("tb")  # TensorBoard events (log.tensorboard), written by rank 0
-    lock = beneath("run.lock")  # held by the job writing here (mpifl.runlock); gone when it ends
+    lock = beneath("run.lock")  # held by the job writing here (mpifl.run.lock); gone when it ends
 
 
 def probe_write(folder: Path) -> None:

@@ -1,7 +1,7 @@
 """Run a record's points again and say how well they agree:
 ``python -m mpifl.reproduce RECORD [--cells K] [--parallel P] [--out DIR]``.
 
-RECORD is a per-seed record (:mod:`mpifl.record`, ``mpifl.analyze --record``).
+RECORD is a per-seed record (:mod:`mpifl.analysis.record`, ``mpifl.analyze --record``).
 Every run behind its cells (all, or the first K cells in the record's order) is
 made again from the config the record holds, one rank each, ``P`` at a time on
 warm workers (``mpifl.sweep --local``'s machinery; the runs go to
@@ -10,7 +10,7 @@ Then, per cell:
 
 - ``bitwise``: every seed's value is the recorded one, bit for bit;
 - ``within``: not bitwise, but the 95% t-interval of the paired differences
-  (re-run minus record, one per seed: :func:`mpifl.stats.paired_interval`)
+  (re-run minus record, one per seed: :func:`mpifl.analysis.stats.paired_interval`)
   contains 0: the re-run agrees up to the float noise of its seeds;
 - ``differs``: the interval excludes 0 (or there is one seed, or a run failed).
 
@@ -29,8 +29,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mpifl.analysis.record import RecordError, Row, cells, read
 from mpifl.errors import ConfigError
-from mpifl.record import RecordError, Row, cells, read
+from mpifl.paths import REPO
 
 SWEEP_NAME = "reproduce"  # the folder under --out the runs go to
 VERDICTS = ("bitwise", "within", "differs")
@@ -49,8 +50,8 @@ def plan(rows: list[Row], n_cells: int | None) -> tuple[dict[tuple, list[Row]], 
 
 def _points(runs: dict[str, dict[str, Any]], root: Path) -> list:
     from mpifl import config as config_mod
-    from mpifl.summary import defaults
-    from mpifl.sweep import Point
+    from mpifl.analysis.summary import defaults
+    from mpifl.sweep.cli import Point
 
     points = []
     for i, flat in enumerate(runs.values()):
@@ -67,9 +68,9 @@ def _points(runs: dict[str, dict[str, Any]], root: Path) -> list:
 
 def _local(sw: Any, parallel: int) -> None:
     """``mpifl.sweep --local``: one rank per run, ``parallel`` warm workers."""
-    from mpifl import sweep
+    from mpifl.sweep import cli as sweep
 
-    sweep.run_local(sw, 1, Path(__file__).resolve().parent.parent, parallel=parallel)
+    sweep.run_local(sw, 1, REPO, parallel=parallel)
 
 
 def rerun(runs: dict[str, dict[str, Any]], out: Path, parallel: int, source: Path,
@@ -77,13 +78,13 @@ def rerun(runs: dict[str, dict[str, Any]], out: Path, parallel: int, source: Pat
     """Make every run again under ``out/reproduce`` as a sweep of its own (its
     ``sweep.yaml`` names ``source``) with ``run_points(sweep, parallel)``;
     returns each config's log."""
-    from mpifl import sweep
     from mpifl.paths import RunDir
+    from mpifl.sweep import cli as sweep
 
     root = (out / SWEEP_NAME).resolve()
     points = _points(runs, root)
     sw = sweep.Sweep(SWEEP_NAME, source.resolve(), None, root, {}, {}, sweep.SlurmOptions.from_dict({}), points)
-    sweep.write(sw, Path(__file__).resolve().parent.parent)
+    sweep.write(sw, REPO)
     run_points(sw, parallel)
     return {key: RunDir(p.config.run_dir).log for key, p in zip(runs, points)}
 
@@ -92,7 +93,7 @@ def judge(rows: list[Row], new: dict[int, float]) -> tuple[str, str]:
     """A cell's verdict and its detail, from its recorded rows and the re-run's value per seed."""
     import math
 
-    from mpifl.stats import paired_interval
+    from mpifl.analysis.stats import paired_interval
 
     missing = [r.seed for r in rows if r.seed not in new or math.isnan(new[r.seed])]
     if missing:
@@ -107,7 +108,7 @@ def judge(rows: list[Row], new: dict[int, float]) -> tuple[str, str]:
 
 
 def _facts(p: dict[str, Any]) -> dict[str, str]:
-    from mpifl.provenance import brief, commit_text
+    from mpifl.run.provenance import brief, commit_text
 
     return {"commit": commit_text(p), "CPU capability": brief(p)["cpu_capability"],
             "versions": json.dumps(p.get("versions") or {}, sort_keys=True)}
@@ -139,7 +140,7 @@ def reproduce(record: Path, n_cells: int | None = None, parallel: int = 1, out: 
               echo=print, run_points: Callable[[Any, int], None] = _local) -> int:
     """The whole command; returns its exit status. ``run_points``: how the runs are
     made (:func:`rerun`; the tests' runs stay in their process)."""
-    from mpifl.summary import summarize
+    from mpifl.analysis.summary import summarize
 
     rows = read(record)
     if not rows:

@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
+from mpifl.analysis.summary import JOB, WINDOW, find_logs, run_row, summarize, sweep_points, unusable
 from mpifl.errors import ConfigError
 from mpifl.logging import h5
-from mpifl.summary import JOB, WINDOW, find_logs, run_row, summarize, sweep_points, unusable
 from mpifl.yamlio import read_yaml
 
 __all__ = ["Run", "frame", "load_sweep", "open_run", "pandas", "run_summary"]
@@ -89,7 +89,7 @@ def frame(run: h5.Run, metric: str = "test_acc", dropna: bool = True):
 
 
 def run_summary(path: str | Path, window: int | None = None):
-    """One run's summary (``mpifl.summary.run_row``) as a Series."""
+    """One run's summary (``mpifl.analysis.summary.run_row``) as a Series."""
     pd = pandas()
     return pd.Series(run_row(summarize(Path(path), WINDOW if window is None else window)))
 

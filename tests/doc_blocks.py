@@ -12,7 +12,7 @@ from pathlib import Path
 
 from helpers import REPO
 
-from mpifl.docsync import documents
+from mpifl.docs.sync import documents
 
 EXAMPLE = re.compile(r"<!--\s*example(?::[^>]*)?\s*-->")
 PROGRAMS = {"python", "python3", "mpiexec", "mpirun", "srun", "sbatch", "bash", "sh", "pip", "h5dump", "scancel",

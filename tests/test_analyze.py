@@ -17,9 +17,9 @@ import yaml
 
 from mpifl import analyze as an
 from mpifl import config
-from mpifl import summary as sm
+from mpifl.algorithms.mixing import Dense
+from mpifl.analysis import summary as sm
 from mpifl.logging.h5 import Writer, open_run
-from mpifl.mixing import Dense
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = {
@@ -39,8 +39,8 @@ def _cfg(**sections) -> config.Config:
 @pytest.fixture(scope="module")
 def sweep_dir(tmp_path_factory) -> Path:
     """2 algorithms x 2 seeds of real runs (this process, one rank)."""
-    from mpifl import runtime
     from mpifl.comm import world
+    from mpifl.run import runtime
 
     root = tmp_path_factory.mktemp("sweep")
     for algo in ("fedavg", "oracle"):

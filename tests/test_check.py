@@ -156,7 +156,7 @@ def test_the_login_node_entry_points_import_neither_torch_nor_mpi():
     import subprocess
     import sys
 
-    code = ("import sys, mpifl.check, mpifl.sweep, mpifl.main; "
+    code = ("import sys, mpifl.check, mpifl.sweep.cli, mpifl.main; "
             "print(sorted(m for m in ('torch', 'mpi4py') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

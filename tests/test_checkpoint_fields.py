@@ -8,12 +8,13 @@ import numpy as np
 import torch
 from helpers import DEVICE
 
-from mpifl import checkpoint, config, models
+from mpifl import config, models
 from mpifl.algorithms import fedavg_ft
 from mpifl.algorithms.base import Context
 from mpifl.comm import Comm, solo
 from mpifl.data import build
 from mpifl.paths import RunDir
+from mpifl.run import checkpoint
 from mpifl.train import Clients
 
 

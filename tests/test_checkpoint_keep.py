@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 from test_extend import _cfg
 
-from mpifl import checkpoint, runtime
 from mpifl.comm import world
 from mpifl.errors import ConfigError
 from mpifl.logging.h5 import open_run
 from mpifl.paths import RunDir
+from mpifl.run import checkpoint, runtime
 
 
 def _kept(cfg) -> list[str]:

@@ -94,7 +94,7 @@ def test_a_section_validates_itself_with_one_line_naming_the_key():
 def test_resuming_a_checkpoint_from_before_a_key_existed_accepts_its_default(tmp_path):
     import pytest
 
-    from mpifl import checkpoint
+    from mpifl.run import checkpoint
 
     cfg = config.load(None, ["run.seed=2"]).to_dict()
     older = {s: dict(v) for s, v in cfg.items()}

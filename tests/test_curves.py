@@ -11,7 +11,7 @@ import pytest
 
 from mpifl import analyze as an
 from mpifl import config
-from mpifl import curves as cv
+from mpifl.analysis import curves as cv
 from mpifl.logging.h5 import Writer
 
 N = 6
@@ -104,7 +104,7 @@ def curve(label: str, by_x: dict[float, dict[int, float]], y: float | None = Non
 
 
 def test_the_paired_interval_is_students_t_on_the_differences():
-    from mpifl.stats import paired_interval, verdict
+    from mpifl.analysis.stats import paired_interval, verdict
 
     mean, low, high, n = paired_interval([1.0, 2.0, 3.0])
     half = 4.302652729911275 / math.sqrt(3)  # t_{0.975, 2}, sd 1

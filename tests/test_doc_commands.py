@@ -1,7 +1,7 @@
 """Every command the docs show either runs (slow tier, shortened through its
 documented overrides) or is marked ``<!-- example -->``; example commands still
 name configs and sweeps that load; docs/analysis.md's Python runs; quoted YAML
-files match; the docsync markers are the ones mpifl.docsync makes. Conventions:
+files match; the docsync markers are the ones mpifl.docs.sync makes. Conventions:
 docs/README.md."""
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ import yaml
 from doc_blocks import Block, all_blocks, blocks, documents
 from helpers import MPIEXEC, REPO
 
-from mpifl import config, docsync
-from mpifl import sweep as sw
+from mpifl import config
+from mpifl.docs import sync as docsync
 from mpifl.errors import ConfigError
+from mpifl.sweep import cli as sw
 
 ROUNDS = "run.rounds=2"  # how short a documented run becomes here
 PYTHON_PAGES = {"docs/analysis.md"}  # pages whose python blocks run
@@ -265,7 +266,7 @@ def test_every_unmarked_command_of_the_docs_runs(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_docsync_check_of_the_quickstart_passes():
-    res = subprocess.run([sys.executable, "-m", "mpifl.docsync", "--check", "--only", "quickstart"], cwd=REPO,
+    res = subprocess.run([sys.executable, "-m", "mpifl.docs.sync", "--check", "--only", "quickstart"], cwd=REPO,
                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=600,
                          check=False)
     assert res.returncode == 0, res.stdout + res.stderr

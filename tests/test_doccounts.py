@@ -1,5 +1,5 @@
 """The docs' counts and quoted results are checked against their sources
-(mpifl/doccounts.py, part of python -m mpifl.docs --check): each kind of drift
+(mpifl/docs/counts.py, part of python -m mpifl.docs --check): each kind of drift
 (a stale test, config or run count, a quote of another page that no longer holds,
 a README example ruff rejects) fails the check, and the docs as they are pass it."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from mpifl import doccounts
+from mpifl.docs import counts as doccounts
 
 TRANSCRIPT = """
     $ srun -n 2 --mpi=pmi2 .venv/bin/python -m mpi4py -m mpifl.check jobs/quickstart.yaml

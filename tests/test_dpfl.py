@@ -177,7 +177,7 @@ def run_dpfl(tmp_path, name, *extra):
                              "data.n_clients=8", "data.n_samples=800", "run.rounds=4", "run.threads=1",
                              f"run.out_dir={tmp_path}", f"run.name={name}", "dpfl.tau_init=2",
                              "dpfl.tau_train=1", "dpfl.budget=3", *extra])
-    from mpifl import runtime
+    from mpifl.run import runtime
     return open_run(runtime.run(cfg, world()))
 
 
@@ -220,8 +220,8 @@ def test_malicious_not_running_ggc(tmp_path):
 
 
 def test_label_flip_permutes_only_malicious_clients():
-    from mpifl import runtime
     from mpifl.algorithms import dpfl
+    from mpifl.run import runtime
 
     cfg = config.load(None, ["algorithm.name=dpfl", "data.name=synthetic", "data.n_clients=10",
                              "data.n_samples=600", "dpfl.malicious=0.4", "run.threads=1"])

@@ -11,14 +11,16 @@ import pytest
 import yaml
 from test_reliability import assert_same_logs  # bitwise, wall-clock fields aside
 
-from mpifl import config, runtime, sweep_status
-from mpifl import sweep as sw
+from mpifl import config
+from mpifl.analysis.summary import summarize
 from mpifl.comm import world
 from mpifl.config.identity import HOW, NOT_IDENTITY, WHERE, config_diff, flatten
 from mpifl.errors import ConfigError
 from mpifl.logging.h5 import open_run
 from mpifl.main import main
-from mpifl.summary import summarize
+from mpifl.run import runtime
+from mpifl.sweep import cli as sw
+from mpifl.sweep import status as sweep_status
 
 TINY = {"run": {"threads": 1, "name": "r", "checkpoint_every": 2},
         "data": {"name": "synthetic", "n_samples": 240, "n_clients": 6, "n_clusters": 2}, "model": {"hidden": [8]},

@@ -13,9 +13,9 @@ from torch import nn
 
 from mpifl import config
 from mpifl.algorithms import fedc2i
+from mpifl.algorithms.head import find_head
 from mpifl.data import FederatedData
 from mpifl.errors import ConfigError
-from mpifl.head import find_head
 from mpifl.train import Clients
 
 

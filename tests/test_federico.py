@@ -132,8 +132,9 @@ def test_init_rows(how):
     of (run seed, i) only, so every client's model differs; shared: the run's init."""
     import torch
 
-    from mpifl import models, runtime
+    from mpifl import models
     from mpifl.comm import world
+    from mpifl.run import runtime
 
     cfg = config.load(None, ["algorithm.name=federico", "data.name=synthetic", "data.n_clients=5",
                              "data.n_samples=300", "model.hidden=[8]", "run.threads=1", "run.seed=4",

@@ -1,7 +1,7 @@
 """Every numeric key of ``python -m mpifl.config`` with hostile values (0, -1,
 1e9, 1e18, nan, inf, and the integers 10**9 and 10**18): each is refused in one
 line naming the key (:class:`ConfigError`, exit 2), or sized by the preflight
-(:mod:`mpifl.sizes`: memory and time), or runs; never a traceback. A diverging
+(:mod:`mpifl.run.memory`: memory and time), or runs; never a traceback. A diverging
 server step names its own key."""
 
 from __future__ import annotations
@@ -9,9 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mpifl import config, runtime, sizes
+from mpifl import config
 from mpifl.comm import world
 from mpifl.errors import ConfigError
+from mpifl.run import memory as sizes
+from mpifl.run import runtime
 from mpifl.train import NonFiniteError
 
 VALUES = ("0", "-1", "1e9", "1e18", "nan", "inf", "1000000000", "1000000000000000000")

@@ -53,15 +53,15 @@ def test_a_clustering_algorithm_loads_scikit_learn_when_it_clusters(tmp_path):
 
 
 def test_the_warm_worker_imports_the_runtime_and_does_not_start_mpi(tmp_path):
-    mods = modules_after("from mpifl import worker\nworker.warm_up()\nfrom mpi4py import MPI\n"
+    mods = modules_after("from mpifl.sweep import worker\nworker.warm_up()\nfrom mpi4py import MPI\n"
                          "assert not MPI.Is_initialized()\n", tmp_path)
-    assert loaded(mods, "torch") and "mpifl.runtime" in mods and "mpifl.algorithms.dpfl" in mods
+    assert loaded(mods, "torch") and "mpifl.run.runtime" in mods and "mpifl.algorithms.dpfl" in mods
     assert [m for m in HEAVY if loaded(mods, m)] == []
 
 
 def test_a_sweep_lists_and_writes_its_points_without_the_heavy_packages(tmp_path):
     args = ["jobs/sweeps/quickstart-algorithms.yaml", "--out-dir", str(tmp_path), "--allow-local-paths"]
-    mods = modules_after(f"from mpifl import sweep\nassert sweep.main({args!r}) == 0\n", tmp_path)
+    mods = modules_after(f"from mpifl.sweep import cli\nassert cli.main({args!r}) == 0\n", tmp_path)
     assert "mpifl.algorithms.pfedlia" in mods and (tmp_path / "quickstart-algorithms" / "runs.txt").is_file()
     assert [m for m in HEAVY if loaded(mods, m)] == []
 

@@ -72,7 +72,8 @@ from pathlib import Path
 
 import pytest
 
-from mpifl import algorithms, config, docs
+from mpifl import algorithms, config
+from mpifl.docs import blocks as docs
 from mpifl.algorithms.base import Algorithm
 from mpifl.errors import ConfigError
 

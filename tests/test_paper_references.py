@@ -25,9 +25,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mpifl import config, runtime
+from mpifl import config
 from mpifl.comm import solo
 from mpifl.rng import rng
+from mpifl.run import runtime
 
 HIDDEN = 6
 PARAM_NAMES = ["1.weight", "1.bias", "3.weight", "3.bias"]  # Flatten, Linear, ReLU, Linear

@@ -8,8 +8,8 @@ import pytest
 
 from mpifl import analyze as an
 from mpifl import config
-from mpifl import summary as sm
-from mpifl.paper_table import LayoutError, cells, load_layout, render
+from mpifl.analysis import summary as sm
+from mpifl.analysis.paper_table import LayoutError, cells, load_layout, render
 
 
 def summary(seed: int, acc: float, **sections) -> sm.Summary:
@@ -104,8 +104,8 @@ def test_an_unfinished_run_is_shown_waiting_not_averaged_in(layout):
 def test_a_point_that_ran_and_failed_is_told_from_one_never_run(layout, tmp_path):
     from test_sweep import _sweep_file
 
-    from mpifl import sweep as sw
-    from mpifl.sweep_status import failed_points, mark_finished
+    from mpifl.sweep import cli as sw
+    from mpifl.sweep.status import failed_points, mark_finished
 
     grid = {"algorithm.name": ["fedavg", "pfedlia"], "data.partition": ["clusters", "noisy_clusters"]}
     sets = {"data.n_clusters": 4, "data.n_clients": 8, "pfedlia.warmup_rounds": 1}

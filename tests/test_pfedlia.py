@@ -12,7 +12,7 @@ from mpifl.config import from_dict
 from mpifl.data import build as build_data
 from mpifl.data.partition import label_groups
 from mpifl.errors import ConfigError
-from mpifl.runtime import run
+from mpifl.run.runtime import run
 
 
 def _block_influence(truth: np.ndarray, seed: int) -> np.ndarray:

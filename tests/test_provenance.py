@@ -1,4 +1,4 @@
-"""mpifl.provenance: the facts a run log records about the code and the machine."""
+"""mpifl.run.provenance: the facts a run log records about the code and the machine."""
 
 import re
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 import yaml
 
-from mpifl import provenance
+from mpifl.run import provenance
 
 
 class OneRank:

@@ -1,4 +1,4 @@
-"""mpifl.record and mpifl.reproduce on a shrunk record: tiny synthetic runs, 2 rounds,
+"""mpifl.analysis.record and mpifl.reproduce on a shrunk record: tiny synthetic runs, 2 rounds,
 2 methods x 3 seeds, re-made in this process (the CLI's warm workers: the slow test)."""
 
 from __future__ import annotations
@@ -9,8 +9,12 @@ import pytest
 import yaml
 
 from mpifl import analyze as an
-from mpifl import config, docs, record, reproduce, runtime, sweep
+from mpifl import config, reproduce
+from mpifl.analysis import record
 from mpifl.comm import world
+from mpifl.docs import blocks as docs
+from mpifl.run import runtime
+from mpifl.sweep import cli as sweep
 from tests.helpers import launch
 
 TINY = {"run": {"rounds": 2, "threads": 1, "device": "cpu"},

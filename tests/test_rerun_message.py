@@ -9,9 +9,10 @@ import re
 import pytest
 from fakedisk import FakeDisk
 
-from mpifl import config, runtime
+from mpifl import config
 from mpifl.comm import world
 from mpifl.errors import StorageError
+from mpifl.run import runtime
 
 TINY = ["data.name=synthetic", "data.n_samples=240", "data.n_clients=4", "data.n_clusters=2", "model.hidden=[8]",
         "run.threads=1", "run.rounds=6", "run.name=r", "log.flush_s=0"]

@@ -7,10 +7,11 @@ import shutil
 
 import pytest
 
-from mpifl import config, runtime
+from mpifl import config
 from mpifl.comm import world
 from mpifl.errors import ConfigError
 from mpifl.paths import RunDir
+from mpifl.run import runtime
 
 TINY = {"run": {"rounds": 2, "threads": 1, "name": "r"},
         "data": {"name": "synthetic", "n_samples": 120, "n_clients": 2, "n_clusters": 2}, "model": {"hidden": [4]}}

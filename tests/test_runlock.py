@@ -1,4 +1,4 @@
-"""One job per run directory (mpifl.runlock): a second launch into a directory a
+"""One job per run directory (mpifl.run.lock): a second launch into a directory a
 job holds exits 2 naming the holder and changes nothing; a killed holder never
 blocks the next job."""
 
@@ -16,11 +16,13 @@ from pathlib import Path
 import pytest
 from helpers import MPIEXEC, REPO, assert_same_logs, launch
 
-from mpifl import config, runlock, runtime
+from mpifl import config
 from mpifl.comm import world
 from mpifl.errors import ConfigError
 from mpifl.logging.h5 import open_run
 from mpifl.paths import RunDir
+from mpifl.run import lock as runlock
+from mpifl.run import runtime
 
 
 def _hold(root: str, ready) -> None:

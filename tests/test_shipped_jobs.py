@@ -13,9 +13,9 @@ import pytest
 from helpers import REPO
 
 from mpifl import check, config
-from mpifl import sweep as sw
 from mpifl.data import datasets
 from mpifl.data.datasets import BUILTIN, data_path
+from mpifl.sweep import cli as sw
 
 JOBS = sorted((REPO / "jobs").glob("*.yaml"))
 SWEEPS = sorted([*(REPO / "jobs" / "sweeps").glob("*.yaml"), *(REPO / "jobs" / "tables").glob("*.sweep.yaml")])

@@ -1,4 +1,4 @@
-"""Sizes checked before anything is allocated (mpifl.sizes): the estimate from the
+"""Sizes checked before anything is allocated (mpifl.run.memory): the estimate from the
 config alone agrees with what a run builds, the memory a rank has comes from
 MemAvailable and the cgroup limit, and absurd n_clients, hidden sizes or threads
 exit 2 in one line naming the key and the estimate, within seconds."""
@@ -15,12 +15,14 @@ import pytest
 import torch
 from helpers import REPO
 
-from mpifl import config, models, runtime, sizes
+from mpifl import config, models
 from mpifl.comm import world
 from mpifl.data import build as build_data
 from mpifl.data import datasets
 from mpifl.data.shape import shape
 from mpifl.errors import ConfigError
+from mpifl.run import memory as sizes
+from mpifl.run import runtime
 from mpifl.train import Clients
 
 QUICK = str(REPO / "jobs" / "quickstart.yaml")

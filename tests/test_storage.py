@@ -19,12 +19,13 @@ import pytest
 import torch
 from fakedisk import FakeDisk, FullFile
 
-from mpifl import checkpoint, config, runtime
+from mpifl import config
+from mpifl.algorithms.mixing import Dense
 from mpifl.comm import world
 from mpifl.errors import StorageError
 from mpifl.logging.h5 import Writer, open_run
 from mpifl.logging.journal import journal_path, read_journal
-from mpifl.mixing import Dense
+from mpifl.run import checkpoint, runtime
 
 N, ROUNDS = 5, 6
 TAIL = "free space and rerun the same command to resume"

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from test_sweep import ROOT, _exe, _sweep_file
 
-from mpifl import sweep as sw
-from mpifl import sweep_status as st
 from mpifl.errors import ConfigError
+from mpifl.sweep import cli as sw
+from mpifl.sweep import status as st
 
 SCONTROL = "#!/bin/sh\necho 'Configuration data as of 2024-01-01T00:00:00'\necho 'MaxArraySize            = {n}'\n" \
            "echo 'MaxJobCount             = 10000'\n"

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import yaml
 
-from mpifl import sweep as sw
 from mpifl.check import node_local
 from mpifl.errors import ConfigError
+from mpifl.sweep import cli as sw
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -213,8 +213,8 @@ def test_submit_sends_only_unfinished_points(tmp_path, monkeypatch):
     s = sw.load(path, out_dir=str(tmp_path / "out"))
     sw.write(s, ROOT)
     # a finished run: make point 1's log by running it here (1 rank, in this process)
-    from mpifl import runtime
     from mpifl.comm import world
+    from mpifl.run import runtime
 
     runtime.run(s.points[1].config, world())
     assert sw.submit(s) == ["4242"]

@@ -15,8 +15,8 @@ import pytest
 import yaml
 from test_sweep import ROOT, _exe, _sweep_file
 
-from mpifl import sweep as sw
 from mpifl.logging.h5 import open_run
+from mpifl.sweep import cli as sw
 
 
 def _fake_srun(bin_: Path) -> None:
@@ -155,7 +155,7 @@ def test_two_drivers_on_one_sweep_share_the_points_and_both_end_done(tmp_path, m
     """In one process, two threads: each driver's claims are flocks of its own open files."""
     import threading
 
-    from mpifl import sweep_driver
+    from mpifl.sweep import driver as sweep_driver
 
     s = sw.load(_sweep_file(tmp_path, {"run.seed": [0, 1, 2, 3, 4, 5]}), out_dir=str(tmp_path / "out"))
     sw.write(s, tmp_path)

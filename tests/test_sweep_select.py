@@ -1,15 +1,15 @@
 """--only KEY=V1,V2 and --points 0-9,15: the points --dry-run, --status,
---local and --submit act on (mpifl/sweep_select.py)."""
+--local and --submit act on (mpifl/sweep/select.py)."""
 
 from __future__ import annotations
 
 import pytest
 from test_sweep import _sweep_file
 
-from mpifl import sweep as sw
-from mpifl import sweep_status
 from mpifl.errors import ConfigError
-from mpifl.sweep_select import parse_points, select, split_values
+from mpifl.sweep import cli as sw
+from mpifl.sweep import status as sweep_status
+from mpifl.sweep.select import parse_points, select, split_values
 
 GRID = {"algorithm.name": ["fedavg", "local", "oracle"], "train.lr": [0.1, 0.05], "run.seed": [0, 1]}
 

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from test_sweep import _sweep_file
 
-from mpifl import sweep as sw
-from mpifl import sweep_status as st
 from mpifl.logging.h5 import Writer
 from mpifl.paths import RunDir
+from mpifl.sweep import cli as sw
+from mpifl.sweep import status as st
 
 
 def _log(p: sw.Point, rounds: int, every: int = 1, wall: float = 2.0) -> float:

@@ -10,13 +10,14 @@ import numpy as np
 import pytest
 from test_extend import _cfg
 
-from mpifl import config, runtime
+from mpifl import config
 from mpifl.comm import world
 from mpifl.errors import ConfigError
 from mpifl.logging import tensorboard as tb
 from mpifl.logging.h5 import open_run
 from mpifl.paths import RunDir
 from mpifl.results import main as results_main
+from mpifl.run import runtime
 
 
 def _events(folder) -> dict:

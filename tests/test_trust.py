@@ -73,7 +73,7 @@ WRITER = """
 import sys
 import numpy as np
 from mpifl.logging.h5 import Writer
-from mpifl.mixing import Dense
+from mpifl.algorithms.mixing import Dense
 N = 100
 w = Writer(sys.argv[1], {"n_ranks": 1}, {"cluster": np.zeros(N, int)}, N, flush_s=float(sys.argv[2]))
 for t in range(20):
@@ -239,8 +239,8 @@ def test_a_fresh_start_of_the_same_config_replaces_only_its_own_files(tmp_path):
     ("srun", ["--x\ntouch PWNED"]), ("setup", ["module load x\ntouch PWNED"]), ("mpi", "pmi2\ntouch PWNED"),
 ])
 def test_hostile_slurm_options_are_errors_naming_the_key(tmp_path, key, value):
-    from mpifl import sweep as sw
     from mpifl.errors import ConfigError
+    from mpifl.sweep import cli as sw
 
     with pytest.raises(ConfigError) as e:
         sw.SlurmOptions.from_dict({key: value})
@@ -253,8 +253,8 @@ def test_hostile_slurm_options_are_errors_naming_the_key(tmp_path, key, value):
 
 @pytest.mark.parametrize(("key", "value"), [("name", "r\ntouch PWNED"), ("out_dir", "/scratch/o\ntouch PWNED")])
 def test_newlines_in_run_paths_never_reach_a_script(tmp_path, key, value):
-    from mpifl import sweep as sw
     from mpifl.errors import ConfigError
+    from mpifl.sweep import cli as sw
 
     f = tmp_path / "c.yaml"
     f.write_text(f"run: {{{key}: {value!r}}}\n".replace("'", '"').replace("\n", "\\n", 1))
@@ -278,7 +278,7 @@ def _cfg(out_dir, name: str):
 
 
 def _hostile_script(out_dir, workdir: Path) -> str:
-    from mpifl import sweep as sw
+    from mpifl.sweep import cli as sw
 
     opts = sw.SlurmOptions(python=f"/opt/py {HOSTILE}", srun=[f"--x={HOSTILE}", "`touch PWNED4`;"],
                            sbatch=[f"--comment={HOSTILE}"], partition="gpu,debug", account="lab-1", mem="16G")

@@ -13,11 +13,13 @@ from pathlib import Path
 import pytest
 from helpers import REPO, assert_same_logs, launch
 
-from mpifl import analyze, config, runtime, sweep
+from mpifl import analyze, config
 from mpifl.comm import world
 from mpifl.config import __main__ as config_cli
 from mpifl.errors import ConfigError, StorageError
 from mpifl.logging.h5 import open_run
+from mpifl.run import runtime
+from mpifl.sweep import cli as sweep
 
 TINY = ["data.name=synthetic", "data.n_samples=240", "data.n_clients=4", "data.n_clusters=2", "model.hidden=[8]",
         "run.threads=1", "run.rounds=2", "run.name=r"]

@@ -1,4 +1,4 @@
-"""Warm workers of ``--local`` sweeps (mpifl/worker.py): one-rank points run in a
+"""Warm workers of ``--local`` sweeps (mpifl/sweep/worker.py): one-rank points run in a
 child forked from a worker that imported everything once give bitwise the logs
 of ``mpiexec -n 1``; a crash, a kill or a user error fails that point alone."""
 
@@ -11,9 +11,10 @@ import pytest
 import yaml
 from test_sweep import _sweep_file
 
-from mpifl import sweep as sw
-from mpifl import sweep_status, worker
 from mpifl.logging.h5 import open_run
+from mpifl.sweep import cli as sw
+from mpifl.sweep import status as sweep_status
+from mpifl.sweep import worker
 
 pytestmark = pytest.mark.slow  # every test starts worker processes or mpiexec
 
@@ -101,7 +102,7 @@ def test_a_worker_whose_sweep_is_gone_finishes_its_point_and_ends_quietly(tmp_pa
     answer any more, runs its point on and ends with its stdin, without a traceback."""
     import subprocess
 
-    proc = subprocess.Popen([sys.executable, "-m", "mpifl.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "mpifl.sweep.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     proc.stdout.close()  # nobody reads the answers
     log = tmp_path / "point.out"

@@ -7,9 +7,11 @@ import time
 import numpy as np
 import pytest
 
-from mpifl import analyze, config, paper_table, sweep
+from mpifl import analyze, config
+from mpifl.analysis import paper_table
 from mpifl.errors import ConfigError
 from mpifl.logging.h5 import Writer
+from mpifl.sweep import cli as sweep
 from mpifl.yamlio import MAX_NODES, parse_yaml
 
 

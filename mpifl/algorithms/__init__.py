@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, cast
 from mpifl.errors import ConfigError
 
 if TYPE_CHECKING:
-    from mpifl.config.sections import ConfigBase
     from mpifl.algorithms.base import Algorithm
+    from mpifl.config.sections import ConfigBase
 
-NOT_ALGORITHMS = {"base"}
+NOT_ALGORITHMS = {"base", "head", "mixing", "state"}  # shared parts, not algorithms
 
 # the order of the README's table: these baselines first, then alphabetical
 _FIRST = ("local", "fedavg", "fedavg_ft", "oracle")

@@ -50,12 +50,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from mpifl.errors import check
-from mpifl.mixing import Shared
-from mpifl.state import per_client
-from mpifl.train import Clients, RowOptimizer, read_rows, write_back
 from mpifl.algorithms import fedavg
 from mpifl.algorithms.base import Context, Round, own_rows_metrics, sampled_weights
+from mpifl.algorithms.mixing import Shared
+from mpifl.algorithms.state import per_client
+from mpifl.errors import check
+from mpifl.train import Clients, RowOptimizer, read_rows, write_back
 
 if TYPE_CHECKING:
     from mpifl.config.sections import ConfigBase as Config

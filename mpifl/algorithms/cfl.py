@@ -59,10 +59,10 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import torch
 
-from mpifl.errors import check
-from mpifl.mixing import Grouped
 from mpifl.algorithms.base import Context, Round, group_weights, own_rows_metrics
 from mpifl.algorithms.fedavg import local_update
+from mpifl.algorithms.mixing import Grouped
+from mpifl.errors import check
 
 if TYPE_CHECKING:
     from mpifl.config.sections import ConfigBase as Config

@@ -72,11 +72,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from mpifl.errors import ConfigError, check
-from mpifl.mixing import Dense
-from mpifl.rng import GLOBAL
-from mpifl.state import per_client
 from mpifl.algorithms.base import Context, Round, evaluates, own_rows_metrics
+from mpifl.algorithms.mixing import Dense
+from mpifl.algorithms.state import per_client
+from mpifl.errors import ConfigError, check
+from mpifl.rng import GLOBAL
 
 if TYPE_CHECKING:
     from mpifl.comm import Comm

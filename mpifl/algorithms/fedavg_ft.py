@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import torch
 
-from mpifl.errors import check
 from mpifl.algorithms import fedavg
 from mpifl.algorithms.base import Context, Round, own_rows_metrics
+from mpifl.errors import check
 
 if TYPE_CHECKING:
     from mpifl.config.sections import ConfigBase as Config

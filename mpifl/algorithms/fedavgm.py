@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from mpifl.errors import check
 from mpifl.algorithms import fedavg
 from mpifl.algorithms.base import Context, Round
+from mpifl.errors import check
 
 if TYPE_CHECKING:
     from mpifl.config.sections import ConfigBase as Config

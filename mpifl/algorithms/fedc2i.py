@@ -56,12 +56,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mpifl.errors import check
-from mpifl.head import Head, find_head
-from mpifl.mixing import Dense
-from mpifl.state import transient
-from mpifl.train import Clients
 from mpifl.algorithms.base import Context, Round, identity_rows, own_rows_metrics
+from mpifl.algorithms.head import Head, find_head
+from mpifl.algorithms.mixing import Dense
+from mpifl.algorithms.state import transient
+from mpifl.errors import check
+from mpifl.train import Clients
 
 if TYPE_CHECKING:
     from mpifl.config.sections import ConfigBase as Config

@@ -51,12 +51,12 @@ import torch
 import torch.nn.functional as F
 
 from mpifl import models
-from mpifl.errors import check
-from mpifl.mixing import Shared
-from mpifl.rng import GLOBAL, rng
-from mpifl.state import per_client
-from mpifl.train import Objective, loss_acc_from_probs
 from mpifl.algorithms.base import Context, Round, sampled_weights
+from mpifl.algorithms.mixing import Shared
+from mpifl.algorithms.state import per_client
+from mpifl.errors import check
+from mpifl.rng import GLOBAL, rng
+from mpifl.train import Objective, loss_acc_from_probs
 
 if TYPE_CHECKING:
     from mpifl.config.sections import ConfigBase as Config

@@ -75,12 +75,12 @@ import numpy as np
 import torch
 
 from mpifl import models
+from mpifl.algorithms.base import Context, Round
+from mpifl.algorithms.mixing import Dense
+from mpifl.algorithms.state import per_client, transient
 from mpifl.errors import check
-from mpifl.mixing import Dense
-from mpifl.state import per_client, transient
 from mpifl.train import loss_acc_from_probs
 from mpifl.train.evaluation import clients_per_chunk
-from mpifl.algorithms.base import Context, Round
 
 if TYPE_CHECKING:
     from mpifl.config.sections import ConfigBase as Config

@@ -51,11 +51,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mpifl.errors import check
-from mpifl.mixing import Dense
-from mpifl.state import per_client
 from mpifl.algorithms.base import Context, Round, own_rows_metrics
 from mpifl.algorithms.federico import sample_neighbours
+from mpifl.algorithms.mixing import Dense
+from mpifl.algorithms.state import per_client
+from mpifl.errors import check
 
 if TYPE_CHECKING:
     from mpifl.config.sections import ConfigBase as Config

@@ -38,10 +38,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from mpifl.errors import check
-from mpifl.train import Objective
 from mpifl.algorithms import fedavg
 from mpifl.algorithms.base import Context, Round
+from mpifl.errors import check
+from mpifl.train import Objective
 
 if TYPE_CHECKING:
     from mpifl.config.sections import ConfigBase as Config

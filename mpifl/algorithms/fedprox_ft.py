@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from mpifl.errors import check
 from mpifl.algorithms import fedavg_ft, fedprox
 from mpifl.algorithms.base import Context, Round
+from mpifl.errors import check
 
 if TYPE_CHECKING:
     from mpifl.config.sections import ConfigBase as Config

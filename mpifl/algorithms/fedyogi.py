@@ -30,9 +30,9 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from mpifl.errors import check
 from mpifl.algorithms import fedadam, fedavg
 from mpifl.algorithms.base import Context
+from mpifl.errors import check
 
 if TYPE_CHECKING:
     from mpifl.config.sections import ConfigBase as Config

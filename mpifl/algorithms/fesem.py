@@ -50,11 +50,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from mpifl.errors import ConfigError, check
-from mpifl.mixing import Grouped
-from mpifl.rng import GLOBAL
 from mpifl.algorithms.base import Context, Round, group_weights, own_rows_metrics, round_half_up
 from mpifl.algorithms.fedavg import local_update
+from mpifl.algorithms.mixing import Grouped
+from mpifl.errors import ConfigError, check
+from mpifl.rng import GLOBAL
 
 if TYPE_CHECKING:
     from mpifl.config.sections import ConfigBase as Config

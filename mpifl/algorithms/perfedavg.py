@@ -51,11 +51,11 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import torch
 
-from mpifl.errors import check
-from mpifl.mixing import Shared
-from mpifl.train import Clients, read_rows, write_back
 from mpifl.algorithms import fedavg
 from mpifl.algorithms.base import Context, Round, evaluates, own_rows_metrics, sampled_weights
+from mpifl.algorithms.mixing import Shared
+from mpifl.errors import check
+from mpifl.train import Clients, read_rows, write_back
 
 if TYPE_CHECKING:
     from mpifl.config.sections import ConfigBase as Config

@@ -52,11 +52,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from mpifl.errors import check
-from mpifl.mixing import Dense
-from mpifl.state import per_client
-from mpifl.train import read_rows, write_back
 from mpifl.algorithms.base import Context, Round, own_rows_metrics
+from mpifl.algorithms.mixing import Dense
+from mpifl.algorithms.state import per_client
+from mpifl.errors import check
+from mpifl.train import read_rows, write_back
 
 if TYPE_CHECKING:
     from mpifl.config.sections import ConfigBase as Config

@@ -61,12 +61,12 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import torch
 
-from mpifl.errors import ConfigError, check
-from mpifl.mixing import Dense
-from mpifl.state import per_client
 from mpifl.algorithms import fedavg
 from mpifl.algorithms.base import Context, Round, own_rows_metrics
+from mpifl.algorithms.mixing import Dense
 from mpifl.algorithms.oracle import cluster_fedavg
+from mpifl.algorithms.state import per_client
+from mpifl.errors import ConfigError, check
 
 if TYPE_CHECKING:
     from mpifl.config.sections import ConfigBase as Config

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from mpifl.errors import did_you_mean
 from mpifl.config.load import all_keys, assign, build, coerce, from_dict, key_type, load, override
 from mpifl.config.reference import KeyDoc, annotated_yaml, key_docs, reference
 from mpifl.config.schema import config_class
@@ -29,6 +28,7 @@ from mpifl.config.sections import (
     TrainConfig,
 )
 from mpifl.config.validate import CONTROL, validate
+from mpifl.errors import did_you_mean
 
 __all__ = ["CONTROL", "CORE_SECTIONS", "TAIL_SECTIONS", "AlgorithmConfig", "Config", "ConfigBase", "DataConfig",
            "KeyDoc", "LogConfig", "ModelConfig", "RunConfig", "TrainConfig", "all_keys", "annotated_yaml", "assign",

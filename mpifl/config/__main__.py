@@ -6,8 +6,8 @@ from __future__ import annotations
 import sys
 
 from mpifl.cli import parse
-from mpifl.errors import ConfigError
 from mpifl.config import annotated_yaml, load, reference
+from mpifl.errors import ConfigError
 
 EPILOG = """\
 every key (default, type, allowed values, meaning):  python -m mpifl.config

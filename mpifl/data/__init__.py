@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mpifl.errors import ConfigError
-from mpifl.rng import GLOBAL, rng
 from mpifl.data import datasets
 from mpifl.data.partition import Partition, PoolInfo, partition
+from mpifl.errors import ConfigError
+from mpifl.rng import GLOBAL, rng
 
 if TYPE_CHECKING:  # a type hint only: importing the schema (a leaf) would run the config package first
     from mpifl.config.sections import DataConfig

@@ -63,8 +63,8 @@ then:    data.root=/project/me/data in the job's config (docs/data.md)
 
 def store(argv: list[str]) -> int:
     """The ``fetch`` and ``verify`` subcommands."""
-    from mpifl.errors import ConfigError
     from mpifl.data import fetch, sources, verify
+    from mpifl.errors import ConfigError
 
     ap = argparse.ArgumentParser(prog="python -m mpifl.data", epilog=STORE_EPILOG,
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -98,8 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         return store(args)
     from mpifl import config
     from mpifl.comm import world
-    from mpifl.errors import ConfigError
     from mpifl.data import build
+    from mpifl.errors import ConfigError
 
     ap = argparse.ArgumentParser(prog="python -m mpifl.data", description=__doc__.splitlines()[2],
                                  epilog="datasets onto disk: python -m mpifl.data fetch --help; "

@@ -48,9 +48,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from mpifl.data import cache
 from mpifl.errors import ConfigError
 from mpifl.rng import GLOBAL, rng
-from mpifl.data import cache
 
 if TYPE_CHECKING:  # a type hint only: importing the schema (a leaf) would run the config package first
     from mpifl.config.sections import DataConfig

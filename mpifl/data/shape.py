@@ -1,5 +1,5 @@
 """A dataset's shape from the config alone, nothing loaded: input shape, classes,
-samples and bytes per stored value. :mod:`mpifl.sizes` estimates a run's memory
+samples and bytes per stored value. :mod:`mpifl.run.memory` estimates a run's memory
 from it before anything is allocated. Sample counts are the published sizes of
 the datasets (train + test) before ``data.subsample``/``data.per_class``, so an
 estimate from them is an upper bound of the data; ``features`` is read from its

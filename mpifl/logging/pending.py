@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from mpifl.mixing import Shared
+from mpifl.algorithms.mixing import Shared
 from mpifl.logging.journal import pwrite_all
 
 MAGIC = b"MPIFLR01"

@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 from mpifl import analyze as an
-from mpifl import config, runtime
-from mpifl import summary as sm
+from mpifl import config
+from mpifl.analysis import summary as sm
 from mpifl.comm import world
+from mpifl.run import runtime
 
 TINY = {
     "run": {"rounds": 3, "threads": 1, "eval_every": 2},

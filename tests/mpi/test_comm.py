@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from mpifl import comm as comm_mod
 from mpifl.comm import F32, Comm, Placement
+from mpifl.comm import collectives as comm_mod
 
 P = 37
 

@@ -11,11 +11,12 @@ import pytest
 import torch
 from serial_ref import ggc
 
-from mpifl import config, runtime
+from mpifl import config
 from mpifl.algorithms.dpfl import BGGC, drive
 from mpifl.comm import F32, Comm
 from mpifl.logging.h5 import open_run
 from mpifl.rng import rng
+from mpifl.run import runtime
 
 N, P = 11, 6  # 11 clients: uneven blocks on 2 and 4 ranks
 

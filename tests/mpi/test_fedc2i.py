@@ -13,10 +13,11 @@ import torch
 import torch.nn.functional as F
 from torch.nn.utils import vector_to_parameters
 
-from mpifl import config, runtime
+from mpifl import config
 from mpifl.algorithms import fedc2i
 from mpifl.logging.h5 import open_run
 from mpifl.rng import torch_gen
+from mpifl.run import runtime
 
 N = 6  # uneven blocks under -n 4 (1, 2, 1, 2)
 SEED = 3

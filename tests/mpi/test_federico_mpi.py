@@ -14,12 +14,13 @@ import torch.nn.functional as F
 from helpers import DEVICE
 from torch.func import functional_call
 
-from mpifl import config, runtime
+from mpifl import config
 from mpifl.algorithms import federico
 from mpifl.comm import F32
 from mpifl.data import build as build_data
 from mpifl.logging.h5 import open_run
 from mpifl.rng import rng
+from mpifl.run import runtime
 from mpifl.train import Clients
 
 N, K = 8, 3

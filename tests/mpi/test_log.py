@@ -1,6 +1,6 @@
 """Logging under MPI: compact N x N storage gathered from every rank reads
 back as the dense log does; ``log.every`` thins rows without changing results; every
-log records its provenance (mpifl.provenance)."""
+log records its provenance (mpifl.run.provenance)."""
 
 import json
 
@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from mpifl import config, provenance, runtime
+from mpifl import config
+from mpifl.algorithms.mixing import Dense, Grouped, Shared
 from mpifl.logging.h5 import open_run
-from mpifl.mixing import Dense, Grouped, Shared
+from mpifl.run import provenance, runtime
 
 SMALL = {"data.name": "synthetic", "data.n_samples": 800, "data.n_clients": 8, "data.n_clusters": 2,
          "model.hidden": "[8]", "run.threads": 1, "run.rounds": 4, "algorithm.fraction": 0.5}

@@ -19,7 +19,7 @@ from mpifl.comm import F32, Comm
 from mpifl.config import from_dict
 from mpifl.data import build as build_data
 from mpifl.rng import torch_gen
-from mpifl.runtime import run
+from mpifl.run.runtime import run
 from mpifl.train import Clients
 
 N = 7  # under -n 3 the blocks are 2, 2, 3

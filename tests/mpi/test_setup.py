@@ -105,7 +105,8 @@ def test_error_on_one_rank_reaches_all(mpi):
 @pytest.mark.parametrize("over", [{"data": {"n_clients": 10 ** 9}}, {"model": {"hidden": [10 ** 8]}},
                                   {"run": {"threads": 10 ** 5}}])
 def test_sizes_refused_on_every_rank_together_before_allocating(mpi, over):
-    from mpifl import config, runtime
+    from mpifl import config
+    from mpifl.run import runtime
 
     raw = {"data": {"name": "synthetic", "n_clients": 8}, **over}
     with pytest.raises(ConfigError) as e:

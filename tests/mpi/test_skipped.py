@@ -11,8 +11,9 @@ import re
 
 import numpy as np
 
-from mpifl import config, runtime
+from mpifl import config
 from mpifl.logging.h5 import open_run
+from mpifl.run import runtime
 from mpifl.train import Clients, batched
 
 R = 5

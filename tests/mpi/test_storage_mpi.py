@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 from fakedisk import FakeDisk, FullFile
 
-from mpifl import checkpoint, config, runtime
+from mpifl import config
 from mpifl.errors import StorageError
 from mpifl.logging import pending
 from mpifl.logging.h5 import open_run
+from mpifl.run import checkpoint, runtime
 
 ARGS = {"data.name": "synthetic", "data.n_samples": 480, "data.n_clients": 8, "data.n_clusters": 2,
         "model.hidden": "[8]", "run.threads": 1, "run.rounds": 8, "run.checkpoint_every": 2,

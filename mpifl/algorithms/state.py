@@ -4,7 +4,7 @@ A field made with :func:`per_client` holds one row (or list item) per local
 client: each rank saves its own rows, keyed by client id, so a run resumes on
 any number of ranks. A :func:`transient` field lives within one round (or is
 derived by ``init``) and is not saved. Every other field must be identical on
-all ranks and is saved once, by rank 0 (``mpifl.checkpoint``).
+all ranks and is saved once, by rank 0 (``mpifl.run.checkpoint``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 devices and the nodes that made a run, and the sweep point it belongs to.
 
 One dict, :func:`collect`, is stored as the JSON root attribute ``provenance`` of
-every ``run.h5`` (:mod:`mpifl.runtime`), printed by ``python -m mpifl.check``,
+every ``run.h5`` (:mod:`mpifl.run.runtime`), printed by ``python -m mpifl.check``,
 summed up per table by ``python -m mpifl.analyze`` and compared by
 ``python -m mpifl.reproduce``. Its keys:
 
@@ -37,9 +37,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from mpifl.paths import REPO
+
 UNKNOWN = "unknown"
 GIT_TIMEOUT_S = 5.0  # a checkout on a slow shared file system must not hold up round 0
-REPO = Path(__file__).resolve().parent.parent
 # the facts that decide whether a re-run can be bitwise equal: what reproduce and analyze compare
 CODE_KEYS = ("commit", "dirty")
 MACHINE_KEYS = ("cpu_capability", "device")

@@ -1,5 +1,5 @@
 """One run's log, summarised: what ``mpifl.analyze`` tables and figures and
-``mpifl.paper_table`` cells are made of. Logs are read through
+``mpifl.analysis.paper_table`` cells are made of. Logs are read through
 ``mpifl.logging.h5`` only, so runs still going (or killed) are read up to their
 last complete round; a log whose shapes contradict its own attributes is
 refused before anything large is read (:func:`check_shapes`), one whose metrics
@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from mpifl import provenance
 from mpifl.config.identity import flatten
 from mpifl.errors import ConfigError
 from mpifl.logging.h5 import Corrupt, Run, open_run
+from mpifl.run import provenance
 from mpifl.yamlio import read_yaml
 
 WINDOW = 10  # rounds averaged by tail_acc and joined for graph ARI
@@ -48,7 +48,7 @@ class Summary:
     ari: dict[str, float] = field(default_factory=dict)
     group: tuple = ()
     rounds: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # 0-based round of each curve row
-    provenance: dict[str, Any] = field(default_factory=dict)  # mpifl.provenance's facts; {} in an older log
+    provenance: dict[str, Any] = field(default_factory=dict)  # mpifl.run.provenance's facts; {} in an older log
 
     @property
     def complete(self) -> bool:

@@ -1,5 +1,5 @@
 """Numbers and figures the docs quote from mpifl's own output, made again:
-``python -m mpifl.docsync [--check] [--only NAME ...] [--keep DIR]``.
+``python -m mpifl.docs.sync [--check] [--only NAME ...] [--keep DIR]``.
 
 A quoted block in a Markdown file sits between two markers::
 
@@ -39,7 +39,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from mpifl.paths import REPO
+
 CPU = ["run.device=cpu", "run.threads=1"]  # numbers that do not depend on the machine
 MARKER = re.compile(r"<!-- docsync (?P<name>[\w.-]+) -->\n(?P<body>.*?)<!-- /docsync (?P=name) -->", re.S)
 TIMING = re.compile(r"\d+(?:\.\d+)?(?:s/round|s\b|min\b)")
@@ -64,7 +65,7 @@ def _run(cmd: list[str], what: str) -> str:
 
 
 def _mpi(n: int, *args: str) -> list[str]:
-    from mpifl.sweep import _mpiexec
+    from mpifl.sweep.cli import _mpiexec
 
     launcher = _mpiexec()
     if launcher is None:
@@ -211,7 +212,7 @@ def write(made: Output, docs: dict[str, tuple[Path, str]]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mpifl.docsync", description=__doc__.splitlines()[0],
+    ap = argparse.ArgumentParser(prog="python -m mpifl.docs.sync", description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--check", action="store_true", help="write nothing; exit 1 naming each block or figure "
                                                          "that differs from the output made now")
@@ -238,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"docsync: {line}", file=sys.stderr)
     if a.check:
         print("docsync: the docs quote what the programs print" if not bad else
-              f"docsync: {len(bad)} difference(s); `python -m mpifl.docsync` writes the output made now",
+              f"docsync: {len(bad)} difference(s); `python -m mpifl.docs.sync` writes the output made now",
               file=sys.stderr if bad else sys.stdout)
     return 1 if bad else 0
 

@@ -30,7 +30,7 @@ rank, the temporary directory is removed, and the previous checkpoint stays the
 latest.
 
 Algorithm state: fields of the ``State`` dataclass marked with
-:func:`mpifl.state.per_client` hold one row (or list item) per local client — a tensor,
+:func:`mpifl.algorithms.state.per_client` hold one row (or list item) per local client — a tensor,
 an array, a list, or a dict of those (an optimizer state of extra rows); every
 other field must be identical on all ranks and is saved once, by rank 0.
 
@@ -59,10 +59,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from mpifl.algorithms.state import saved_fields
 from mpifl.config.identity import config_diff
 from mpifl.errors import UNWRITABLE, ConfigError, StorageError, shorten, storage_error
 from mpifl.paths import RunDir, atomic_write_text, probe_write
-from mpifl.state import saved_fields
 
 LATEST = "latest"
 META = "meta.pt"

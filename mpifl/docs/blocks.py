@@ -8,11 +8,11 @@ in one of :data:`FILES`; :data:`BLOCKS` maps NAME to the function that renders i
 Adding a block is adding a function and an entry; adding an algorithm changes
 nothing here (its module carries what its table row says). The counts and quoted
 results of every page (configs, runs, tests, another page's numbers) and the
-README's python examples are checked too (:mod:`mpifl.doccounts`).
+README's python examples are checked too (:mod:`mpifl.docs.counts`).
 
 A block with an argument, ``<!-- generated:record docs/reproductions/data/X.csv -->``,
 is rendered by :data:`ARG_BLOCKS` from that file: a reproduction page's table from
-its per-seed record (:mod:`mpifl.record`), so the page's numbers are the record's.
+its per-seed record (:mod:`mpifl.analysis.record`), so the page's numbers are the record's.
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+from mpifl.paths import REPO
+
+ROOT = REPO
 FILES = ("README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs" / "reproductions").glob("*.md")))
 # the sweep that runs every algorithm on its own job file: the table's "job file"
 JOBS_SWEEP = "jobs/sweeps/quickstart-algorithms.yaml"
@@ -86,7 +88,7 @@ def config_reference(root: Path = ROOT) -> str:
 
 def record_table(root: Path, path: str) -> str:
     """The table(s) of a per-seed record, as ``mpifl.analyze --layout`` prints them."""
-    from mpifl.record import render
+    from mpifl.analysis.record import render
 
     return render(path, root).rstrip("\n")
 
@@ -132,8 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--write", action="store_true", help="refresh the blocks in place")
     ap.add_argument("--check", action="store_true", help="exit 1 if any block is stale (the default)")
     args = ap.parse_args(argv)
-    from mpifl import doccounts
-    from mpifl.docsync import documents
+    from mpifl.docs import counts as doccounts
+    from mpifl.docs.sync import documents
 
     if args.write:
         for path in documents():
@@ -153,5 +155,3 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if bad or drift else 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -102,7 +102,7 @@ class Sweep:
     grid: dict[str, list] | list[dict[str, list]]  # one grid, or a list whose union is swept
     slurm: SlurmOptions
     points: list[Point]
-    selected: list[Point] | None = None  # --only / --points (mpifl.sweep_select); None: every point
+    selected: list[Point] | None = None  # --only / --points (mpifl.sweep.select); None: every point
 
     runs_file = beneath("runs.txt")
     script = beneath("array.sbatch")

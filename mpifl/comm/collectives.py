@@ -1,5 +1,5 @@
-"""Everything MPI: placement of clients on ranks, device and thread choice, and
-the communication verbs the algorithms use. The only module that imports mpi4py.
+"""The communication verbs the algorithms use: placement of clients on ranks and
+the point-to-point and collective calls on flat float32 rows.
 
 Models travel as contiguous float32 rows through the buffer-based (uppercase)
 calls; the pickle-based calls carry small metadata only (request lists, sizes).
@@ -14,7 +14,6 @@ actually crossed MPI are counted per rank in ``wire_sent``/``wire_recv``.
 from __future__ import annotations
 
 import functools
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -26,7 +25,6 @@ from mpi4py import MPI
 
 F32 = 4  # bytes per model coordinate on the wire
 _SMALL = 32  # below this many ids a plain Python loop beats numpy's per-call cost
-ABORT_GRACE_S = 0.5  # seconds a crashing rank waits after printing before MPI_Abort (report_crash)
 # floats per chunk of an ordered sum's pipeline (Comm._ordered_sum): 256 KiB messages, and a
 # small model still cut into up to _CHAIN_MIN chunks of at least _CHAIN_MIN_FLOATS (16 KiB), so
 # that the next rank adds one chunk while this one makes the next: the 23k-parameter MLP
@@ -263,64 +261,37 @@ class Comm:
             if left is not None else []
         if left is None:
             buf[:] = 0
+        terms_of = (_HostTerms(rows, w, g, terms, self._scratch, L) if dev.type == "cpu"
+                    else _DeviceTerms(rows, w, g, terms, L))
         sends = []
-        cpu = dev.type == "cpu"
-        if cpu:
-            X = rows.detach().numpy()
-            runs = _runs(terms, g)
-            stack = self._scratch(1 + max((len(ids) for _, ids in runs), default=0), L)
-        else:
-            tmp = torch.empty(L, dtype=torch.float32, device=dev)
-
-        def products(ids: list[int], a: int, b: int) -> None:
-            """fl(w_i * row_i) of the clients ``ids`` on columns a:b into rows 1.. of
-            ``stack``: one kernel, and a product is one rounding in any kernel."""
-            out, lo, hi = stack[1:1 + len(ids), :b - a], ids[0], ids[-1] + 1
-            if hi - lo == len(ids):  # consecutive clients: views, no gather
-                np.multiply(X[lo:hi, a:b], w[lo:hi, None], out=out)
-            else:
-                np.multiply(X[ids, a:b], w[ids, None], out=out)
-
         for k in range(n_chunks):
             a, b = k * L, min(P, (k + 1) * L)
             work = bool(terms) and b > a
-            if work and cpu:  # the products need no partial sum: made while the left neighbour still adds
-                products(runs[0][1], a, b)
+            if work:  # on the CPU the first products need no partial sum: made while the left neighbour still adds
+                terms_of.prepare(a, b)
             if recvs:
                 recvs[k].Wait()
                 self.wire_recv += buf[k].nbytes
-            if work and cpu:
-                for n, (kk, ids) in enumerate(runs):
-                    if n:
-                        products(ids, a, b)
-                    acc = buf[k, kk, :b - a]
-                    stack[0, :b - a] = acc
-                    # numpy reduces an axis that is not the fastest in memory by adding
-                    # row after row in order (pairwise summation is only along the fast
-                    # axis): ((acc + t_1) + t_2) + ..., the bits of a loop of adds
-                    np.add.reduce(stack[:1 + len(ids), :b - a], axis=0, out=acc)
-            elif work:
-                acc_t = torch.from_numpy(buf[k]).to(dev)
-                t = tmp[:b - a]
-                for i in terms:
-                    torch.mul(rows[i, a:b], float(w[i]), out=t)
-                    acc_t[g[i], :b - a].add_(t)
-                buf[k] = acc_t.cpu().numpy()
+            if work:
+                terms_of.add(buf[k], a, b)
             if right is not None:
                 sends.append(self.mpi.Isend([buf[k], MPI.FLOAT], dest=right, tag=15))
                 self.wire_sent += buf[k].nbytes
         MPI.Request.Waitall(sends)
+        return self._total(buf, right, K, P).to(dev)
+
+    def _total(self, buf: np.ndarray, right: int | None, K: int, P: int) -> torch.Tensor:
+        """The last rank's ``[n_chunks, K, L]`` chain sum on every rank, as ``[K, P]``."""
         if self.size > 1:
             self.mpi.Bcast([buf, MPI.FLOAT], root=self.size - 1)
             if right is None:
                 self.wire_sent += buf.nbytes
             else:
                 self.wire_recv += buf.nbytes
+        n_chunks, _, L = buf.shape
         if n_chunks == 1:  # [1, K, P]: the buffer itself, no copy
-            out = torch.from_numpy(buf[0][:, :P])
-        else:
-            out = torch.from_numpy(np.ascontiguousarray(buf.transpose(1, 0, 2).reshape(K, n_chunks * L)[:, :P]))
-        return out.to(dev)
+            return torch.from_numpy(buf[0][:, :P])
+        return torch.from_numpy(np.ascontiguousarray(buf.transpose(1, 0, 2).reshape(K, n_chunks * L)[:, :P]))
 
     @_timed
     def gather_rows(self, local: np.ndarray | torch.Tensor, root: int = 0) -> np.ndarray | None:
@@ -563,6 +534,60 @@ class Comm:
         self.seconds -= busy  # visiting is compute: keep it out of the comm time
 
 
+class _HostTerms:
+    """A rank's terms on the CPU: a run of products ``fl(w_i * row_i)`` in one kernel
+    (a product is one rounding in any kernel), added to the partial sum in order in
+    one numpy reduction."""
+
+    def __init__(self, rows: torch.Tensor, w: np.ndarray, g: np.ndarray, terms: list[int],
+                 scratch: Callable[[int, int], np.ndarray], L: int):
+        self.X, self.w = rows.detach().numpy(), w
+        self.runs = _runs(terms, g)
+        self.stack = scratch(1 + max((len(ids) for _, ids in self.runs), default=0), L)
+
+    def products(self, ids: list[int], a: int, b: int) -> None:
+        """The clients ``ids``' products on columns a:b into rows 1.. of ``stack``."""
+        out, lo, hi = self.stack[1:1 + len(ids), :b - a], ids[0], ids[-1] + 1
+        if hi - lo == len(ids):  # consecutive clients: views, no gather
+            np.multiply(self.X[lo:hi, a:b], self.w[lo:hi, None], out=out)
+        else:
+            np.multiply(self.X[ids, a:b], self.w[ids, None], out=out)
+
+    def prepare(self, a: int, b: int) -> None:
+        self.products(self.runs[0][1], a, b)
+
+    def add(self, chunk: np.ndarray, a: int, b: int) -> None:
+        stack = self.stack
+        for n, (kk, ids) in enumerate(self.runs):
+            if n:
+                self.products(ids, a, b)
+            acc = chunk[kk, :b - a]
+            stack[0, :b - a] = acc
+            # numpy reduces an axis that is not the fastest in memory by adding
+            # row after row in order (pairwise summation is only along the fast
+            # axis): ((acc + t_1) + t_2) + ..., the bits of a loop of adds
+            np.add.reduce(stack[:1 + len(ids), :b - a], axis=0, out=acc)
+
+
+class _DeviceTerms:
+    """A rank's terms on a GPU: one product and one add per client, in order."""
+
+    def __init__(self, rows: torch.Tensor, w: np.ndarray, g: np.ndarray, terms: list[int], L: int):
+        self.rows, self.w, self.g, self.terms = rows, w, g, terms
+        self.tmp = torch.empty(L, dtype=torch.float32, device=rows.device)
+
+    def prepare(self, a: int, b: int) -> None:
+        """Nothing before the partial sum arrives."""
+
+    def add(self, chunk: np.ndarray, a: int, b: int) -> None:
+        acc_t = torch.from_numpy(chunk).to(self.rows.device)
+        t = self.tmp[:b - a]
+        for i in self.terms:
+            torch.mul(self.rows[i, a:b], float(self.w[i]), out=t)
+            acc_t[self.g[i], :b - a].add_(t)
+        chunk[...] = acc_t.cpu().numpy()
+
+
 def agree(comm: Comm | MPI.Comm, fn: Callable):
     """Run ``fn`` on every rank; if it raised a user error (ConfigError) or a
     refused write (StorageError) on any rank, raise it on all, so that a setup
@@ -612,151 +637,3 @@ def _host(t: torch.Tensor) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- process setup
-
-
-def world() -> MPI.Comm:
-    return MPI.COMM_WORLD
-
-
-def solo() -> MPI.Comm:
-    """A communicator of this process alone (serial references in tests)."""
-    return MPI.COMM_SELF
-
-
-def node_local_rank(mpi_comm: MPI.Comm) -> tuple[int, int]:
-    """(rank among the ranks on this node, ranks on this node)."""
-    node = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED)
-    try:
-        return node.Get_rank(), node.Get_size()
-    finally:
-        node.Free()
-
-
-def node_of_ranks(mpi_comm: MPI.Comm) -> np.ndarray:
-    """``[R]``: the node of every rank (collective). Nodes are the groups of
-    ``MPI_COMM_TYPE_SHARED``, numbered 0, 1, ... in the order of their lowest rank."""
-    node = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED)
-    try:
-        lowest = node.allreduce(mpi_comm.Get_rank(), op=MPI.MIN)
-    finally:
-        node.Free()
-    return np.unique(mpi_comm.allgather(lowest), return_inverse=True)[1].astype(np.int64)
-
-
-def pick_device(choice: str, mpi_comm: MPI.Comm) -> torch.device:
-    """The one place a device is chosen: node-local rank -> GPU, else CPU."""
-    from mpifl.errors import ConfigError
-
-    has_cuda = torch.cuda.is_available() and torch.cuda.device_count() > 0
-    if choice == "cpu" or (choice == "auto" and not has_cuda):
-        return torch.device("cpu")
-    if not has_cuda:
-        raise ConfigError("run.device='cuda' is not allowed; no CUDA device is visible (use auto or cpu)")
-    local, _ = node_local_rank(mpi_comm)
-    faithful_cuda()
-    return torch.device("cuda", local % torch.cuda.device_count())
-
-
-def faithful_cuda() -> None:
-    """float32 on a GPU as on the CPU, and the same bits each time a run is made
-    (resume and checkpoints promise bitwise equality): TF32, which cuDNN's
-    convolutions use by default, rounds operands to 10 mantissa bits; cuDNN's
-    autotuner may pick another algorithm each run; cuBLAS needs a fixed workspace
-    to reduce in a fixed order."""
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cudnn.benchmark = False
-    torch.backends.cudnn.deterministic = True
-
-
-def cores_for_rank(mpi_comm: MPI.Comm) -> int:
-    """Cores this rank may use without oversubscribing its node."""
-    env = os.environ.get("SLURM_CPUS_PER_TASK")
-    if env and env.isdigit() and int(env) > 0:
-        return int(env)
-    try:
-        affinity = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        affinity = os.cpu_count() or 1
-    _, per_node = node_local_rank(mpi_comm)
-    total = os.cpu_count() or affinity
-    # a launcher that binds ranks already gave us our share; one that does not
-    # leaves every rank the whole node, which we split evenly
-    if affinity < total:
-        return max(1, affinity)
-    return max(1, affinity // per_node)
-
-
-def set_threads(mpi_comm: MPI.Comm, threads: int = 0) -> int:
-    n = threads or cores_for_rank(mpi_comm)
-    torch.set_num_threads(n)
-    return n
-
-
-def versions() -> dict[str, str]:
-    import mpi4py
-
-    return {
-        "python": sys.version.split()[0],
-        "torch": torch.__version__,
-        "mpi4py": mpi4py.__version__,
-        "mpi": MPI.Get_library_version().splitlines()[0].strip(),
-        "numpy": np.__version__,
-    }
-
-
-def exchange_timing(mpi_comm: MPI.Comm, n_floats: int = 1 << 18, repeats: int = 5) -> dict[str, float]:
-    """Median seconds, on the slowest rank, of an Allreduce and of one ring step
-    (Sendrecv to the right, from the left) of ``n_floats`` float32: a preflight
-    figure that shows a broken or slow interconnect, not a benchmark."""
-    buf = np.ones(n_floats, np.float32)
-    out = np.empty_like(buf)
-    rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
-    right, left = (rank + 1) % size, (rank - 1) % size
-    took: dict[str, list[float]] = {"allreduce": [], "sendrecv": []}
-    mpi_comm.Barrier()
-    for i in range(repeats + 1):
-        t0 = time.perf_counter()
-        mpi_comm.Allreduce(buf, out, op=MPI.SUM)
-        t1 = time.perf_counter()
-        mpi_comm.Sendrecv(buf, dest=right, sendtag=14, recvbuf=out, source=left, recvtag=14)
-        t2 = time.perf_counter()
-        if i:  # the first exchange pays for setting up the connections
-            took["allreduce"].append(t1 - t0)
-            took["sendrecv"].append(t2 - t1)
-    return {k: mpi_comm.allreduce(float(np.median(v)), op=MPI.MAX) for k, v in took.items()}
-
-
-def exit_all(code: int) -> None:
-    """Every rank leaves together with ``code`` (0, or a user error seen by all ranks).
-
-    Exiting past the interpreter keeps ``python -m mpi4py`` from turning the exit
-    into an MPI_Abort with its extra lines (the user sees only our one line), and
-    skips the interpreter's teardown; whatever must reach the disk has been closed."""
-    for f in (sys.stdout, sys.stderr):
-        try:
-            f.flush()
-        except OSError:  # a file on a full disk: what it held is lost either way
-            pass
-    MPI.Finalize()
-    os._exit(code)
-
-
-def report_crash(mpi_comm: MPI.Comm, exc: BaseException) -> None:
-    """Print the error once, naming the rank, then take every rank down: a
-    crash on one rank must never leave the others waiting in a collective."""
-    import traceback
-
-    rank = mpi_comm.Get_rank()
-    if getattr(exc, "one_line", False):  # a known failure: its message says it all
-        sys.stderr.write(f"mpifl: rank {rank} of {mpi_comm.Get_size()}: error: {exc}\n")
-    else:
-        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        sys.stderr.write(f"mpifl: rank {rank} of {mpi_comm.Get_size()} failed:\n{tb}")
-    sys.stderr.flush()
-    # the launcher's proxy forwards our stderr asynchronously and the abort tears it
-    # down: aborting at once lost the message in 3 of 30 tries of mpiexec -n 4 here
-    # (tests/test_reliability.py), none of 25 with this wait
-    time.sleep(ABORT_GRACE_S)
-    mpi_comm.Abort(1)

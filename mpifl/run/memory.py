@@ -1,6 +1,6 @@
 """Before anything is allocated: the memory a run needs per rank, estimated from
 its config alone, against the memory the rank has; and ``run.threads`` against the
-CPUs the process may use. ``mpifl.runtime.setup`` refuses a run that cannot fit
+CPUs the process may use. ``mpifl.run.runtime.setup`` refuses a run that cannot fit
 in one line (exit 2) instead of thrashing or being killed minutes later;
 ``python -m mpifl.check`` prints the estimate.
 

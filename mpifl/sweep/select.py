@@ -18,9 +18,9 @@ from mpifl import config as config_mod
 from mpifl.errors import ConfigError, shorten
 
 if TYPE_CHECKING:
-    from mpifl.sweep_spec import Point
+    from mpifl.sweep.spec import Point
 
-BASE = "base"  # mpifl.sweep.BASE: the grid key that varies the config file
+BASE = "base"  # mpifl.sweep.cli.BASE: the grid key that varies the config file
 
 
 def split_values(text: str) -> list[str]:

@@ -33,9 +33,9 @@ import numpy as np
 from mpifl.paths import RunDir, atomic_write_text
 
 if TYPE_CHECKING:
-    from mpifl.sweep_spec import Point, Sweep
+    from mpifl.sweep.spec import Point, Sweep
 
-PREEMPTED = 75  # mpifl.runtime.PREEMPTED, without importing torch
+PREEMPTED = 75  # mpifl.run.runtime.PREEMPTED, without importing torch
 SUBMITTED = "submitted.txt"  # <sweep>/logs/: one line per array submitted, "JOBID 0-3,5[ OFFSET]"
 MAX_ARRAY_SIZE = 1001  # SLURM's default MaxArraySize: array task ids 0..1000
 SLURM_FAILED = ("FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "CANCELLED", "BOOT_FAIL", "DEADLINE")
@@ -292,7 +292,7 @@ def report(sweep: Sweep, echo=print) -> dict[str, int]:
 class Failed:
     run_dir: Path
     name: str
-    config: dict  # flattened, as mpifl.summary.Summary.config
+    config: dict  # flattened, as mpifl.analysis.summary.Summary.config
     rc: int  # the exit status --local recorded
 
 
@@ -310,8 +310,8 @@ def failed_points(paths: list) -> list[Failed]:
     """The points of the sweep directories among ``paths`` whose last ``--local``
     run exited non-zero (not preempted), with their configs: ``analyze --layout``
     tells a point that ran and failed from one never run."""
+    from mpifl.analysis.summary import defaults, sweep_points
     from mpifl.config.identity import flatten
-    from mpifl.summary import defaults, sweep_points
     from mpifl.yamlio import read_yaml
 
     out = []
@@ -329,6 +329,6 @@ def failed_points(paths: list) -> list[Failed]:
             flat = {**defaults(), **flatten(cfg)}
             base = (values.get(run_dir.name) or {}).get("base")
             if base is not None:
-                flat["job"] = Path(str(base)).stem  # mpifl.summary.JOB, as sweep_job names it
+                flat["job"] = Path(str(base)).stem  # mpifl.analysis.summary.JOB, as sweep_job names it
             out.append(Failed(run_dir, run_dir.name, flat, rc))
     return out
