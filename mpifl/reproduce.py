@@ -51,7 +51,7 @@ def plan(rows: list[Row], n_cells: int | None) -> tuple[dict[tuple, list[Row]], 
 def _points(runs: dict[str, dict[str, Any]], root: Path) -> list:
     from mpifl import config as config_mod
     from mpifl.analysis.summary import defaults
-    from mpifl.sweep.cli import Point
+    from mpifl.sweep.spec import Point
 
     points = []
     for i, flat in enumerate(runs.values()):
@@ -68,9 +68,9 @@ def _points(runs: dict[str, dict[str, Any]], root: Path) -> list:
 
 def _local(sw: Any, parallel: int) -> None:
     """``mpifl.sweep --local``: one rank per run, ``parallel`` warm workers."""
-    from mpifl.sweep import cli as sweep
+    from mpifl.sweep.runner import run_local
 
-    sweep.run_local(sw, 1, REPO, parallel=parallel)
+    run_local(sw, 1, REPO, parallel=parallel)
 
 
 def rerun(runs: dict[str, dict[str, Any]], out: Path, parallel: int, source: Path,
@@ -79,12 +79,13 @@ def rerun(runs: dict[str, dict[str, Any]], out: Path, parallel: int, source: Pat
     ``sweep.yaml`` names ``source``) with ``run_points(sweep, parallel)``;
     returns each config's log."""
     from mpifl.paths import RunDir
-    from mpifl.sweep import cli as sweep
+    from mpifl.sweep.rundirs import write
+    from mpifl.sweep.spec import SlurmOptions, Sweep
 
     root = (out / SWEEP_NAME).resolve()
     points = _points(runs, root)
-    sw = sweep.Sweep(SWEEP_NAME, source.resolve(), None, root, {}, {}, sweep.SlurmOptions.from_dict({}), points)
-    sweep.write(sw, REPO)
+    sw = Sweep(SWEEP_NAME, source.resolve(), None, root, {}, {}, SlurmOptions.from_dict({}), points)
+    write(sw, REPO)
     run_points(sw, parallel)
     return {key: RunDir(p.config.run_dir).log for key, p in zip(runs, points)}
 

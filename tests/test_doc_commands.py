@@ -22,7 +22,8 @@ from helpers import MPIEXEC, REPO
 from mpifl import config
 from mpifl.docs import sync as docsync
 from mpifl.errors import ConfigError
-from mpifl.sweep import cli as sw
+from mpifl.sweep import rundirs as sweep_rundirs
+from mpifl.sweep import spec as sweep_spec
 
 ROUNDS = "run.rounds=2"  # how short a documented run becomes here
 PYTHON_PAGES = {"docs/analysis.md"}  # pages whose python blocks run
@@ -123,7 +124,7 @@ def test_every_command_names_configs_and_sweeps_that_load():
                         bad.append(f"{b.where}: {rest[0]} does not exist")
                         continue
                     grid = (yaml.safe_load((REPO / rest[0]).read_text()) or {}).get("grid") or {}
-                    sw.command_line_set(sets, grid if isinstance(grid, list) else [grid])
+                    sweep_spec.command_line_set(sets, grid if isinstance(grid, list) else [grid])
                     config.load(None, sets)
                     checked += 1
             except ConfigError as e:
@@ -202,9 +203,9 @@ def _hand_written_sweep(root: Path) -> None:
     from mpifl.logging.h5 import Writer
     from mpifl.paths import RunDir
 
-    s = sw.load(REPO / "jobs/sweeps/quickstart-baselines.yaml", out_dir=str(root / "results"),
+    s = sweep_spec.load(REPO / "jobs/sweeps/quickstart-baselines.yaml", out_dir=str(root / "results"),
                 overrides=["run.rounds=3"])
-    sw.write(s, root)
+    sweep_rundirs.write(s, root)
     rng = np.random.default_rng(0)
     for p in s.points:
         cfg, n = p.config, p.config.data.n_clients

@@ -20,6 +20,9 @@ from mpifl.logging.h5 import open_run
 from mpifl.main import main
 from mpifl.run import runtime
 from mpifl.sweep import cli as sw
+from mpifl.sweep import rundirs as sweep_rundirs
+from mpifl.sweep import slurm as sweep_slurm
+from mpifl.sweep import spec as sweep_spec
 from mpifl.sweep import status as sweep_status
 
 TINY = {"run": {"threads": 1, "name": "r", "checkpoint_every": 2},
@@ -52,8 +55,8 @@ def test_extending_3_to_5_rounds_equals_a_straight_5_round_run(tmp_path, algo):
     s = summarize(b.path)
     assert s.complete and s.rounds_done == s.rounds_planned == 5
     assert s.final_acc == summarize(a.path).final_acc
-    assert sw.is_complete(extended) and sw.status(extended) == "done"
-    assert not sw.is_complete(_cfg(tmp_path / "b", 6, **{"algorithm.name": algo}))
+    assert sweep_status.is_complete(extended) and sweep_status.status(extended) == "done"
+    assert not sweep_status.is_complete(_cfg(tmp_path / "b", 6, **{"algorithm.name": algo}))
 
 
 def test_fewer_rounds_than_done_is_refused_in_one_line(tmp_path, capsys):
@@ -113,28 +116,28 @@ def test_a_sweep_extends_its_points_and_skips_those_done(tmp_path):
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump({"name": "s", "base": "base.yaml", "grid": {"run.seed": [0, 1]}}))
 
-    def points(rounds: int) -> sw.Sweep:
-        s = sw.load(path, out_dir=str(tmp_path / "out"), overrides=[f"run.rounds={rounds}", "run.threads=1"])
-        sw.write(s, tmp_path)
+    def points(rounds: int) -> sweep_spec.Sweep:
+        s = sweep_spec.load(path, out_dir=str(tmp_path / "out"), overrides=[f"run.rounds={rounds}", "run.threads=1"])
+        sweep_rundirs.write(s, tmp_path)
         return s
 
     for p in points(2).points:
         runtime.run(p.config, world())
     longer = points(4)  # not refused: the same experiment, longer; each config.yaml now says 4
-    assert [sw.status(p.config) for p in longer.points] == ["2/4 rounds", "2/4 rounds"]
+    assert [sweep_status.status(p.config) for p in longer.points] == ["2/4 rounds", "2/4 rounds"]
     assert all(yaml.safe_load((p.config.run_dir / "config.yaml").read_text())["run"]["rounds"] == 4
                for p in longer.points)
     runtime.run(longer.points[0].config, world())
-    assert [sw.is_complete(p.config) for p in longer.points] == [True, False]
+    assert [sweep_status.is_complete(p.config) for p in longer.points] == [True, False]
     shorter = points(2)  # a point extended past the sweep's rounds is done and keeps its config
-    assert all(sw.is_complete(p.config) for p in shorter.points)
+    assert all(sweep_status.is_complete(p.config) for p in shorter.points)
     said: list[str] = []
     assert sweep_status.report(longer, echo=said.append) == {"done": 1, "stopped": 1}
     assert "done      4/4" in said[0] and "stopped   2/4" in said[1]
     assert yaml.safe_load((shorter.points[0].config.run_dir / "config.yaml").read_text())["run"]["rounds"] == 4
     with pytest.raises(ConfigError, match=r"holds a different config than this sweep makes for point 000_seed-0: "
                                           r"train.lr \(0.05 -> 0.2\)"):
-        sw.write(sw.load(path, out_dir=str(tmp_path / "out"), overrides=["train.lr=0.2"]), tmp_path)
+        sweep_rundirs.write(sweep_spec.load(path, out_dir=str(tmp_path / "out"), overrides=["train.lr=0.2"]), tmp_path)
 
 
 @pytest.mark.slow  # --local starts a warm worker per run
@@ -143,7 +146,7 @@ def test_sweep_local_extends_a_finished_sweep_from_the_command_line(tmp_path, ca
     base.write_text(yaml.safe_dump({k: v for k, v in TINY.items() if k != "run"}))
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump({"name": "s", "base": "base.yaml", "grid": {"run.seed": [0]}}))
-    monkeypatch.setenv("PYTHONPATH", str(sw.TEMPLATES.parent))
+    monkeypatch.setenv("PYTHONPATH", str(sweep_slurm.TEMPLATES.parent))
 
     def local(rounds: int) -> str:
         rc = sw.main([str(path), "--out-dir", str(tmp_path / "out"), "--local", "--set", f"run.rounds={rounds}",

@@ -104,13 +104,14 @@ def test_an_unfinished_run_is_shown_waiting_not_averaged_in(layout):
 def test_a_point_that_ran_and_failed_is_told_from_one_never_run(layout, tmp_path):
     from test_sweep import _sweep_file
 
-    from mpifl.sweep import cli as sw
+    from mpifl.sweep import rundirs as sweep_rundirs
+    from mpifl.sweep import spec as sweep_spec
     from mpifl.sweep.status import failed_points, mark_finished
 
     grid = {"algorithm.name": ["fedavg", "pfedlia"], "data.partition": ["clusters", "noisy_clusters"]}
     sets = {"data.n_clusters": 4, "data.n_clients": 8, "pfedlia.warmup_rounds": 1}
-    s = sw.load(_sweep_file(tmp_path, grid, set=sets), out_dir=str(tmp_path / "out"))
-    sw.write(s, tmp_path)
+    s = sweep_spec.load(_sweep_file(tmp_path, grid, set=sets), out_dir=str(tmp_path / "out"))
+    sweep_rundirs.write(s, tmp_path)
     mark_finished(s, 0, 2)  # fedavg, clusters: a user error before any round
     mark_finished(s, 1, 0)  # fedavg, noisy: exited 0 (its log is elsewhere): not failed
     mark_finished(s, 2, 75)  # pfedlia, clusters: preempted, not failed

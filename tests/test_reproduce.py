@@ -14,7 +14,7 @@ from mpifl.analysis import record
 from mpifl.comm import world
 from mpifl.docs import blocks as docs
 from mpifl.run import runtime
-from mpifl.sweep import cli as sweep
+from mpifl.sweep import status as sweep_status
 from tests.helpers import launch
 
 TINY = {"run": {"rounds": 2, "threads": 1, "device": "cpu"},
@@ -26,7 +26,7 @@ LAYOUT = {"title": "tiny", "metric": "final_acc", "columns": {"synthetic": {"dat
 def in_process(sw, parallel: int) -> None:
     """The record's runs made again here, as --local would (a complete one is kept)."""
     for p in sw.points:
-        if not sweep.is_complete(p.config):
+        if not sweep_status.is_complete(p.config):
             runtime.run(p.config, world())
 
 

@@ -16,6 +16,7 @@ from mpifl import check, config
 from mpifl.data import datasets
 from mpifl.data.datasets import BUILTIN, data_path
 from mpifl.sweep import cli as sw
+from mpifl.sweep import spec as sweep_spec
 
 JOBS = sorted((REPO / "jobs").glob("*.yaml"))
 SWEEPS = sorted([*(REPO / "jobs" / "sweeps").glob("*.yaml"), *(REPO / "jobs" / "tables").glob("*.sweep.yaml")])
@@ -76,7 +77,7 @@ def _indices(spec: str) -> set[int]:
 @pytest.mark.slow  # the preflight starts the interpreter, --submit a stand-in sbatch
 @pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.name)
 def test_each_sweep_submits_as_written(path, tmp_path, monkeypatch, capsys):
-    s = sw.load(path, out_dir=str(tmp_path / "out"))
+    s = sweep_spec.load(path, out_dir=str(tmp_path / "out"))
     why = next((w for w in (_absent(p.config) for p in s.points) if w), None)
     if why:
         pytest.skip(why)

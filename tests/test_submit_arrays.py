@@ -15,6 +15,9 @@ from test_sweep import ROOT, _exe, _sweep_file
 
 from mpifl.errors import ConfigError
 from mpifl.sweep import cli as sw
+from mpifl.sweep import rundirs as sweep_rundirs
+from mpifl.sweep import slurm as sweep_slurm
+from mpifl.sweep import spec as sweep_spec
 from mpifl.sweep import status as st
 
 SCONTROL = "#!/bin/sh\necho 'Configuration data as of 2024-01-01T00:00:00'\necho 'MaxArraySize            = {n}'\n" \
@@ -48,12 +51,12 @@ def slurm(tmp_path, monkeypatch):
     return setup
 
 
-def _many(tmp_path: Path, n: int, slurm_opts: dict | None = None) -> sw.Sweep:
+def _many(tmp_path: Path, n: int, slurm_opts: dict | None = None) -> sweep_spec.Sweep:
     """A sweep of ``n`` points sharing one config (loading 25,000 distinct ones
     takes 20 s; submit reads only each point's index and whether it is done)."""
-    s = sw.load(_sweep_file(tmp_path, {"run.seed": [0]}, slurm=slurm_opts), out_dir=str(tmp_path / "out"))
+    s = sweep_spec.load(_sweep_file(tmp_path, {"run.seed": [0]}, slurm=slurm_opts), out_dir=str(tmp_path / "out"))
     one = s.points[0]
-    s.points = [sw.Point(i, f"{i:05d}", {}, one.config) for i in range(n)]
+    s.points = [sweep_spec.Point(i, f"{i:05d}", {}, one.config) for i in range(n)]
     s.log_dir.mkdir(parents=True)
     return s
 
@@ -63,7 +66,7 @@ def _many(tmp_path: Path, n: int, slurm_opts: dict | None = None) -> sw.Sweep:
 def test_25000_points_go_in_ceil_n_over_max_array_size_arrays(tmp_path, slurm, max_array):
     calls = slurm(max_array)
     s = _many(tmp_path, 25000)
-    jobs = sw.submit(s)
+    jobs = sweep_slurm.submit(s)
     size = max_array or 1001  # SLURM's default when scontrol does not answer
     lines = calls.read_text().splitlines()
     assert len(jobs) == len(lines) == math.ceil(25000 / size)
@@ -87,8 +90,8 @@ def test_a_throttle_holds_across_arrays_and_gaps_become_ranges(tmp_path, slurm):
     calls = slurm(1000)
     s = _many(tmp_path, 2500, {"max_parallel": 8})
     todo = [i for i in range(2500) if i % 7]  # some points done
-    plan = sw.plan_arrays(todo, st.max_array_size())
-    jobs = sw.submit(s, plan)
+    plan = sweep_slurm.plan_arrays(todo, st.max_array_size())
+    jobs = sweep_slurm.submit(s, plan)
     lines = [line.split() for line in calls.read_text().splitlines()]
     assert len(lines) == 3 and all(any(a.endswith("%8") for a in args) for args in lines)
     assert not any(a.startswith("--dependency") for a in lines[0])
@@ -98,12 +101,12 @@ def test_a_throttle_holds_across_arrays_and_gaps_become_ranges(tmp_path, slurm):
 
 
 def test_one_array_keeps_task_ids_equal_to_point_indices():
-    assert [(a.offset, a.spec) for a in sw.plan_arrays([0, 1, 2, 5, 7, 8], 1001)] == [(0, "0-2,5,7-8")]
+    assert [(a.offset, a.spec) for a in sweep_slurm.plan_arrays([0, 1, 2, 5, 7, 8], 1001)] == [(0, "0-2,5,7-8")]
     # past MaxArraySize: each array starts at task 0 and spans fewer than MaxArraySize indices
-    arrays = sw.plan_arrays([3, 999, 1000, 1003, 2500], 1000)
+    arrays = sweep_slurm.plan_arrays([3, 999, 1000, 1003, 2500], 1000)
     assert [(a.offset, a.spec) for a in arrays] == [(3, "0,996-997"), (1003, "0"), (2500, "0")]
     # a spec is kept short however scattered the points
-    scattered = sw.plan_arrays(list(range(0, 400_000, 2)), 4_000_001, spec_max=4096)
+    scattered = sweep_slurm.plan_arrays(list(range(0, 400_000, 2)), 4_000_001, spec_max=4096)
     assert all(len(a.spec) <= 4096 for a in scattered) and [i for a in scattered for i in a.indices] == \
         list(range(0, 400_000, 2))
     assert all(max(_indices(a.spec)) < 4_000_001 for a in scattered)
@@ -119,8 +122,8 @@ def test_max_array_size_read_from_scontrol_else_the_default(monkeypatch):
 
 @pytest.mark.slow  # bash runs the rendered script
 def test_the_array_script_runs_the_point_at_offset_plus_task(tmp_path):
-    s = sw.load(_sweep_file(tmp_path, {"run.seed": [0, 1, 2, 3, 4, 5]}), out_dir=str(tmp_path / "out"))
-    sw.write(s, ROOT)
+    s = sweep_spec.load(_sweep_file(tmp_path, {"run.seed": [0, 1, 2, 3, 4, 5]}), out_dir=str(tmp_path / "out"))
+    sweep_rundirs.write(s, ROOT)
     bin_ = tmp_path / "bin"
     bin_.mkdir()
     _exe(bin_ / "srun", f'#!/bin/sh\necho "$@" > {tmp_path}/srun.args\n')
@@ -152,7 +155,7 @@ def test_without_sbatch_nothing_is_written(tmp_path, monkeypatch, capsys):
 def test_a_failed_sbatch_after_some_arrays_names_the_submitted_ones(tmp_path, slurm, monkeypatch):
     slurm(1000)
     s = _many(tmp_path, 2500)
-    real = sw._sbatch
+    real = sweep_slurm._sbatch
 
     def third_refused(args: list[str]) -> str:
         if "--export=ALL,MPIFL_ARRAY_OFFSET=2000" in args:
@@ -162,7 +165,7 @@ def test_a_failed_sbatch_after_some_arrays_names_the_submitted_ones(tmp_path, sl
     monkeypatch.setattr(sw, "_sbatch", third_refused)
     with pytest.raises(ConfigError, match=r"QOSMaxSubmitJobPerUserLimit \(after 2 of 3 arrays were submitted: "
                                           r"jobs 5001, 5002; `--status` shows their points\)"):
-        sw.submit(s)
+        sweep_slurm.submit(s)
 
 
 @pytest.mark.slow  # the preflight starts the interpreter, --submit a stand-in sbatch

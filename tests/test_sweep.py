@@ -17,6 +17,9 @@ import yaml
 from mpifl.check import node_local
 from mpifl.errors import ConfigError
 from mpifl.sweep import cli as sw
+from mpifl.sweep import rundirs as sweep_rundirs
+from mpifl.sweep import slurm as sweep_slurm
+from mpifl.sweep import spec as sweep_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -44,7 +47,7 @@ def _sweep_file(tmp: Path, grid: dict | list, slurm: dict | None = None, name: s
 def test_grid_is_the_cartesian_product_with_values_applied(tmp_path):
     path = _sweep_file(tmp_path, {"algorithm.name": ["fedavg", "local", "oracle"], "run.seed": [0, 1]},
                        set={"train.lr": 0.1})
-    s = sw.load(path, out_dir=str(tmp_path / "out"))
+    s = sweep_spec.load(path, out_dir=str(tmp_path / "out"))
     assert len(s.points) == 6
     assert len({p.name for p in s.points}) == 6
     seen = set()
@@ -61,7 +64,7 @@ def test_grid_is_the_cartesian_product_with_values_applied(tmp_path):
 
 def test_point_names_use_distinct_key_suffixes(tmp_path):
     path = _sweep_file(tmp_path, {"algorithm.name": ["fedavg"], "run.seed": [3], "data.n_clients": [4]})
-    (p,) = sw.load(path, out_dir=str(tmp_path)).points
+    (p,) = sweep_spec.load(path, out_dir=str(tmp_path)).points
     assert p.name == "000_algorithm-fedavg_seed-3_n_clients-4"
 
 
@@ -79,24 +82,24 @@ def test_bad_sweeps_fail_with_one_line_naming_the_key(tmp_path, grid, extra, mes
     slurm = extra.pop("slurm", None)
     path = _sweep_file(tmp_path, grid, slurm, **extra)
     with pytest.raises(ConfigError) as e:
-        sw.load(path, out_dir=str(tmp_path))
+        sweep_spec.load(path, out_dir=str(tmp_path))
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
 def test_write_is_idempotent_and_refuses_a_different_config(tmp_path):
     path = _sweep_file(tmp_path, {"run.seed": [0, 1]})
-    s = sw.load(path, out_dir=str(tmp_path / "out"))
-    sw.write(s, ROOT)
+    s = sweep_spec.load(path, out_dir=str(tmp_path / "out"))
+    sweep_rundirs.write(s, ROOT)
     first = {p: p.read_text() for p in s.root.rglob("*") if p.is_file()}
     assert (s.root / "runs.txt").read_text().splitlines() == [str(p.config.run_dir) for p in s.points]
     assert os.access(s.script, os.X_OK)
-    sw.write(sw.load(path, out_dir=str(tmp_path / "out")), ROOT)
+    sweep_rundirs.write(sweep_spec.load(path, out_dir=str(tmp_path / "out")), ROOT)
     assert {p: p.read_text() for p in s.root.rglob("*") if p.is_file()} == first
 
     changed = _sweep_file(tmp_path, {"run.seed": [0, 1]}, set={"train.lr": 0.2})
     with pytest.raises(ConfigError, match="holds a different config"):
-        sw.write(sw.load(changed, out_dir=str(tmp_path / "out")), ROOT)
-    sw.write(sw.load(changed, out_dir=str(tmp_path / "out")), ROOT, force=True)
+        sweep_rundirs.write(sweep_spec.load(changed, out_dir=str(tmp_path / "out")), ROOT)
+    sweep_rundirs.write(sweep_spec.load(changed, out_dir=str(tmp_path / "out")), ROOT, force=True)
     assert yaml.safe_load(s.points[0].config.run_dir.joinpath("config.yaml").read_text())["train"]["lr"] == 0.2
 
 
@@ -125,7 +128,7 @@ def _golden(name: str, text: str) -> None:
     assert text == path.read_text(), f"{name} changed; rerun with MPIFL_UPDATE_GOLDEN=1 if on purpose"
 
 
-def _fixed(s: sw.Sweep) -> sw.Sweep:
+def _fixed(s: sweep_spec.Sweep) -> sweep_spec.Sweep:
     s.root = Path("/scratch/me/results/dpfl-budget")
     return s
 
@@ -136,8 +139,8 @@ def test_array_script_matches_golden_file(tmp_path):
                               "partition": "gpu", "max_parallel": 3, "python": "/opt/venv/bin/python",
                               "setup": ["module load cuda/12.4"], "sbatch": ["--qos=normal"]},
                        name="dpfl-budget")
-    s = _fixed(sw.load(path, out_dir=str(tmp_path)))
-    text = sw.array_script(s, Path("/home/me/mpifl"))
+    s = _fixed(sweep_spec.load(path, out_dir=str(tmp_path)))
+    text = sweep_slurm.array_script(s, Path("/home/me/mpifl"))
     _golden("array.sbatch", text)
     assert "#SBATCH --array=0-5%3" in text and "srun --mpi=pmi2" in text
 
@@ -146,8 +149,8 @@ def test_run_script_matches_golden_file(tmp_path):
     from mpifl import config
 
     cfg = config.from_dict({**TINY, "run": {**TINY["run"], "name": "q", "out_dir": "/scratch/me/results"}})
-    opts = sw.SlurmOptions(python="/opt/venv/bin/python", mpi="pmix")
-    text = sw.run_script(cfg, opts, Path("/home/me/mpifl"))
+    opts = sweep_spec.SlurmOptions(python="/opt/venv/bin/python", mpi="pmix")
+    text = sweep_slurm.run_script(cfg, opts, Path("/home/me/mpifl"))
     _golden("run.sbatch", text)
     assert "--gpus-per-task" not in text and "srun --mpi=pmix" in text
 
@@ -160,7 +163,7 @@ def test_golden_scripts_are_valid_bash(name):
 
 def test_render_refuses_missing_or_unknown_placeholders():
     with pytest.raises(KeyError, match="needs"):
-        sw.render("run.sbatch", {"job_name": "x"})
+        sweep_slurm.render("run.sbatch", {"job_name": "x"})
 
 
 def test_run_mode_writes_the_script_into_the_run_dir(tmp_path, capsys):
@@ -210,14 +213,14 @@ def test_submit_sends_only_unfinished_points(tmp_path, monkeypatch):
     _exe(bin_ / "sbatch", f'#!/bin/sh\necho "$@" >> {tmp_path}/sbatch.args\necho 4242\n')
     monkeypatch.setenv("PATH", f"{bin_}{os.pathsep}{os.environ['PATH']}")
     path = _sweep_file(tmp_path, {"run.seed": [0, 1, 2]}, slurm={"max_parallel": 2})
-    s = sw.load(path, out_dir=str(tmp_path / "out"))
-    sw.write(s, ROOT)
+    s = sweep_spec.load(path, out_dir=str(tmp_path / "out"))
+    sweep_rundirs.write(s, ROOT)
     # a finished run: make point 1's log by running it here (1 rank, in this process)
     from mpifl.comm import world
     from mpifl.run import runtime
 
     runtime.run(s.points[1].config, world())
-    assert sw.submit(s) == ["4242"]
+    assert sweep_slurm.submit(s) == ["4242"]
     args = (tmp_path / "sbatch.args").read_text().split()
     assert args == ["--parsable", "--array=0,2%2", str(s.script)]
 
@@ -252,7 +255,7 @@ def test_shipped_sweeps_validate_where_their_base_exists(path, tmp_path):
     base = yaml.safe_load(path.read_text()).get("base")
     if base and not (path.parent / base).is_file():
         pytest.skip(f"{path.name}: base {base} arrives with its algorithm's branch")
-    s = sw.load(path, out_dir=str(tmp_path))
+    s = sweep_spec.load(path, out_dir=str(tmp_path))
     grids = s.grid if isinstance(s.grid, list) else [s.grid]
     assert len(s.points) == sum(np.prod([len(v) for v in g.values()]) for g in grids)
     assert len({p.name for p in s.points}) == len(s.points)
@@ -262,7 +265,7 @@ def test_a_list_of_grids_is_the_union_of_their_products(tmp_path):
     path = _sweep_file(tmp_path, [{"algorithm.name": ["fedavg", "local"], "run.seed": [0, 1]},
                                   {"algorithm.name": ["pfedlia"], "pfedlia.mode": ["p2p"], "run.seed": [0]}],
                        set={"pfedlia.warmup_rounds": 1})
-    s = sw.load(path, out_dir=str(tmp_path / "out"))
+    s = sweep_spec.load(path, out_dir=str(tmp_path / "out"))
     got = [(p.name, p.config.algorithm.name, p.config.pfedlia.mode, p.config.run.seed) for p in s.points]
     assert got == [("000_algorithm-fedavg_seed-0", "fedavg", "central", 0),
                    ("001_algorithm-fedavg_seed-1", "fedavg", "central", 1),
@@ -272,9 +275,9 @@ def test_a_list_of_grids_is_the_union_of_their_products(tmp_path):
     assert s.points[0].values == {"algorithm.name": "fedavg", "run.seed": 0}
     assert s.points[4].values == {"algorithm.name": "pfedlia", "pfedlia.mode": "p2p", "run.seed": 0}
     with pytest.raises(ConfigError, match=r"grid=\[\] is not allowed"):
-        sw.load(_sweep_file(tmp_path, []), out_dir=str(tmp_path / "out"))
+        sweep_spec.load(_sweep_file(tmp_path, []), out_dir=str(tmp_path / "out"))
     with pytest.raises(ConfigError, match=r"grid.run.seed=\[\] is not allowed"):
-        sw.load(_sweep_file(tmp_path, [{"run.seed": [0]}, {"run.seed": []}]), out_dir=str(tmp_path / "out"))
+        sweep_spec.load(_sweep_file(tmp_path, [{"run.seed": [0]}, {"run.seed": []}]), out_dir=str(tmp_path / "out"))
 
 
 def test_grid_over_base_files_keeps_each_files_own_values(tmp_path):
@@ -285,7 +288,7 @@ def test_grid_over_base_files_keeps_each_files_own_values(tmp_path):
             "grid": {"base": ["a.yaml", "b.yaml"], "algorithm.name": [None, "local"], "run.seed": [0]}}
     path = tmp_path / "jobs.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    s = sw.load(path, out_dir=str(tmp_path / "out"))
+    s = sweep_spec.load(path, out_dir=str(tmp_path / "out"))
     got = [(p.name, p.config.algorithm.name, p.config.train.lr, p.config.run.rounds) for p in s.points]
     assert got == [("000_base-a_algorithm-base_seed-0", "oracle", 0.2, 3),
                    ("001_base-a_algorithm-local_seed-0", "local", 0.2, 3),
@@ -294,19 +297,19 @@ def test_grid_over_base_files_keeps_each_files_own_values(tmp_path):
     spec["base"] = "a.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     with pytest.raises(ConfigError, match="grid.base and base="):
-        sw.load(path, out_dir=str(tmp_path / "out"))
+        sweep_spec.load(path, out_dir=str(tmp_path / "out"))
     spec.pop("base")
     spec["grid"]["base"] = ["a.yaml", "missing.yaml"]
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     with pytest.raises(ConfigError, match="grid.base='missing.yaml' is not allowed; no such file"):
-        sw.load(path, out_dir=str(tmp_path / "out"))
+        sweep_spec.load(path, out_dir=str(tmp_path / "out"))
 
 
 def test_write_puts_an_absolute_workdir_in_the_array_script(tmp_path, monkeypatch):
     path = _sweep_file(tmp_path, {"run.seed": [0]})
-    s = sw.load(path, out_dir=str(tmp_path / "out"))
+    s = sweep_spec.load(path, out_dir=str(tmp_path / "out"))
     monkeypatch.chdir(tmp_path)
-    sw.write(s, Path("."))
+    sweep_rundirs.write(s, Path("."))
     assert f"cd {tmp_path.resolve()} " in s.script.read_text()
 
 

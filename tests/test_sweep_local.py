@@ -17,11 +17,15 @@ from test_sweep import ROOT, _exe, _sweep_file
 
 from mpifl.logging.h5 import open_run
 from mpifl.sweep import cli as sw
+from mpifl.sweep import rundirs as sweep_rundirs
+from mpifl.sweep import runner as sweep_runner
+from mpifl.sweep import spec as sweep_spec
+from mpifl.sweep import status as sweep_status
 
 
 def _fake_srun(bin_: Path) -> None:
     """srun's launch without SLURM: drop srun's options, start the ranks with mpiexec."""
-    mpiexec = sw._mpiexec()
+    mpiexec = sweep_runner._mpiexec()
     _exe(bin_ / "srun", "#!/bin/bash\n"
                         'while [[ "$1" == --* ]]; do shift; done\n'
                         f'exec {mpiexec} -n "$SLURM_NTASKS" "$@"\n')
@@ -29,7 +33,7 @@ def _fake_srun(bin_: Path) -> None:
 
 @pytest.mark.slow
 def test_local_gives_the_same_files_as_the_slurm_array(tmp_path):
-    if sw._mpiexec() is None:
+    if sweep_runner._mpiexec() is None:
         pytest.skip("needs mpiexec")
     path = _sweep_file(tmp_path, {"algorithm.name": ["fedavg", "oracle"]}, slurm={"ntasks": 2})
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -78,8 +82,8 @@ def test_local_gives_the_same_files_as_the_slurm_array(tmp_path):
 @pytest.mark.parametrize("parallel", [1, 2])
 def test_local_runs_at_most_parallel_points_at_once_and_counts_failures(tmp_path, monkeypatch, parallel):
     path = _sweep_file(tmp_path, {"run.seed": [0, 1, 2, 3, 4]})
-    s = sw.load(path, out_dir=str(tmp_path / "out"))
-    sw.write(s, tmp_path)
+    s = sweep_spec.load(path, out_dir=str(tmp_path / "out"))
+    sweep_rundirs.write(s, tmp_path)
     stamps = tmp_path / "stamps"
     stamps.mkdir()
     # each "run" records when it starts and ends; seed 3 fails
@@ -88,7 +92,7 @@ def test_local_runs_at_most_parallel_points_at_once_and_counts_failures(tmp_path
            "(d / f'{seed}.end').write_text(repr(time.time())); sys.exit(seed == '3')")
     monkeypatch.setattr(sw, "local_command", lambda cfg, ranks, python=None:
                         [sys.executable, "-c", job, str(stamps), str(cfg.run.seed)])
-    assert sw.run_local(s, 1, tmp_path, parallel, warm=False) == 1  # the mpiexec path's throttle
+    assert sweep_runner.run_local(s, 1, tmp_path, parallel, warm=False) == 1  # the mpiexec path's throttle
     spans = [(float((stamps / f"{i}.start").read_text()), float((stamps / f"{i}.end").read_text()))
              for i in range(5)]
     most = max(sum(a <= t < b for a, b in spans) for t, _ in spans)
@@ -125,8 +129,8 @@ def test_local_runs_the_preflight_on_every_point_before_starting_any(tmp_path, m
 
 @pytest.mark.parametrize("parallel, keep_going", [(1, False), (2, False), (1, True)])
 def test_a_user_error_stops_the_launching_unless_keep_going(tmp_path, monkeypatch, capsys, parallel, keep_going):
-    s = sw.load(_sweep_file(tmp_path, {"run.seed": [0, 1, 2, 3, 4]}), out_dir=str(tmp_path / "out"))
-    sw.write(s, tmp_path)
+    s = sweep_spec.load(_sweep_file(tmp_path, {"run.seed": [0, 1, 2, 3, 4]}), out_dir=str(tmp_path / "out"))
+    sweep_rundirs.write(s, tmp_path)
     ran = []
 
     def fake(cfg, *a, **k):  # seed 1 ends with a user error while seed 0 still runs
@@ -136,7 +140,7 @@ def test_a_user_error_stops_the_launching_unless_keep_going(tmp_path, monkeypatc
         return 2 if cfg.run.seed == 1 else 0
 
     monkeypatch.setattr(sw, "run_point", fake)
-    assert sw.run_local(s, 1, tmp_path, parallel, warm=False, keep_going=keep_going) == 1
+    assert sweep_runner.run_local(s, 1, tmp_path, parallel, warm=False, keep_going=keep_going) == 1
     out = capsys.readouterr().out.splitlines()
     if keep_going:
         assert sorted(ran) == [0, 1, 2, 3, 4] and not any("stopped launching" in x for x in out)
@@ -157,8 +161,8 @@ def test_two_drivers_on_one_sweep_share_the_points_and_both_end_done(tmp_path, m
 
     from mpifl.sweep import driver as sweep_driver
 
-    s = sw.load(_sweep_file(tmp_path, {"run.seed": [0, 1, 2, 3, 4, 5]}), out_dir=str(tmp_path / "out"))
-    sw.write(s, tmp_path)
+    s = sweep_spec.load(_sweep_file(tmp_path, {"run.seed": [0, 1, 2, 3, 4, 5]}), out_dir=str(tmp_path / "out"))
+    sweep_rundirs.write(s, tmp_path)
     done, ran, lines = set(), [], {}
     monkeypatch.setattr(sw, "is_complete", lambda cfg: cfg.run.seed in done)
     monkeypatch.setattr(sweep_driver, "driver_log", lambda sweep: sweep.log_dir / f"driver_{threading.get_ident()}.out")
@@ -173,7 +177,7 @@ def test_two_drivers_on_one_sweep_share_the_points_and_both_end_done(tmp_path, m
     monkeypatch.setattr(sw, "run_point", fake)
 
     def driver(name):
-        lines[name] = sw.run_local(s, 1, tmp_path, 1, warm=False)
+        lines[name] = sweep_runner.run_local(s, 1, tmp_path, 1, warm=False)
 
     threads = [threading.Thread(target=driver, args=(n,)) for n in "ab"]
     for t in threads:
@@ -208,7 +212,7 @@ def test_a_stop_signal_to_the_driver_checkpoints_its_runs_and_exits_75(tmp_path,
     import signal
 
     path = _sweep_file(tmp_path, {"run.seed": [0, 1, 2]}, set={"run.rounds": 100000, "run.checkpoint_every": 0})
-    s = sw.load(path, out_dir=str(tmp_path / "out"))
+    s = sweep_spec.load(path, out_dir=str(tmp_path / "out"))
     proc = _driver(path, tmp_path / "out", "--parallel", "2")
     runs = [p.config.run_dir for p in s.points[:2]]
     deadline = time.monotonic() + 300
@@ -230,13 +234,13 @@ def test_a_stop_signal_to_the_driver_checkpoints_its_runs_and_exits_75(tmp_path,
 @pytest.mark.slow
 def test_two_driver_processes_on_one_sweep_both_exit_0_with_their_own_logs(tmp_path):
     path = _sweep_file(tmp_path, {"run.seed": [0, 1, 2, 3]}, set={"run.rounds": 40})
-    s = sw.load(path, out_dir=str(tmp_path / "out"))
+    s = sweep_spec.load(path, out_dir=str(tmp_path / "out"))
     a = _driver(path, tmp_path / "out")
     time.sleep(3)
     b = _driver(path, tmp_path / "out")
     outs = [p.communicate(timeout=600) for p in (a, b)]
     assert [a.returncode, b.returncode] == [0, 0], outs
-    assert all(sw.is_complete(p.config) for p in s.points)
+    assert all(sweep_status.is_complete(p.config) for p in s.points)
     text = "".join(o for o, _ in outs)
     assert "FAILED" not in text and "in use by another" not in text
     assert len(list(s.log_dir.glob("driver_*.out"))) == 2

@@ -8,6 +8,10 @@ from test_sweep import _sweep_file
 
 from mpifl.errors import ConfigError
 from mpifl.sweep import cli as sw
+from mpifl.sweep import rundirs as sweep_rundirs
+from mpifl.sweep import runner as sweep_runner
+from mpifl.sweep import slurm as sweep_slurm
+from mpifl.sweep import spec as sweep_spec
 from mpifl.sweep import status as sweep_status
 from mpifl.sweep.select import parse_points, select, split_values
 
@@ -15,11 +19,11 @@ GRID = {"algorithm.name": ["fedavg", "local", "oracle"], "train.lr": [0.1, 0.05]
 
 
 @pytest.fixture
-def sweep(tmp_path) -> sw.Sweep:
-    return sw.load(_sweep_file(tmp_path, GRID), out_dir=str(tmp_path / "out"))
+def sweep(tmp_path) -> sweep_spec.Sweep:
+    return sweep_spec.load(_sweep_file(tmp_path, GRID), out_dir=str(tmp_path / "out"))
 
 
-def _picked(s: sw.Sweep, only=(), points=None) -> list[tuple]:
+def _picked(s: sweep_spec.Sweep, only=(), points=None) -> list[tuple]:
     return [(p.config.algorithm.name, p.config.train.lr, p.config.run.seed) for p in select(s.points, only, points)]
 
 
@@ -73,13 +77,13 @@ def test_dry_run_and_status_show_only_the_selection(tmp_path, capsys):
 
 
 def test_local_and_submit_act_on_the_selection_only(tmp_path, monkeypatch):
-    s = sw.load(_sweep_file(tmp_path, GRID), out_dir=str(tmp_path / "out"))
+    s = sweep_spec.load(_sweep_file(tmp_path, GRID), out_dir=str(tmp_path / "out"))
     s.selected = select(s.points, ["algorithm.name=local"], "0-4")
     ran = []
     monkeypatch.setattr(sw, "run_point", lambda cfg, *a, **k: ran.append(cfg.run.name) or 0)
     monkeypatch.setattr(sw, "_sbatch_exe", lambda: "sbatch")
-    sw.write(s, tmp_path)
-    assert sw.run_local(s, 1, tmp_path, warm=False) == 0
+    sweep_rundirs.write(s, tmp_path)
+    assert sweep_runner.run_local(s, 1, tmp_path, warm=False) == 0
     assert ran == [s.points[4].name]
     monkeypatch.setattr(sweep_status, "max_array_size", lambda: 1001)
-    assert [a.indices for a in sw.submission_plan(s)] == [[4]]
+    assert [a.indices for a in sweep_slurm.submission_plan(s)] == [[4]]

@@ -14,10 +14,13 @@ from test_sweep import _sweep_file
 from mpifl.logging.h5 import Writer
 from mpifl.paths import RunDir
 from mpifl.sweep import cli as sw
+from mpifl.sweep import rundirs as sweep_rundirs
+from mpifl.sweep import runner as sweep_runner
+from mpifl.sweep import spec as sweep_spec
 from mpifl.sweep import status as st
 
 
-def _log(p: sw.Point, rounds: int, every: int = 1, wall: float = 2.0) -> float:
+def _log(p: sweep_spec.Point, rounds: int, every: int = 1, wall: float = 2.0) -> float:
     """Log ``rounds`` complete rounds of point ``p`` (evaluated every ``every``);
     returns the last evaluated mean accuracy."""
     cfg = p.config
@@ -37,14 +40,14 @@ def _log(p: sw.Point, rounds: int, every: int = 1, wall: float = 2.0) -> float:
 
 
 @pytest.fixture
-def sweep(tmp_path) -> sw.Sweep:
+def sweep(tmp_path) -> sweep_spec.Sweep:
     path = _sweep_file(tmp_path, {"run.seed": list(range(7))})
-    s = sw.load(path, out_dir=str(tmp_path / "out"), overrides=["run.rounds=10"])
-    sw.write(s, tmp_path)
+    s = sweep_spec.load(path, out_dir=str(tmp_path / "out"), overrides=["run.rounds=10"])
+    sweep_rundirs.write(s, tmp_path)
     return s
 
 
-def _lines(s: sw.Sweep) -> tuple[dict[int, str], str, dict[str, int]]:
+def _lines(s: sweep_spec.Sweep) -> tuple[dict[int, str], str, dict[str, int]]:
     out: list[str] = []
     counts = st.report(s, echo=out.append)
     return {i: out[i] for i in range(len(s.points))}, out[-1], counts
@@ -55,9 +58,9 @@ def _lines(s: sw.Sweep) -> tuple[dict[int, str], str, dict[str, int]]:
 
 def test_set_applies_to_every_point_and_is_recorded_in_its_config(tmp_path):
     path = _sweep_file(tmp_path, {"algorithm.name": ["fedavg", "local"]})
-    s = sw.load(path, out_dir=str(tmp_path / "o"), overrides=["run.rounds=3", "train.lr=0.2"])
+    s = sweep_spec.load(path, out_dir=str(tmp_path / "o"), overrides=["run.rounds=3", "train.lr=0.2"])
     assert [(p.config.run.rounds, p.config.train.lr) for p in s.points] == [(3, 0.2), (3, 0.2)]
-    sw.write(s, tmp_path)
+    sweep_rundirs.write(s, tmp_path)
     for p in s.points:
         assert "rounds: 3" in RunDir(p.config.run_dir).config.read_text()
     assert "run.rounds: 3" in (s.root / "sweep.yaml").read_text()
@@ -66,7 +69,7 @@ def test_set_applies_to_every_point_and_is_recorded_in_its_config(tmp_path):
 def test_set_on_a_grid_key_or_a_bad_value_is_one_line(tmp_path, capsys):
     path = _sweep_file(tmp_path, {"run.seed": [0, 1]})
     with pytest.raises(sw.ConfigError, match="grid.run.seed varies it"):
-        sw.load(path, overrides=["run.seed=3"])
+        sweep_spec.load(path, overrides=["run.seed=3"])
     assert sw.main([str(path), "--out-dir", str(tmp_path / "o"), "--dry-run", "--set", "run.rounds=0"]) == 2
     err = capsys.readouterr().err
     assert "run.rounds" in err and err.count("\n") == 1
@@ -75,7 +78,7 @@ def test_set_on_a_grid_key_or_a_bad_value_is_one_line(tmp_path, capsys):
 def test_overrides_after_the_sweep_file_act_as_set(tmp_path, capsys):
     path = _sweep_file(tmp_path, {"run.seed": [0, 1]})
     assert sw.main([str(path), "run.rounds=4", "--out-dir", str(tmp_path / "o"), "--allow-local-paths"]) == 0
-    s = sw.load(path, out_dir=str(tmp_path / "o"), overrides=["run.rounds=4"])
+    s = sweep_spec.load(path, out_dir=str(tmp_path / "o"), overrides=["run.rounds=4"])
     assert all("rounds: 4" in RunDir(p.config.run_dir).config.read_text() for p in s.points)
 
 
@@ -154,15 +157,15 @@ def test_status_from_the_command_line_writes_nothing(tmp_path, capsys):
 def test_local_prints_a_line_per_finished_point_and_a_summary(sweep):
     p = sweep.points
     acc = _log(p[0], 10)
-    assert sw.finished_line(p[0], 0, 12.3, st.local_log(sweep, 0)) == \
+    assert sweep_runner.finished_line(p[0], 0, 12.3, st.local_log(sweep, 0)) == \
         f"[0] {p[0].name}: done in 12s, 10/10 rounds, final test_acc {acc:.4f}"
     _log(p[1], 3)
     st.local_log(sweep, 1).write_text("mpifl: rank 0 of 1: error: client 3 produced a non-finite loss\n")
-    line = sw.finished_line(p[1], 1, 200, st.local_log(sweep, 1))
+    line = sweep_runner.finished_line(p[1], 1, 200, st.local_log(sweep, 1))
     assert line.startswith(f"[1] {p[1].name}: FAILED (exit 1) after 3.3min, 3/10 rounds; ")
     assert line.endswith(f"{st.local_log(sweep, 1)}: mpifl: rank 0 of 1: error: client 3 produced a non-finite loss")
-    assert "preempted" in sw.finished_line(p[2], 75, 1, st.local_log(sweep, 2))
-    summary = sw.local_summary(sweep, {1: 1, 2: 0, 3: 75}).splitlines()
+    assert "preempted" in sweep_runner.finished_line(p[2], 75, 1, st.local_log(sweep, 2))
+    summary = sweep_runner.local_summary(sweep, {1: 1, 2: 0, 3: 75}).splitlines()
     assert summary[0] == "sweep s: 1 done (4 were already complete), 2 failed:"
     assert summary[1:] == [f"  [1] {p[1].name}: exit 1, {st.local_log(sweep, 1)}",
                            f"  [3] {p[3].name}: exit 75, {st.local_log(sweep, 3)}"]
@@ -184,7 +187,7 @@ def test_local_marks_each_point_for_status(sweep, monkeypatch, tmp_path):
 
     monkeypatch.setattr(sw, "local_command", lambda cfg, ranks, python=None: ["run", str(cfg.run.seed)])
     monkeypatch.setattr(sw.subprocess, "Popen", Proc)
-    assert sw.run_local(sweep, 1, Path(tmp_path), warm=False) == 1  # the mpiexec path
+    assert sweep_runner.run_local(sweep, 1, Path(tmp_path), warm=False) == 1  # the mpiexec path
     assert all("running" in line for line in seen) and len(seen) == 7
     lines, _, counts = _lines(sweep)
     assert "failed" in lines[2] and counts["failed"] == 1 and counts["waiting"] == 6  # the others logged nothing

@@ -240,28 +240,31 @@ def test_a_fresh_start_of_the_same_config_replaces_only_its_own_files(tmp_path):
 ])
 def test_hostile_slurm_options_are_errors_naming_the_key(tmp_path, key, value):
     from mpifl.errors import ConfigError
-    from mpifl.sweep import cli as sw
+    from mpifl.sweep import slurm as sweep_slurm
+    from mpifl.sweep import spec as sweep_spec
 
     with pytest.raises(ConfigError) as e:
-        sw.SlurmOptions.from_dict({key: value})
+        sweep_spec.SlurmOptions.from_dict({key: value})
     assert str(e.value).startswith(f"slurm.{key}") and "\n" not in str(e.value)
-    opts = sw.SlurmOptions(**{key: value})  # built directly: rendering checks again
+    opts = sweep_spec.SlurmOptions(**{key: value})  # built directly: rendering checks again
     cfg = _cfg(tmp_path / "o", "r")
     with pytest.raises(ConfigError, match=f"^slurm.{key}"):
-        sw.run_script(cfg, opts, tmp_path)
+        sweep_slurm.run_script(cfg, opts, tmp_path)
 
 
 @pytest.mark.parametrize(("key", "value"), [("name", "r\ntouch PWNED"), ("out_dir", "/scratch/o\ntouch PWNED")])
 def test_newlines_in_run_paths_never_reach_a_script(tmp_path, key, value):
     from mpifl.errors import ConfigError
     from mpifl.sweep import cli as sw
+    from mpifl.sweep import slurm as sweep_slurm
+    from mpifl.sweep import spec as sweep_spec
 
     f = tmp_path / "c.yaml"
     f.write_text(f"run: {{{key}: {value!r}}}\n".replace("'", '"').replace("\n", "\\n", 1))
     assert sw.main(["--run", str(f), "--dry-run"]) == 2
     with pytest.raises(ConfigError, match=f"^run.{key}="):
-        sw.run_script(_cfg(*(("/scratch/o", value) if key == "name" else (value, "r"))), sw.SlurmOptions(),
-                      tmp_path)
+        sweep_slurm.run_script(_cfg(*(("/scratch/o", value) if key == "name" else (value, "r"))),
+                               sweep_spec.SlurmOptions(), tmp_path)
 
 
 HOSTILE = "$(touch PWNED1) `touch PWNED2`; touch PWNED3"
@@ -278,11 +281,12 @@ def _cfg(out_dir, name: str):
 
 
 def _hostile_script(out_dir, workdir: Path) -> str:
-    from mpifl.sweep import cli as sw
+    from mpifl.sweep import slurm as sweep_slurm
+    from mpifl.sweep import spec as sweep_spec
 
-    opts = sw.SlurmOptions(python=f"/opt/py {HOSTILE}", srun=[f"--x={HOSTILE}", "`touch PWNED4`;"],
-                           sbatch=[f"--comment={HOSTILE}"], partition="gpu,debug", account="lab-1", mem="16G")
-    return sw.run_script(_cfg(out_dir, f"r {HOSTILE}"), opts, workdir)
+    opts = sweep_spec.SlurmOptions(python=f"/opt/py {HOSTILE}", srun=[f"--x={HOSTILE}", "`touch PWNED4`;"],
+                                   sbatch=[f"--comment={HOSTILE}"], partition="gpu,debug", account="lab-1", mem="16G")
+    return sweep_slurm.run_script(_cfg(out_dir, f"r {HOSTILE}"), opts, workdir)
 
 
 @pytest.mark.slow

@@ -12,7 +12,9 @@ import yaml
 from test_sweep import _sweep_file
 
 from mpifl.logging.h5 import open_run
-from mpifl.sweep import cli as sw
+from mpifl.sweep import rundirs as sweep_rundirs
+from mpifl.sweep import runner as sweep_runner
+from mpifl.sweep import spec as sweep_spec
 from mpifl.sweep import status as sweep_status
 from mpifl.sweep import worker
 
@@ -23,14 +25,14 @@ ATTRS_OF_THE_MACHINE = {"started_at", "hostname", "config_yaml", "train_path_tim
 
 
 def _run(tmp_path, grid, out: str, warm: bool, parallel: int = 2, keep_going: bool = False,
-         **extra) -> tuple[sw.Sweep, int]:
-    s = sw.load(_sweep_file(tmp_path, grid, **extra), out_dir=str(tmp_path / out))
-    sw.write(s, tmp_path)
-    return s, sw.run_local(s, 1, tmp_path, parallel, warm=warm, keep_going=keep_going)
+         **extra) -> tuple[sweep_spec.Sweep, int]:
+    s = sweep_spec.load(_sweep_file(tmp_path, grid, **extra), out_dir=str(tmp_path / out))
+    sweep_rundirs.write(s, tmp_path)
+    return s, sweep_runner.run_local(s, 1, tmp_path, parallel, warm=warm, keep_going=keep_going)
 
 
 def test_warm_and_mpiexec_points_write_bitwise_the_same_logs(tmp_path, monkeypatch):
-    if sw._mpiexec() is None:
+    if sweep_runner._mpiexec() is None:
         pytest.skip("needs mpiexec")
     pids = []
     monkeypatch.setattr(sweep_status, "mark_started", lambda sweep, index, pid: pids.append(pid))

@@ -12,6 +12,7 @@ from mpifl.analysis import paper_table
 from mpifl.errors import ConfigError
 from mpifl.logging.h5 import Writer
 from mpifl.sweep import cli as sweep
+from mpifl.sweep import spec as sweep_spec
 from mpifl.yamlio import MAX_NODES, parse_yaml
 
 
@@ -62,10 +63,10 @@ def test_a_bomb_as_config_file_sweep_base_or_layout_is_one_line(tmp_path):
     f = tmp_path / "bomb.yaml"
     f.write_text(bomb())
     assert "bomb.yaml" in str(_quick(config.load, f))
-    assert "bomb.yaml" in str(_quick(sweep.load, f))
+    assert "bomb.yaml" in str(_quick(sweep_spec.load, f))
     s = tmp_path / "s.yaml"
     s.write_text("base: bomb.yaml\ngrid: {run.seed: [0]}\n")
-    assert "bomb.yaml" in str(_quick(sweep.load, s))
+    assert "bomb.yaml" in str(_quick(sweep_spec.load, s))
     assert "bomb.yaml" in str(_quick(paper_table.load_layout, f))
 
 
@@ -73,7 +74,7 @@ def test_a_sweep_whose_base_is_not_yaml_is_one_line(tmp_path):
     (tmp_path / "bad.yaml").write_text("run: [1, 2\n")
     s = tmp_path / "s.yaml"
     s.write_text("base: bad.yaml\ngrid: {run.seed: [0]}\n")
-    assert "is not valid YAML" in str(_quick(sweep.load, s))
+    assert "is not valid YAML" in str(_quick(sweep_spec.load, s))
 
 
 def test_a_log_storing_a_bomb_as_its_config_is_skipped_in_one_line(tmp_path):

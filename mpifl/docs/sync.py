@@ -65,7 +65,7 @@ def _run(cmd: list[str], what: str) -> str:
 
 
 def _mpi(n: int, *args: str) -> list[str]:
-    from mpifl.sweep.cli import _mpiexec
+    from mpifl.sweep.runner import _mpiexec
 
     launcher = _mpiexec()
     if launcher is None:

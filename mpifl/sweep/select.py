@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 from mpifl import config as config_mod
 from mpifl.errors import ConfigError, shorten
+from mpifl.sweep.spec import BASE
 
 if TYPE_CHECKING:
     from mpifl.sweep.spec import Point
 
-BASE = "base"  # mpifl.sweep.cli.BASE: the grid key that varies the config file
+
 
 
 def split_values(text: str) -> list[str]:

@@ -33,6 +33,7 @@ import numpy as np
 from mpifl.paths import RunDir, atomic_write_text
 
 if TYPE_CHECKING:
+    from mpifl.config import Config
     from mpifl.sweep.spec import Point, Sweep
 
 PREEMPTED = 75  # mpifl.run.runtime.PREEMPTED, without importing torch
@@ -43,6 +44,32 @@ SLURM_REQUEUED = ("PREEMPTED", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESIZ
 
 
 # --------------------------------------------------------------------------- markers written by --local
+
+
+
+def rounds_done(cfg: Config) -> int | None:
+    """Rounds the run's log holds as done (``Run.rounds_done``); None without a
+    readable log."""
+    from mpifl.logging.h5 import open_run
+
+    try:
+        return open_run(cfg.run_dir).rounds_done
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def is_complete(cfg: Config) -> bool:
+    """The run's log has done all of ``cfg``'s rounds (a partial or unreadable log
+    has not; a log extended past them has)."""
+    done = rounds_done(cfg)
+    return done is not None and done >= cfg.run.rounds
+
+
+def status(cfg: Config) -> str:
+    done = rounds_done(cfg)
+    if done is not None:
+        return "done" if done >= cfg.run.rounds else f"{done}/{cfg.run.rounds} rounds"
+    return "new" if not RunDir(cfg.run_dir).log.exists() else "unreadable log"
 
 
 def local_log(sweep: Sweep, index: int) -> Path:
