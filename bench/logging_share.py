@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from mpifl import config
 from mpifl.comm import world
 from mpifl.logging.h5 import Writer, open_run
-from mpifl.run import runtime
+from mpifl.run import roundlog, runtime
 
 
 def measure(mpi, n: int, rounds: int, dense_max: int, out: str, algo: str, flush_s: float
@@ -40,7 +40,7 @@ def measure(mpi, n: int, rounds: int, dense_max: int, out: str, algo: str, flush
         f"log.flush_s={flush_s}"],
         n_ranks=mpi.Get_size())
     spent: list[float] = []
-    inner = runtime._log_round
+    inner = roundlog.log_round
 
     def timed(*a, **k):
         mpi.Barrier()
@@ -57,12 +57,12 @@ def measure(mpi, n: int, rounds: int, dense_max: int, out: str, algo: str, flush
         close(self)
         spent.append(time.perf_counter() - t0)
 
-    runtime._log_round = timed
+    roundlog.log_round = timed
     Writer.close = timed_close
     try:
         path = runtime.run(cfg, mpi)
     finally:
-        runtime._log_round = inner
+        roundlog.log_round = inner
         Writer.close = close
     if mpi.Get_rank() != 0:
         return 0.0, 0.0, 0

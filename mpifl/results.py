@@ -137,7 +137,7 @@ def load_sweep(path: str | Path, window: int = WINDOW, ari: bool = True):
             warnings.warn(f"skipped {p}: {why}", stacklevel=2)
     keys = _swept(root) if root.is_dir() else None
     if keys is None:
-        from mpifl.analyze import varying_keys
+        from mpifl.analysis.tables import varying_keys
 
         keys = varying_keys(summaries) if summaries else []
     rows: list[dict[str, Any]] = []

@@ -18,6 +18,7 @@ import yaml
 from mpifl import analyze as an
 from mpifl import config
 from mpifl.algorithms.mixing import Dense
+from mpifl.analysis import plots, tables
 from mpifl.analysis import summary as sm
 from mpifl.logging.h5 import Writer, open_run
 
@@ -226,7 +227,7 @@ def test_every_matrix_log_gets_a_heatmap_and_clusterings_an_ari(tmp_path):
                                    "fedc2i/class_influence", "lia/influence"}
     s = sm.summarize(run.path)
     assert s.ari == pytest.approx({"graph.mixing": 1.0, "dpfl.collaborators": 1.0, "pfedlia.cluster": 1.0})
-    written = an.plot_heatmaps(run, tmp_path / "h", rounds=[1, -1])
+    written = plots.plot_heatmaps(run, tmp_path / "h", rounds=[1, -1])
     assert {p.name for p in written} == {"graph_mixing.png", "federico_client_weights.png",
                                          "dpfl_collaborators.png", "fedc2i_class_influence.png",
                                          "lia_influence.png"}
@@ -243,7 +244,7 @@ def test_compact_mixing_reads_and_plots_like_dense(tmp_path):
     for t in (0, -1):
         np.testing.assert_array_equal(dense.row("graph/mixing", t), compact.row("graph/mixing", t))
     assert sm.summarize(compact.path).ari == sm.summarize(dense.path).ari
-    (p,) = an.plot_heatmaps(compact, tmp_path / "h", rounds=None)
+    (p,) = plots.plot_heatmaps(compact, tmp_path / "h", rounds=None)
     _png_ok(p)
 
 
@@ -281,9 +282,9 @@ def test_grouping_keys_are_the_config_keys_that_differ(tmp_path):
         return _summary(seed, train={"lr": lr})
 
     runs = [summary(lr, s) for lr in (0.1, 0.2) for s in (0, 1, 2)]
-    keys = an.varying_keys(runs)
+    keys = tables.varying_keys(runs)
     assert keys == ["algorithm.name", "train.lr"]
-    groups = an.group_runs(runs, keys)
+    groups = tables.group_runs(runs, keys)
     assert [g.key for g in groups] == [("fedavg", "0.1"), ("fedavg", "0.2")]
     assert all(len(g.runs) == 3 for g in groups)
 
@@ -295,12 +296,12 @@ def test_other_algorithms_sections_do_not_split_or_label_a_baseline():
             for m in ("euclidean", "cosine") for s in (0, 1)]
     runs += [_summary(s, algorithm={"name": a}, pfedlia={"metric": m})
              for a in ("fedavg", "local") for m in ("euclidean", "cosine") for s in (0, 1)]
-    keys = an.varying_keys(runs)
+    keys = tables.varying_keys(runs)
     assert keys == ["algorithm.name", "pfedlia.metric"]
-    groups = {g.key: len(g.runs) for g in an.group_runs(runs, keys)}
+    groups = {g.key: len(g.runs) for g in tables.group_runs(runs, keys)}
     assert groups == {("pfedlia", "euclidean"): 2, ("pfedlia", "cosine"): 2, ("fedavg", "–"): 4, ("local", "–"): 4}
     # a key only other algorithms vary is no grouping key at all
-    assert an.varying_keys([_summary(0, algorithm={"name": "fedavg"}, federico={"k": k}) for k in (2, 3)]) \
+    assert tables.varying_keys([_summary(0, algorithm={"name": "fedavg"}, federico={"k": k}) for k in (2, 3)]) \
         == ["algorithm.name"]
 
 
@@ -356,9 +357,9 @@ def test_a_sweep_over_job_files_is_grouped_by_file_and_algorithm(tmp_path):
         job = sm.sweep_job(r.path)
         runs.append(sm.Summary(**{**r.__dict__, "config": {**r.config, sm.JOB: job}}))
     assert [r.config[sm.JOB] for r in runs] == ["a"] * 4 + ["b"] * 4
-    keys = an.varying_keys(runs)
+    keys = tables.varying_keys(runs)
     assert keys == ["algorithm.name", sm.JOB]  # train.lr follows from the file
-    assert [g.key for g in an.group_runs(runs, keys)] == [("oracle", "a"), ("local", "a"), ("oracle", "b"),
+    assert [g.key for g in tables.group_runs(runs, keys)] == [("oracle", "a"), ("local", "a"), ("oracle", "b"),
                                                           ("local", "b")]
     assert sm.sweep_job(tmp_path / "elsewhere" / "run.h5") is None
 
@@ -378,7 +379,7 @@ def test_label_hist_is_drawn_as_clients_by_classes_whatever_its_shape(tmp_path, 
         f["clients/label_hist"] = hist
     run = open_run(path)
     assert "clients/label_hist" not in run.matrices  # not a client-by-client matrix even when N == classes
-    written = {p.name: p for p in an.plot_heatmaps(run, tmp_path / "h", rounds=None)}
+    written = {p.name: p for p in plots.plot_heatmaps(run, tmp_path / "h", rounds=None)}
     assert set(written) == {"graph_mixing.png", "clients_label_hist.png"}
     _png_ok(written["clients_label_hist.png"])
     if classes > N:  # wider than tall: classes across, clients down
@@ -390,20 +391,20 @@ def test_label_hist_is_drawn_as_clients_by_classes_whatever_its_shape(tmp_path, 
 def test_group_labels_name_their_keys(tmp_path):
     runs = [_summary(0, algorithm={"name": "oracle"}, train={"lr": 0.1}),
             _summary(1, algorithm={"name": "local"}, train={"lr": 0.2})]
-    keys = an.varying_keys(runs)
-    assert [g.label for g in an.group_runs(runs, keys)] == ["algorithm.name=oracle, train.lr=0.1",
+    keys = tables.varying_keys(runs)
+    assert [g.label for g in tables.group_runs(runs, keys)] == ["algorithm.name=oracle, train.lr=0.1",
                                                             "algorithm.name=local, train.lr=0.2"]
 
 
 def test_heatmap_rounds_are_numbered_from_one_and_the_missing_ones_warned_about():
     said = []
-    assert an._rounds([1, 50, -1], np.arange(30), "run x", said.append) == [0, 29]
+    assert plots._rounds([1, 50, -1], np.arange(30), "run x", said.append) == [0, 29]
     assert len(said) == 1 and "--rounds 50" in said[0] and "rounds 1-30" in said[0] and "left out" in said[0]
     said.clear()
     logged = np.array([1, 3, 5])  # log.every = 2: rounds 2, 4, 6
-    assert an._rounds([2, 3, -1], logged, "run x", said.append) == [0, 2]
+    assert plots._rounds([2, 3, -1], logged, "run x", said.append) == [0, 2]
     assert len(said) == 1 and "--rounds 3" in said[0] and "3 of them logged" in said[0]
-    assert an._rounds(None, np.arange(30), "run x", said.append) == [0, 15, 29]
+    assert plots._rounds(None, np.arange(30), "run x", said.append) == [0, 15, 29]
 
 
 def test_rounds_zero_is_refused_on_the_command_line(capsys):
@@ -426,7 +427,7 @@ def test_a_log_older_than_a_key_reads_as_its_default(tmp_path):
     s = sm.summarize(path)
     assert s.config["local.sampled_only"] is False and s.config["data.train_per_client"] == 0
     new = _summary(0, algorithm={"name": "local"}, local={"sampled_only": True})
-    assert an.varying_keys([s, new]) == ["algorithm.name", "local.sampled_only"]
+    assert tables.varying_keys([s, new]) == ["algorithm.name", "local.sampled_only"]
 
 
 def _made_by(commit: str, cpu: str) -> dict:
@@ -438,13 +439,13 @@ def test_a_table_names_what_it_is_made_of_and_warns_when_it_mixes():
     for r, p in zip(runs, [_made_by("a", "AVX2"), _made_by("a", "AVX2"), _made_by("b", "AVX512"), {}]):
         r.provenance = p
     said = []
-    line = an.table_provenance(runs, "the table", said.append)
+    line = tables.table_provenance(runs, "the table", said.append)
     assert line == ("provenance: commits aaaaaaa (2), bbbbbbb (1), unknown (1); CPU capabilities AVX2 (2), "
                     "AVX512 (1), unknown (1); devices cpu (3), unknown (1) (runs in brackets)")
     assert [s.split(" (")[0] for s in said] == [f"mpifl.analyze: warning: the table mixes runs of {n} {w}"
                                                 for n, w in ((3, "commits"), (3, "CPU capabilities"), (2, "devices"))]
     said.clear()
-    assert "commit aaaaaaa (2); CPU capability AVX2 (2)" in an.table_provenance(runs[:2], "t", said.append)
+    assert "commit aaaaaaa (2); CPU capability AVX2 (2)" in tables.table_provenance(runs[:2], "t", said.append)
     assert said == []  # one commit, one CPU, one device: nothing to warn about
 
 

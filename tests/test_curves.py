@@ -12,6 +12,7 @@ import pytest
 from mpifl import analyze as an
 from mpifl import config
 from mpifl.analysis import curves as cv
+from mpifl.analysis import tables
 from mpifl.logging.h5 import Writer
 
 N = 6
@@ -62,7 +63,7 @@ def quiet(*a, **k) -> None:
 
 
 def grouping(runs: list) -> cv.Grouping:
-    return cv.Grouping(an.varying_keys(runs), an.setting, an.NOT_APPLICABLE)
+    return cv.Grouping(tables.varying_keys(runs), tables.setting, tables.NOT_APPLICABLE)
 
 
 def test_one_curve_per_method_with_mean_and_std_over_seeds(runs):

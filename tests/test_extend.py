@@ -18,7 +18,7 @@ from mpifl.config.identity import HOW, NOT_IDENTITY, WHERE, config_diff, flatten
 from mpifl.errors import ConfigError
 from mpifl.logging.h5 import open_run
 from mpifl.main import main
-from mpifl.run import runtime
+from mpifl.run import resume, runtime
 from mpifl.sweep import cli as sw
 from mpifl.sweep import rundirs as sweep_rundirs
 from mpifl.sweep import slurm as sweep_slurm
@@ -62,10 +62,10 @@ def test_extending_3_to_5_rounds_equals_a_straight_5_round_run(tmp_path, algo):
 def test_fewer_rounds_than_done_is_refused_in_one_line(tmp_path, capsys):
     runtime.run(_cfg(tmp_path, 4), world())
     with pytest.raises(ConfigError) as e:
-        runtime.find_checkpoint(_cfg(tmp_path, 3))
+        resume.find_checkpoint(_cfg(tmp_path, 3))
     msg = str(e.value)
     assert "run.rounds=3 is fewer than the 4 rounds" in msg and "run.rounds>=4" in msg and "\n" not in msg
-    assert runtime.find_checkpoint(_cfg(tmp_path, 4)) is not None  # the same number: nothing to do
+    assert resume.find_checkpoint(_cfg(tmp_path, 4)) is not None  # the same number: nothing to do
     # from the command line: exit 2, one line, and the run is left as it was
     rc = main(["run.rounds=3", *(f"{k}={v}" for k, v in [("run.out_dir", tmp_path), ("run.name", "r"),
                                                             ("run.threads", 1), ("run.checkpoint_every", 2),
@@ -101,10 +101,10 @@ def test_run_control_keys_may_change_on_resume_experiment_keys_may_not(tmp_path)
     runtime.run(_cfg(tmp_path, 2), world())
     changed = {"run.checkpoint_every": 5, "log.flush_s": 1.5, "run.threads": 2, "run.device": "cpu",
                "run.out_dir": str(tmp_path), "run.rounds": 3}
-    assert runtime.find_checkpoint(_cfg(tmp_path, 2, **changed)) is not None
+    assert resume.find_checkpoint(_cfg(tmp_path, 2, **changed)) is not None
     for key, value in {"run.eval_every": 2, "log.every": 2, "train.lr": 0.1, "run.seed": 1}.items():
         with pytest.raises(ConfigError, match=f"different config: {key}"):
-            runtime.find_checkpoint(_cfg(tmp_path, 2, **{key: value}))
+            resume.find_checkpoint(_cfg(tmp_path, 2, **{key: value}))
     # the one list, and every key of it a real config key
     keys = set(flatten(config.from_dict({}).to_dict()))
     assert NOT_IDENTITY == {*WHERE, *HOW, "run.rounds"} and NOT_IDENTITY <= keys

@@ -11,7 +11,7 @@ from mpifl import config
 from mpifl.comm import world
 from mpifl.errors import ConfigError
 from mpifl.paths import RunDir
-from mpifl.run import runtime
+from mpifl.run import resume, roundlog, runtime
 
 TINY = {"run": {"rounds": 2, "threads": 1, "name": "r"},
         "data": {"name": "synthetic", "n_samples": 120, "n_clients": 2, "n_clusters": 2}, "model": {"hidden": [4]}}
@@ -28,9 +28,9 @@ def _cfg(tmp_path, **over) -> config.Config:
 def _fresh_start_ok(cfg: config.Config) -> bool:
     """Would a run of ``cfg`` start (the checks the runtime makes before round 1)?"""
     try:
-        ck = runtime.find_checkpoint(cfg)
+        ck = resume.find_checkpoint(cfg)
         if ck is None:
-            runtime._check_fresh(cfg, RunDir(cfg.run_dir))
+            roundlog.check_fresh(cfg, RunDir(cfg.run_dir))
     except ConfigError:
         return False
     return True
@@ -40,7 +40,7 @@ def test_a_different_config_is_refused_with_only_ways_that_work(tmp_path):
     runtime.run(_cfg(tmp_path), world())
     changed = _cfg(tmp_path, **{"train.lr": 0.2})
     with pytest.raises(ConfigError) as e:
-        runtime.find_checkpoint(changed)
+        resume.find_checkpoint(changed)
     msg = str(e.value)
     assert "train.lr (0.05 -> 0.2)" in msg and "\n" not in msg
     assert "run.resume=never" not in msg  # refused as well: the directory holds another config's run

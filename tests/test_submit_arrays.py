@@ -162,7 +162,7 @@ def test_a_failed_sbatch_after_some_arrays_names_the_submitted_ones(tmp_path, sl
             raise ConfigError("sbatch failed (exit 1): QOSMaxSubmitJobPerUserLimit")
         return real(args)
 
-    monkeypatch.setattr(sw, "_sbatch", third_refused)
+    monkeypatch.setattr(sweep_slurm, "_sbatch", third_refused)
     with pytest.raises(ConfigError, match=r"QOSMaxSubmitJobPerUserLimit \(after 2 of 3 arrays were submitted: "
                                           r"jobs 5001, 5002; `--status` shows their points\)"):
         sweep_slurm.submit(s)

@@ -90,7 +90,7 @@ def test_local_runs_at_most_parallel_points_at_once_and_counts_failures(tmp_path
     job = ("import sys, time, pathlib; d = pathlib.Path(sys.argv[1]); seed = sys.argv[2]; "
            "(d / f'{seed}.start').write_text(repr(time.time())); time.sleep(0.6); "
            "(d / f'{seed}.end').write_text(repr(time.time())); sys.exit(seed == '3')")
-    monkeypatch.setattr(sw, "local_command", lambda cfg, ranks, python=None:
+    monkeypatch.setattr(sweep_runner, "local_command", lambda cfg, ranks, python=None:
                         [sys.executable, "-c", job, str(stamps), str(cfg.run.seed)])
     assert sweep_runner.run_local(s, 1, tmp_path, parallel, warm=False) == 1  # the mpiexec path's throttle
     spans = [(float((stamps / f"{i}.start").read_text()), float((stamps / f"{i}.end").read_text()))
@@ -114,7 +114,7 @@ def test_parallel_below_one_is_refused_in_one_line(tmp_path, capsys):
 def test_local_runs_the_preflight_on_every_point_before_starting_any(tmp_path, monkeypatch, capsys):
     missing = _sweep_file(tmp_path, {"run.seed": [0, 1, 2]},
                           set={"data.name": "mnist", "data.root": str(tmp_path / "no-mnist")})
-    monkeypatch.setattr(sw, "run_point", lambda *a, **k: pytest.fail("a point started"))
+    monkeypatch.setattr(sweep_runner, "run_point", lambda *a, **k: pytest.fail("a point started"))
     assert sw.main([str(missing), "--out-dir", str(tmp_path / "out"), "--local"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1, err
@@ -123,7 +123,7 @@ def test_local_runs_the_preflight_on_every_point_before_starting_any(tmp_path, m
     assert not (tmp_path / "out").exists()  # nothing written either
     # a selection is checked alone: the other points' problems are not its own
     fine = _sweep_file(tmp_path, {"run.seed": [0, 1]}, name="f")
-    monkeypatch.setattr(sw, "run_point", lambda *a, **k: 0)
+    monkeypatch.setattr(sweep_runner, "run_point", lambda *a, **k: 0)
     assert sw.main([str(fine), "--out-dir", str(tmp_path / "out"), "--local", "--mpiexec", "--points", "1"]) == 0
 
 
@@ -139,7 +139,7 @@ def test_a_user_error_stops_the_launching_unless_keep_going(tmp_path, monkeypatc
             time.sleep(0.1)
         return 2 if cfg.run.seed == 1 else 0
 
-    monkeypatch.setattr(sw, "run_point", fake)
+    monkeypatch.setattr(sweep_runner, "run_point", fake)
     assert sweep_runner.run_local(s, 1, tmp_path, parallel, warm=False, keep_going=keep_going) == 1
     out = capsys.readouterr().out.splitlines()
     if keep_going:
@@ -164,7 +164,7 @@ def test_two_drivers_on_one_sweep_share_the_points_and_both_end_done(tmp_path, m
     s = sweep_spec.load(_sweep_file(tmp_path, {"run.seed": [0, 1, 2, 3, 4, 5]}), out_dir=str(tmp_path / "out"))
     sweep_rundirs.write(s, tmp_path)
     done, ran, lines = set(), [], {}
-    monkeypatch.setattr(sw, "is_complete", lambda cfg: cfg.run.seed in done)
+    monkeypatch.setattr(sweep_runner, "is_complete", lambda cfg: cfg.run.seed in done)
     monkeypatch.setattr(sweep_driver, "driver_log", lambda sweep: sweep.log_dir / f"driver_{threading.get_ident()}.out")
     monkeypatch.setattr(sweep_driver, "POLL_S", 0.01)
 
@@ -174,7 +174,7 @@ def test_two_drivers_on_one_sweep_share_the_points_and_both_end_done(tmp_path, m
         done.add(cfg.run.seed)
         return 0
 
-    monkeypatch.setattr(sw, "run_point", fake)
+    monkeypatch.setattr(sweep_runner, "run_point", fake)
 
     def driver(name):
         lines[name] = sweep_runner.run_local(s, 1, tmp_path, 1, warm=False)

@@ -80,8 +80,8 @@ def test_local_and_submit_act_on_the_selection_only(tmp_path, monkeypatch):
     s = sweep_spec.load(_sweep_file(tmp_path, GRID), out_dir=str(tmp_path / "out"))
     s.selected = select(s.points, ["algorithm.name=local"], "0-4")
     ran = []
-    monkeypatch.setattr(sw, "run_point", lambda cfg, *a, **k: ran.append(cfg.run.name) or 0)
-    monkeypatch.setattr(sw, "_sbatch_exe", lambda: "sbatch")
+    monkeypatch.setattr(sweep_runner, "run_point", lambda cfg, *a, **k: ran.append(cfg.run.name) or 0)
+    monkeypatch.setattr(sweep_slurm, "_sbatch_exe", lambda: "sbatch")
     sweep_rundirs.write(s, tmp_path)
     assert sweep_runner.run_local(s, 1, tmp_path, warm=False) == 0
     assert ran == [s.points[4].name]

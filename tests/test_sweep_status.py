@@ -185,7 +185,7 @@ def test_local_marks_each_point_for_status(sweep, monkeypatch, tmp_path):
             seen.append(lines[self.index])
             return 0 if self.index != 2 else 1
 
-    monkeypatch.setattr(sw, "local_command", lambda cfg, ranks, python=None: ["run", str(cfg.run.seed)])
+    monkeypatch.setattr(sweep_runner, "local_command", lambda cfg, ranks, python=None: ["run", str(cfg.run.seed)])
     monkeypatch.setattr(sw.subprocess, "Popen", Proc)
     assert sweep_runner.run_local(sweep, 1, Path(tmp_path), warm=False) == 1  # the mpiexec path
     assert all("running" in line for line in seen) and len(seen) == 7

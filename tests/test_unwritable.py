@@ -18,7 +18,7 @@ from mpifl.comm import world
 from mpifl.config import __main__ as config_cli
 from mpifl.errors import ConfigError, StorageError
 from mpifl.logging.h5 import open_run
-from mpifl.run import runtime
+from mpifl.run import resume, roundlog, runtime
 from mpifl.sweep import cli as sweep
 
 TINY = ["data.name=synthetic", "data.n_samples=240", "data.n_clients=4", "data.n_clusters=2", "model.hidden=[8]",
@@ -38,7 +38,7 @@ def test_an_unwritable_run_directory_is_a_config_error(tmp_path, monkeypatch, re
     def refuse(path, *a, **k):
         raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
 
-    monkeypatch.setattr(runtime, "atomic_write_text", refuse)
+    monkeypatch.setattr(roundlog, "atomic_write_text", refuse)
     monkeypatch.setattr(runtime.checkpoint, "forget", refuse)
     # resumed, the finished run is extended by a round: a finished run started again writes nothing
     with pytest.raises(ConfigError) as e:
@@ -55,7 +55,7 @@ def test_a_full_disk_at_the_start_is_not_called_a_config_error(tmp_path, monkeyp
     def full(path, *a, **k):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
-    monkeypatch.setattr(runtime, "atomic_write_text", full)
+    monkeypatch.setattr(roundlog, "atomic_write_text", full)
     with pytest.raises(StorageError) as e:  # the storage errors' own handling (exit 74), not "pick another out_dir"
         runtime.run(config.load(None, [*TINY, f"run.out_dir={tmp_path}", "run.rounds=3"]), world())
     assert "(No space left on device)" in str(e.value) and not isinstance(e.value, ConfigError)
@@ -145,6 +145,6 @@ def test_a_checkpoint_its_pointer_does_not_name_yet_is_resumed_not_deleted(tmp_p
     runtime.run(config.load(None, [*args, "run.rounds=2"]), world())
     ck = tmp_path / "r" / "checkpoint"
     (ck / "latest").unlink()
-    assert runtime.find_checkpoint(config.load(None, args)) == ck / "round-000001"
+    assert resume.find_checkpoint(config.load(None, args)) == ck / "round-000001"
     runtime.run(config.load(None, args), world())
     assert_same_logs(open_run(tmp_path / "r"), open_run(straight / "r"))

@@ -18,7 +18,7 @@ is another experiment, refused with the keys that differ (:func:`config_diff`).
   checkpoint (rounds depend on the round index, never on ``run.rounds``, except
   that the last round is always evaluated and logged: with ``run.eval_every`` or
   ``log.every`` above 1 the old last round keeps its evaluation and row); a
-  smaller one than the run has done is refused (:func:`mpifl.run.runtime.find_checkpoint`).
+  smaller one than the run has done is refused (:func:`mpifl.run.resume.find_checkpoint`).
 
 Everything else (data, model, training, the algorithm and its section, the seed,
 ``run.eval_every``, ``log.every``, ``log.dense_max``, ``data.root``) is the

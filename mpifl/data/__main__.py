@@ -49,7 +49,7 @@ def heatmap(data: FederatedData, path: str, title: str = "") -> None:
     (the figure ``mpifl.analyze`` draws from a log's /clients/label_hist)."""
     from pathlib import Path
 
-    from mpifl.analyze import plot_label_hist
+    from mpifl.analysis.plots import plot_label_hist
 
     plot_label_hist(data.label_hist, data.cluster, Path(path), title)
 

@@ -8,6 +8,7 @@ import pytest
 
 from mpifl import analyze as an
 from mpifl import config
+from mpifl.analysis import summary
 from mpifl.analysis import summary as sm
 from mpifl.comm import world
 from mpifl.run import runtime
@@ -32,7 +33,7 @@ def test_analysis_of_a_multi_rank_log_matches_one_rank(mpi, shared_tmp):
         runtime.run(cfg("one"), MPI.COMM_SELF)
         many, one = sm.summarize(shared_tmp / "many" / "run.h5"), sm.summarize(shared_tmp / "one" / "run.h5")
         assert many.rounds_done == one.rounds_done == 3 and many.final_round == one.final_round == 2
-        for m in an.ACC:
+        for m in summary.ACC:
             assert getattr(many, m) == pytest.approx(getattr(one, m), abs=1e-6), m
         np.testing.assert_allclose(many.client_final, one.client_final, atol=1e-6)
         assert many.ari == one.ari == pytest.approx({"graph.mixing": 1.0})

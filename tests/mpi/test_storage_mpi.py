@@ -15,7 +15,7 @@ from mpifl import config
 from mpifl.errors import StorageError
 from mpifl.logging import pending
 from mpifl.logging.h5 import open_run
-from mpifl.run import checkpoint, runtime
+from mpifl.run import checkpoint, roundlog, runtime
 
 ARGS = {"data.name": "synthetic", "data.n_samples": 480, "data.n_clients": 8, "data.n_clusters": 2,
         "model.hidden": "[8]", "run.threads": 1, "run.rounds": 8, "run.checkpoint_every": 2,
@@ -88,7 +88,7 @@ def test_a_checkpoint_part_refused_on_the_last_rank_stops_every_rank(mpi, shared
 
 
 def test_the_log_refused_on_rank_0_stops_every_rank(mpi, shared_tmp, monkeypatch, reference):
-    run_round = runtime._log_round
+    run_round = roundlog.log_round
 
     disk = FakeDisk(monkeypatch, float("inf"))
 
@@ -97,7 +97,7 @@ def test_the_log_refused_on_rank_0_stops_every_rank(mpi, shared_tmp, monkeypatch
             disk.left = 0
         return run_round(writer, ctx, t, *a, **k)
 
-    monkeypatch.setattr(runtime, "_log_round", log_round)
+    monkeypatch.setattr(roundlog, "log_round", log_round)
     msg = _refused(mpi, shared_tmp, "cut")
     monkeypatch.undo()
     log = shared_tmp / "cut" / "run.h5"
