@@ -124,7 +124,7 @@ def test_lower_layers_never_import_the_config_runtime_or_tools():
     sections as arguments; the config package (which consults the algorithm
     registry) sits above them. Its schema, ``mpifl.config.sections``, is a leaf
     every module may name."""
-    upper = ("mpifl.config", "mpifl.run.runtime", "mpifl.main", "mpifl.sweep.cli", "mpifl.analyze", "mpifl.check")
+    upper = ("mpifl.config", "mpifl.run", "mpifl.main", "mpifl.sweep", "mpifl.analyze", "mpifl.analysis", "mpifl.check")
     g = graph()
     for m, deps in g.items():
         if m.endswith(".__main__"):  # a command line of its own (python -m mpifl.data), above everything
@@ -133,3 +133,35 @@ def test_lower_layers_never_import_the_config_runtime_or_tools():
                          "mpifl.logging", "mpifl.yamlio", "mpifl.cli", "mpifl.algorithms")):
             bad = sorted(d for d in deps if d.startswith(upper) and d != "mpifl.config.sections")
             assert not bad, f"{m} imports {bad}"
+
+
+def test_the_top_level_holds_the_commands_and_shared_pieces_only():
+    """Everything else sits in a package named for its job (README, Layout)."""
+    top = sorted(p.name for p in PKG.glob("*.py"))
+    assert len(top) <= 12, top
+
+
+def _functions(root: Path = PKG):
+    for p in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield p, node, node.end_lineno - node.lineno + 1
+
+
+def test_no_function_is_longer_than_80_lines():
+    long = [f"{p.relative_to(PKG.parent)}:{n.lineno} {n.name} ({size} lines)" for p, n, size in _functions()
+            if size > 80]
+    assert long == []
+
+
+def test_the_round_loop_reads_as_an_outline():
+    """``runtime._run``: resume, set up, the rounds, the last line; each step elsewhere."""
+    sizes = {n.name: size for p, n, size in _functions(PKG / "run") if p.name == "runtime.py"}
+    assert sizes["_run"] <= 40, sizes["_run"]
+
+
+def test_the_length_checks_see_a_long_function(tmp_path):
+    pkg = tmp_path / "mpifl"
+    pkg.mkdir()
+    (pkg / "a.py").write_text("def f():\n" + "    x = 1\n" * 90)
+    assert [(n.name, size) for _, n, size in _functions(pkg)] == [("f", 91)]
