@@ -39,14 +39,18 @@ if TYPE_CHECKING:  # a type hint only: importing the schema (a leaf) would run t
     from mpifl.config.sections import ModelConfig
 
 
+def _dense(width: int, widths: list[int], n_classes: int) -> list[nn.Module]:
+    """ReLU fc layers of ``widths`` after ``width`` inputs, then the linear classifier
+    (made in this order: the order of their initial weights' draws)."""
+    layers: list[nn.Module] = []
+    for w in widths:
+        layers += [nn.Linear(width, w), nn.ReLU()]
+        width = w
+    return [*layers, nn.Linear(width, n_classes)]
+
+
 def mlp(in_shape: tuple[int, ...], n_classes: int, hidden: list[int]) -> nn.Module:
-    layers: list[nn.Module] = [nn.Flatten()]
-    width = math.prod(in_shape)
-    for h in hidden:
-        layers += [nn.Linear(width, h), nn.ReLU()]
-        width = h
-    layers.append(nn.Linear(width, n_classes))
-    return nn.Sequential(*layers)
+    return nn.Sequential(nn.Flatten(), *_dense(math.prod(in_shape), hidden, n_classes))
 
 
 def _pooled(n: int, k: int, s: int, p: int, d: int, ceil: bool = False) -> int:
@@ -81,13 +85,7 @@ def _flat_size(features: nn.Sequential, in_shape: tuple[int, ...]) -> int:
 def _conv_fc(in_shape: tuple[int, ...], n_classes: int, convs: list[nn.Module], widths: list[int]) -> nn.Module:
     """conv feature extractor + ReLU fc layers of ``widths`` + linear classifier."""
     features = nn.Sequential(*convs, nn.Flatten())
-    width = _flat_size(features, in_shape)
-    layers = list(features)
-    for w in widths:
-        layers += [nn.Linear(width, w), nn.ReLU()]
-        width = w
-    layers.append(nn.Linear(width, n_classes))
-    return nn.Sequential(*layers)
+    return nn.Sequential(*features, *_dense(_flat_size(features, in_shape), widths, n_classes))
 
 
 def lenet(in_shape: tuple[int, ...], n_classes: int) -> nn.Module:

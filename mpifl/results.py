@@ -207,8 +207,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    import sys
-
     from mpifl.cli import quiet_pipe
 
-    sys.exit(quiet_pipe(main))
+    raise SystemExit(quiet_pipe(main))

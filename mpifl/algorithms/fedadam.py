@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 from mpifl.algorithms import fedavg
-from mpifl.algorithms.base import Context, Round
+from mpifl.algorithms.base import Context
 from mpifl.errors import check
 
 if TYPE_CHECKING:
@@ -115,9 +115,7 @@ def init(ctx: Context) -> State:
     return State(model=x, server=ServerAdaptive.fresh("adam", ctx.params, x))
 
 
-def round(ctx: Context, state: State, t: int) -> Round:
-    state.model, out = fedavg.step(ctx, state.model, t, ctx.cfg.algorithm.fraction, server=state.server)
-    return out
+round = fedavg.server_round
 
 
 evaluate = fedavg.evaluate

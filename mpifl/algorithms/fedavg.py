@@ -11,7 +11,7 @@ mixing row of every client is p over that round's sampled clients.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -60,6 +60,13 @@ def local_update(ctx: Context, start: torch.Tensor, sampled: np.ndarray, t: int,
 
 def round(ctx: Context, state: State, t: int) -> Round:
     state.model, out = step(ctx, state.model, t, ctx.cfg.algorithm.fraction)
+    return out
+
+
+def server_round(ctx: Context, state: Any, t: int) -> Round:
+    """``round`` of an algorithm whose ``state.server`` steps from the average
+    (FedAvgM, FedAdam, FedYogi: a :class:`ServerOptimizer`)."""
+    state.model, out = step(ctx, state.model, t, ctx.cfg.algorithm.fraction, server=state.server)
     return out
 
 

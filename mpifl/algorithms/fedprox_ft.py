@@ -33,10 +33,9 @@ import numpy as np
 
 from mpifl.algorithms import fedavg_ft, fedprox
 from mpifl.algorithms.base import Context, Round
-from mpifl.errors import check
 
 if TYPE_CHECKING:
-    from mpifl.config.sections import ConfigBase as Config
+    pass
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "FedProx+FT (DPFL): FedProx's best-validation global model fine-tuned 2E epochs before evaluation"
@@ -44,16 +43,12 @@ MIXING_ROW = "as fedavg"
 
 
 @dataclass
-class Params:
+class Params(fedavg_ft.Params):
+    """FedAvg+FT's keys and checks, starting from another model by default."""
+
     # global model fine-tuned: best_val = the one of best mean validation accuracy over
     # clients so far (DPFL), last = the current one
     start: Literal["best_val", "last"] = "best_val"
-    # local fine-tuning epochs before evaluation; 0 = 2 * train.local_epochs, DPFL's 2*tau (appendix F.6)
-    ft_epochs: int = 0
-
-    def validate(self, cfg: Config) -> None:
-        check(self.ft_epochs >= 0, "ft_epochs", self.ft_epochs, "must be >= 0 (0 = 2 * train.local_epochs)")
-        fedavg_ft.check_start(self, cfg)
 
 
 State = fedavg_ft.State

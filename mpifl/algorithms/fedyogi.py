@@ -26,16 +26,14 @@ Choices where the paper leaves room, and how Flower differs:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from mpifl.algorithms import fedadam, fedavg
 from mpifl.algorithms.base import Context
-from mpifl.errors import check
 
 if TYPE_CHECKING:
-    from mpifl.config.sections import ConfigBase as Config
+    pass
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "FedYogi: FedAdam with Yogi's second moment (`fedyogi.lr`, `beta1`, `beta2`, `tau`)"
@@ -43,21 +41,12 @@ MIXING_ROW = "as fedavg"
 
 
 @dataclass
-class Params:
-    """Hyper-parameters: the config section ``fedyogi`` (FedAdam's, with Yogi's v)."""
+class Params(fedadam.Params):
+    """Hyper-parameters: the config section ``fedyogi``: FedAdam's keys, defaults and
+    ranges (Yogi changes how v moves, not what it needs)."""
 
-    lr: float = 0.01  # server learning rate eta_s
-    beta1: float = 0.9  # decay of the first moment m (paper: 0.9)
     # Yogi's v moves by (1 - beta2) Delta^2 toward Delta^2 each round (paper: 0.99)
     beta2: float = 0.99
-    tau: float = 1e-3  # adaptivity tau in eta_s m / (sqrt(v) + tau); v starts at tau^2
-
-    def validate(self, cfg: Config) -> None:
-        # the same ranges as FedAdam's: Yogi changes how v moves, not what it needs
-        check(0 <= self.beta1 < 1, "beta1", self.beta1, "must be in [0, 1)")
-        check(0 <= self.beta2 < 1, "beta2", self.beta2, "must be in [0, 1)")
-        check(self.lr > 0 and math.isfinite(self.lr), "lr", self.lr, "must be a finite number > 0")
-        check(self.tau > 0 and math.isfinite(self.tau), "tau", self.tau, "must be a finite number > 0")
 
 
 State = fedadam.State

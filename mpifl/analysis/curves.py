@@ -58,8 +58,8 @@ from typing import Any
 
 import numpy as np
 
-from mpifl.analysis.figure import finish, pyplot
-from mpifl.analysis.stats import paired_interval, verdict
+from mpifl.analysis.figure import axes, finish, pyplot
+from mpifl.analysis.stats import mean_std, paired_interval, verdict
 from mpifl.analysis.summary import Summary
 
 LOG_SPAN = 10  # a log x axis once max/min reaches this
@@ -159,13 +159,6 @@ def _value(r: Summary, key: str) -> float:
     return float(v)
 
 
-def _stats(values: list[float], ddof: int) -> tuple[float, float]:
-    x = np.array([v for v in values if not math.isnan(v)], float)
-    if len(x) == 0:
-        return math.nan, math.nan
-    return float(x.mean()), float(x.std(ddof=ddof)) if len(x) > ddof else math.nan
-
-
 @dataclass
 class Grouping:
     """How the analysis groups runs (``mpifl.analyze`` passes its own, so both
@@ -204,7 +197,7 @@ def curves(runs: list[Summary], key: str, grouping: Grouping, metric: str = "fin
         for x in sorted(points):
             rs = sorted(points[x], key=lambda r: r.seed)
             vals = [float(getattr(r, metric)) for r in rs]
-            mean, std = _stats(vals, ddof)
+            mean, std = mean_std(vals, ddof)
             c.x.append(x)
             c.mean.append(mean)
             c.std.append(std)
@@ -371,8 +364,7 @@ def log_x(xs: list[float]) -> bool:
 
 
 def plot(path: Path, key: str, metric: str, cs: list[Curve]) -> Path:
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    plt, fig, ax = axes(7)
     for c in cs:
         x, m = np.array(c.x), 100 * np.array(c.mean)
         s = 100 * np.nan_to_num(np.array(c.std))

@@ -18,6 +18,13 @@ def pyplot() -> Any:
     return plt
 
 
+def axes(width: float, height: float = 4.5) -> tuple[Any, Any, Any]:
+    """pyplot, and a new figure of one axes ``width`` x ``height`` inches."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(width, height))
+    return plt, fig, ax
+
+
 def finish(plt: Any, fig: Any, ax: Any, path: Path, xlabel: str, ylabel: str, title: str,
            legend: bool = True) -> Path:
     """Labels, grid and legend (a heatmap has neither), then save the figure to
@@ -28,7 +35,14 @@ def finish(plt: Any, fig: Any, ax: Any, path: Path, xlabel: str, ylabel: str, ti
     if legend:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
+    return save(plt, fig, path)
+
+
+def save(plt: Any, fig: Any, path: Path, layout: bool = True) -> Path:
+    """The figure laid out (``layout``: not a grid of heatmaps with a shared colour
+    bar, which places itself), written to ``path`` and freed."""
+    if layout:
+        fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path

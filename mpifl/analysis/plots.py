@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mpifl.analysis.figure import finish, pyplot
+from mpifl.analysis.figure import axes, finish, pyplot, save
 from mpifl.analysis.summary import nanmean
 from mpifl.analysis.tables import Group
 from mpifl.logging.h5 import Run
@@ -21,8 +21,7 @@ def file_safe(name: str) -> str:
 
 
 def plot_accuracy(groups: list[Group], path: Path) -> Path:
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    plt, fig, ax = axes(7)
     for g in groups:
         n = max(len(r.curve) for r in g.runs)
         curves = np.full((len(g.runs), n), np.nan)
@@ -48,8 +47,7 @@ def plot_accuracy(groups: list[Group], path: Path) -> Path:
 
 def plot_variance(groups: list[Group], path: Path) -> Path:
     """DPFL Fig. 1: each run's variance of per-client final accuracy vs its mean."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4.5))
+    plt, fig, ax = axes(6)
     for g in groups:
         xs = [100 * float(nanmean(r.client_final)) for r in g.runs]
         ys = [float(np.nanvar(100 * r.client_final)) if not np.isnan(r.client_final).all() else np.nan
@@ -65,8 +63,7 @@ def plot_ari(groups: list[Group], path: Path) -> Path | None:
     sources = sorted({s for g in groups for r in g.runs for s in r.ari})
     if not sources:
         return None
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(groups) * len(sources)), 4.5))
+    plt, fig, ax = axes(max(6, 1.2 * len(groups) * len(sources)))
     width = 0.8 / len(sources)
     for j, s in enumerate(sources):
         vals = [[r.ari[s] for r in g.runs if s in r.ari] for g in groups]
@@ -82,10 +79,7 @@ def plot_ari(groups: list[Group], path: Path) -> Path | None:
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_title("Cluster recovery per run (bars: mean ± std, dots: runs)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save(plt, fig, path)
 
 
 def _rounds(spec: list[int] | None, logged: np.ndarray, where: str = "the log", warn=print) -> list[int]:
@@ -143,9 +137,7 @@ def plot_label_hist(label_hist: np.ndarray, cluster: np.ndarray, path: Path, tit
     fig.colorbar(im, ax=ax, label="training samples")
     fig.suptitle(title or "/clients/label_hist", fontsize=9)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save(plt, fig, path, layout=False)
 
 
 def plot_heatmaps(run: Run, out_dir: Path, rounds: list[int] | None, warn=print, title: str = "") -> list[Path]:
@@ -203,7 +195,5 @@ def plot_heatmaps(run: Run, out_dir: Path, rounds: list[int] | None, warn=print,
         fig.suptitle(f"{title}: /{key}" + (" (mean over last axis)" if extra else ""), fontsize=9)
         path = out_dir / f"{file_safe(key)}.png"
         path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        written.append(path)
+        written.append(save(plt, fig, path, layout=False))
     return written

@@ -15,6 +15,15 @@ import numpy as np
 from scipy import stats as _st
 
 
+def mean_std(values: Sequence[float], ddof: int = 1) -> tuple[float, float]:
+    """(mean, std) of the values that are not NaN; NaN for a mean of nothing and
+    for a std of ddof values or fewer."""
+    x = np.asarray([v for v in values if not math.isnan(v)], float)
+    if len(x) == 0:
+        return math.nan, math.nan
+    return float(x.mean()), float(x.std(ddof=ddof)) if len(x) > ddof else math.nan
+
+
 def paired_interval(diffs: Sequence[float], level: float = 0.95) -> tuple[float, float, float, int]:
     """(mean, low, high, n) of the differences; NaN values are left out; low and
     high are NaN below two values. A zero spread gives the mean as both ends."""

@@ -11,8 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from mpifl.analysis.stats import mean_std
 from mpifl.analysis.summary import ACC, JOB, PCT, WINDOW, Summary
 from mpifl.config.identity import HOW, WHERE
 from mpifl.paths import atomic_write_text
@@ -83,14 +82,6 @@ def group_runs(runs: list[Summary], keys: list[str]) -> list[Group]:
     return [Group(k, sorted(v, key=lambda r: r.seed), tuple(keys)) for k, v in groups.items()]
 
 
-def _stats(values: list[float], ddof: int) -> tuple[float, float]:
-    x = np.array([v for v in values if not math.isnan(v)], float)
-    if len(x) == 0:
-        return math.nan, math.nan
-    std = float(np.std(x, ddof=ddof)) if len(x) > ddof else math.nan
-    return float(np.mean(x)), std
-
-
 def table(groups: list[Group], keys: list[str], ddof: int = 1) -> tuple[list[str], list[dict[str, Any]]]:
     """Columns and rows of the summary table: ``<metric>_mean`` and ``_std`` over
     seeds, accuracies in percent (``final_acc_pct_mean``), ARI as it is."""
@@ -109,9 +100,9 @@ def table(groups: list[Group], keys: list[str], ddof: int = 1) -> tuple[list[str
         row["rounds"] = f"{min(done)}" + (f"/{planned.pop()}" if len(planned) == 1 else "") + \
             ("" if all(r.complete for r in g.runs) else " (incomplete)")
         for m in ACC:
-            row[f"{m}{PCT}_mean"], row[f"{m}{PCT}_std"] = _stats([100.0 * getattr(r, m) for r in g.runs], ddof)
+            row[f"{m}{PCT}_mean"], row[f"{m}{PCT}_std"] = mean_std([100.0 * getattr(r, m) for r in g.runs], ddof)
         for s in ari_sources:
-            row[f"ari_{s}_mean"], row[f"ari_{s}_std"] = _stats([r.ari.get(s, math.nan) for r in g.runs], ddof)
+            row[f"ari_{s}_mean"], row[f"ari_{s}_std"] = mean_std([r.ari.get(s, math.nan) for r in g.runs], ddof)
         rows.append(row)
     return cols, rows
 

@@ -168,6 +168,20 @@ class Comm:
             reqs.append(self.mpi.Irecv([bufs[r], MPI.FLOAT], source=r, tag=tag))
         return bufs, reqs
 
+    def _isend_rows(self, ids: list[list[int]], make: Callable[[int], np.ndarray], tag: int,
+                    reqs: list) -> list[np.ndarray]:
+        """Isend ``make(r)`` to every other rank r that ``ids[r]`` gives rows; the
+        requests join ``reqs``; returns the buffers, which must outlive the sends."""
+        keep = []
+        for r in range(self.size):
+            if r == self.rank or not ids[r]:
+                continue
+            sb = make(r)
+            keep.append(sb)
+            reqs.append(self.mpi.Isend([sb, MPI.FLOAT], dest=r, tag=tag))
+            self.wire_sent += sb.nbytes
+        return keep
+
     def _by_owner(self, ids: list[int]) -> list[list[int]]:
         """Sorted global ``ids`` split by the rank hosting them."""
         if len(ids) <= _SMALL:
@@ -387,16 +401,8 @@ class Comm:
 
         out: dict[int, torch.Tensor] = {}
         recv_bufs, reqs = self._post_recvs(req, P, tag=11)
-        send_keep = []
-        for r in range(self.size):
-            if r == self.rank or not asked[r]:
-                continue
-            if not send_keep:
-                host = _host(rows)
-            sb = _take_rows(host, self.to_local(asked[r]))
-            send_keep.append(sb)
-            reqs.append(self.mpi.Isend([sb, MPI.FLOAT], dest=r, tag=11))
-            self.wire_sent += sb.nbytes
+        host = functools.cache(lambda: _host(rows))  # copied to the host once, and only when a rank asks
+        send_keep = self._isend_rows(asked, lambda r: _take_rows(host(), self.to_local(asked[r])), 11, reqs)
         # everything below but the wait reads no received data: it runs while the
         # rows are in flight (views of the receive buffers are filled by the wait)
         cpu = rows.device.type == "cpu"
@@ -427,6 +433,7 @@ class Comm:
             pairs = np.array(pairs, np.int64).reshape(-1, 2)
             self.count(pairs[:, 0] - self.first, sent=pairs[:, 1] * P * F32)
         MPI.Request.Waitall(reqs)
+        del send_keep  # the sent buffers lived until here
         if not cpu:  # one host-to-device copy per received block
             for r, buf in recv_bufs.items():
                 t = torch.from_numpy(buf).to(rows.device)
@@ -459,15 +466,10 @@ class Comm:
 
         out = torch.zeros(self.n_local, P, dtype=torch.float32)
         recv_bufs, reqs = self._post_recvs(recv_ids, P, tag=12)
-        keep = []
-        for r in range(self.size):
-            if r == self.rank or not send_ids[r]:
-                continue
-            sb = np.ascontiguousarray(np.stack([_host(per_target[j]) for j in send_ids[r]]))
-            keep.append(sb)
-            reqs.append(self.mpi.Isend([sb, MPI.FLOAT], dest=r, tag=12))
-            self.wire_sent += sb.nbytes
+        keep = self._isend_rows(send_ids, lambda r: np.ascontiguousarray(np.stack([_host(per_target[j])
+                                                                             for j in send_ids[r]])), 12, reqs)
         MPI.Request.Waitall(reqs)
+        del keep  # the sent buffers lived until here
         for j in send_ids[self.rank]:
             out[j - self.first] += per_target[j].detach().cpu()
         for r, buf in recv_bufs.items():

@@ -68,22 +68,31 @@ def key_docs() -> list[KeyDoc]:
         hints = typing.get_type_hints(cls)
         names = {f.name for f in dataclasses.fields(cls)}
         defaults = cls()
+        for name, comment in _field_comments(cls, names).items():
+            key, hint = f"{section.name}.{name}", hints[name]
+            choices = typing.get_args(hint) if typing.get_origin(hint) is Literal else CHOICES.get(key, ())
+            allowed = [*(["one of " + ", ".join(map(str, choices))] if choices else []),
+                       *(["true or false"] if hint is bool else []), *ranges.get(key, [])]
+            out.append(KeyDoc(key, getattr(defaults, name), _type_name(hint), "; ".join(allowed), comment))
+    return out
+
+
+def _field_comments(cls: type, names: set[str]) -> dict[str, str]:
+    """Each field's comment (the lines above it and the one beside it), in field
+    order; a subclass's field (FedYogi's ``beta2``) speaks over its base's."""
+    found: dict[str, str] = {}
+    for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):
         pending: list[str] = []
-        for line in inspect.getsource(cls).splitlines():
+        for line in inspect.getsource(klass).splitlines():
             s = line.strip()
             if s.startswith("#"):
                 pending.append(s.lstrip("# "))
                 continue
             m = re.match(r"(\w+): [^=]+?(?:=\s*(.*?))?\s*(?:#\s*(.*))?$", s)
             if m and m.group(1) in names:
-                key, hint = f"{section.name}.{m.group(1)}", hints[m.group(1)]
-                choices = typing.get_args(hint) if typing.get_origin(hint) is Literal else CHOICES.get(key, ())
-                allowed = [*(["one of " + ", ".join(map(str, choices))] if choices else []),
-                           *(["true or false"] if hint is bool else []), *ranges.get(key, [])]
-                out.append(KeyDoc(key, getattr(defaults, m.group(1)), _type_name(hint), "; ".join(allowed),
-                                  " ".join([*pending, m.group(3) or ""]).strip()))
+                found[m.group(1)] = " ".join([*pending, m.group(3) or ""]).strip()
             pending = []
-    return out
+    return {f.name: found[f.name] for f in dataclasses.fields(cls) if f.name in found}
 
 
 def reference() -> str:

@@ -192,10 +192,11 @@ def compare(made: Output, docs: dict[str, tuple[Path, str]]) -> list[str]:
 
 def write(made: Output, docs: dict[str, tuple[Path, str]]) -> list[str]:
     """Put the output made now into the docs; returns what changed."""
+    unmarked = [name for name in made.blocks if name not in docs]
+    if unmarked:
+        raise ValueError(f"block {unmarked[0]}: no <!-- docsync {unmarked[0]} --> markers in README.md or docs/")
     changed = []
     for name, text in made.blocks.items():
-        if name not in docs:
-            raise ValueError(f"block {name}: no <!-- docsync {name} --> markers in README.md or docs/")
         path, old = docs[name]
         if masked(old) == masked(text):
             continue  # only timings differ: keep the recorded ones

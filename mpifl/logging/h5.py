@@ -637,15 +637,19 @@ class Run:
         self._merged = (key, buf.getvalue())
         return self._merged[1]
 
+    def _kept(self, name: str, out: dict) -> dict:
+        """``out``, and a copy kept as ``name`` for the next call while the file is held open."""
+        if self._held is not None:
+            setattr(self, name, dict(out))
+        return out
+
     @property
     def attrs(self) -> dict[str, Any]:
         if self._held_attrs is not None:
             return dict(self._held_attrs)
         with self._file() as f:
             out = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
-        if self._held is not None:
-            self._held_attrs = dict(out)
-        return out
+        return self._kept("_held_attrs", out)
 
     @property
     def config(self) -> dict:
@@ -713,9 +717,7 @@ class Run:
                 out[name] = DatasetInfo(name, shape, obj.dtype, per_round, None if rnd is None else int(rnd))
 
             f.visititems(visit)
-        if self._held is not None:
-            self._held_info = dict(out)
-        return out
+        return self._kept("_held_info", out)
 
     @property
     def matrices(self) -> dict[str, DatasetInfo]:

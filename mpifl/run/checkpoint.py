@@ -251,13 +251,8 @@ def _manifest(ck: Path) -> dict[str, tuple[int, str]]:
     """{file name: (size, sha256)} of a checkpoint; a missing or unreadable one is damage."""
     if not ck.is_dir():
         raise damaged(ck, f"{LATEST} names {ck.name}, which is missing")
-    try:
-        with open(ck / MANIFEST, "rb") as f:
-            text = f.read(MANIFEST_MAX)
-    except FileNotFoundError:
-        raise damaged(ck, f"it has no {MANIFEST} (not completely written, or by an mpifl before checksums)") from None
-    except OSError as e:
-        raise damaged(ck, f"its {MANIFEST} is unreadable ({e.strerror})") from None
+    text = _read(ck / MANIFEST, MANIFEST_MAX, f"it has no {MANIFEST} (not completely written, or by an mpifl "
+                 f"before checksums)", f"its {MANIFEST}")
     try:
         files = json.loads(text)["files"]
         out = {str(k): (int(v[0]), str(v[1])) for k, v in files.items()}
@@ -266,6 +261,17 @@ def _manifest(ck: Path) -> dict[str, tuple[int, str]]:
     if META not in out:
         raise damaged(ck, f"its {MANIFEST} lists no {META}")
     return out
+
+
+def _read(path: Path, limit: int, missing: str, what: str) -> bytes:
+    """At most ``limit`` bytes of a checkpoint's file; a missing or unreadable one is damage."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit)
+    except FileNotFoundError:
+        raise damaged(path.parent, missing) from None
+    except OSError as e:
+        raise damaged(path.parent, f"{what} is unreadable ({e.strerror})") from None
 
 
 def is_checkpoint_dir(path: Path) -> bool:
@@ -357,13 +363,7 @@ def _load(path: Path, files: dict[str, tuple[int, str]]) -> Any:
     if path.name not in files:
         raise damaged(ck, f"its {MANIFEST} does not list {path.name}")
     size, sha = files[path.name]
-    try:
-        with open(path, "rb") as f:
-            data = f.read(size + 1)
-    except FileNotFoundError:
-        raise damaged(ck, f"{path.name} is missing") from None
-    except OSError as e:
-        raise damaged(ck, f"{path.name} is unreadable ({e.strerror})") from None
+    data = _read(path, size + 1, f"{path.name} is missing", path.name)
     if len(data) != size:
         raise damaged(ck, f"checkpoint file {path.name} is not the size it was written with ({size} bytes): "
                           f"truncated, or changed since")

@@ -223,21 +223,26 @@ def check_duration(cfg: Any, est: Estimate) -> None:
 # --------------------------------------------------------------------------- what there is
 
 
-def _read_int(path: Path) -> int | None:
+def _read_text(path: Path) -> str | None:
+    """A /proc or /sys file's text; None where the kernel has none."""
     try:
-        text = path.read_text().strip()
+        return path.read_text()
     except OSError:
         return None
+
+
+def _read_int(path: Path) -> int | None:
+    text = (_read_text(path) or "").strip()
     return int(text) if text.isdigit() else None  # cgroup v2 writes "max" for no limit
 
 
 def cgroup_room() -> int | None:
     """Bytes the process's cgroup (and every cgroup above it) still allows it:
     limit - usage at the tightest level; None without a limit."""
-    try:
-        lines = PROC_CGROUP.read_text().splitlines()
-    except OSError:
+    text = _read_text(PROC_CGROUP)
+    if text is None:
         return None
+    lines = text.splitlines()
     room: list[int] = []
     for line in lines:
         _, controllers, path = line.split(":", 2)

@@ -53,16 +53,9 @@ def _common(opts: SlurmOptions, job_name: str, log_dir: Path, workdir: Path) -> 
     no_control("run.out_dir", str(log_dir))
     # the job name only labels the job: characters with a meaning anywhere become _
     job_name = re.sub(r"[^A-Za-z0-9_.+=-]", "_", job_name)[:200]
-    sbatch = []
-    if opts.gpus_per_task:
-        sbatch.append(f"--gpus-per-task={opts.gpus_per_task}")
-    if opts.partition:
-        sbatch.append(f"--partition={opts.partition}")
-    if opts.account:
-        sbatch.append(f"--account={opts.account}")
-    if opts.mem:
-        sbatch.append(f"--mem={opts.mem}")
-    sbatch += opts.sbatch
+    given = {"gpus-per-task": opts.gpus_per_task, "partition": opts.partition, "account": opts.account,
+             "mem": opts.mem}
+    sbatch = [f"--{flag}={value}" for flag, value in given.items() if value] + list(opts.sbatch)
     return {
         "job_name": job_name, "ntasks": opts.ntasks, "cpus_per_task": opts.cpus_per_task,
         "time": opts.time, "signal_s": opts.signal_s, "mpi": opts.mpi,

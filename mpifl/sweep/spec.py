@@ -171,12 +171,18 @@ def _point_names(keys: list[str], combos: list[tuple]) -> list[str]:
 def _read_base(sweep: Path, value: Any, where: str) -> tuple[Path, dict]:
     """A base config file (relative to the sweep file) and its sections."""
     base = (sweep.parent / str(value)).resolve()
-    if not base.is_file():
-        raise ConfigError(f"{where}={value!r} is not allowed; no such file {str(base)!r}")
-    raw = read_yaml(base, f"{where}={str(value)!r}") or {}
+    return base, _read_mapping(base, f"{where}={str(value)!r}", f"{where}={value!r} is not allowed; no such file "
+                               f"{str(base)!r}", f"{where}={value!r} must hold a mapping of sections")
+
+
+def _read_mapping(path: Path, what: str, missing: str, not_mapping: str) -> dict:
+    """A YAML file's mapping (empty for an empty file); ``missing`` and ``not_mapping``: the errors."""
+    if not path.is_file():
+        raise ConfigError(missing)
+    raw = read_yaml(path, what) or {}
     if not isinstance(raw, dict):
-        raise ConfigError(f"{where}={value!r} must hold a mapping of sections")
-    return base, raw
+        raise ConfigError(not_mapping)
+    return raw
 
 
 def load(path: str | Path, out_dir: str | None = None, slurm_overrides: dict | None = None,
@@ -185,11 +191,8 @@ def load(path: str | Path, out_dir: str | None = None, slurm_overrides: dict | N
     ``overrides``: ``section.key=value`` for every point (``--set``), after the
     file's ``set``."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"sweep file {str(path)!r} not found")
-    spec = read_yaml(path, f"sweep file {str(path)!r}") or {}
-    if not isinstance(spec, dict):
-        raise ConfigError(f"sweep file {str(path)!r} must hold a mapping")
+    where = f"sweep file {str(path)!r}"
+    spec = _read_mapping(path, where, f"{where} not found", f"{where} must hold a mapping")
     allowed = ("name", "base", "out_dir", "set", "grid", "slurm")
     unknown = sorted(set(spec) - set(allowed))
     if unknown:

@@ -27,8 +27,9 @@ import signal
 import subprocess
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import IO
 
 
 def _child(config: str, log: str, answers: int) -> int:
@@ -95,6 +96,13 @@ def warm_up() -> None:
     config.config_class()  # every algorithm module (the config's sections)
 
 
+def _messages(stream: IO[str]) -> Iterator[dict]:
+    """The JSON lines of a pipe until it closes, each read when the last is handled
+    (no read-ahead: the other end waits for the answer)."""
+    while line := stream.readline():
+        yield json.loads(line)
+
+
 def serve() -> int:
     warm_up()
     answers = os.dup(1)
@@ -110,11 +118,7 @@ def serve() -> int:
                 except BrokenPipeError:  # the sweep is gone: the run goes on, nobody listens
                     pass
 
-            while True:
-                line = sys.stdin.readline()
-                if not line:
-                    break
-                job = json.loads(line)
+            for job in _messages(sys.stdin):
                 say(rc=run_forked(str(job["config"]), str(job["log"]), answers, lambda pid: say(pid=pid)))
     except BrokenPipeError:  # the sweep went first: an answer say() could not send fails again at close
         pass
@@ -146,13 +150,11 @@ class Pool:
         try:
             w.stdin.write(json.dumps({"config": str(config), "log": str(log)}) + "\n")
             w.stdin.flush()
-            while "rc" not in answer:
-                line = w.stdout.readline()
-                if not line:
-                    break
-                answer = json.loads(line)
+            for answer in _messages(w.stdout):
                 if "pid" in answer and started is not None:
                     started(int(answer["pid"]))
+                if "rc" in answer:
+                    break
         except (BrokenPipeError, OSError):
             pass
         if "rc" in answer:
