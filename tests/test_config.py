@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO, launch
 
-from mpifl import config
+from mpifl import algorithms, config
 from mpifl.config import __main__ as config_cli
 from mpifl.errors import ConfigError
 
@@ -249,3 +249,17 @@ def test_every_bare_key_an_algorithm_checks_is_a_field_of_its_params():
                 key = node.args[1]
                 if isinstance(key, ast.Constant) and "." not in key.value:
                     assert key.value in fields, f"{name} checks {key.value!r}, no key of its section"
+
+
+@pytest.mark.parametrize("name", [n for n in algorithms.NAMES if hasattr(algorithms.get(n), "Params")])
+def test_the_section_read_from_the_file_is_the_modules_params(name):
+    """The config's section (:mod:`mpifl.algorithms._declared`, read without the
+    training code) has the fields, defaults and checks of the module's own Params."""
+    from mpifl.algorithms._declared import declared
+
+    light, real = declared(name).Params, algorithms.get(name).Params
+    assert light is not real  # two classes made from one source
+    assert [(f.name, f.type, f.default) for f in dataclasses.fields(light)] == \
+        [(f.name, f.type, f.default) for f in dataclasses.fields(real)]
+    assert light.validate.__code__.co_code == real.validate.__code__.co_code
+    assert hasattr(declared(name), "check_config") == hasattr(algorithms.get(name), "check_config")

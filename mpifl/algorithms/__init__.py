@@ -51,11 +51,14 @@ def get(name: str) -> Algorithm:
 
 
 def sections() -> dict[str, type]:
-    """Config section name -> hyper-parameter dataclass, for every algorithm
-    that has one (imports the modules)."""
+    """Config section name -> hyper-parameter dataclass, for every algorithm that
+    has one, read from the modules' files without importing their training code
+    (:mod:`mpifl.algorithms._declared`)."""
+    from mpifl.algorithms._declared import declared
+
     out = {}
     for name in NAMES:
-        params = getattr(get(name), "Params", None)
+        params = getattr(declared(name), "Params", None)
         if params is not None:
             out[name] = params
     return out
@@ -65,10 +68,12 @@ def validate(cfg: ConfigBase) -> None:
     """Every algorithm section validates itself (``Params.validate``, whether
     chosen or not: a sweep may switch to it), then the chosen algorithm may refuse
     a combination (``check_config``)."""
+    from mpifl.algorithms._declared import declared
+
     for name, params in sections().items():
         with _keys_of(name, params):
             getattr(cfg, name).validate(cfg)
-    chosen = get(cfg.algorithm.name)
+    chosen = declared(cfg.algorithm.name)
     if hasattr(chosen, "check_config"):
         with _keys_of(cfg.algorithm.name, getattr(chosen, "Params", None)):
             chosen.check_config(cfg)

@@ -90,10 +90,12 @@ def warm_up() -> None:
     mpi4py.rc.finalize = False
     from mpi4py import MPI  # noqa: F401 - loads the library, starts nothing
 
-    from mpifl import config, main  # noqa: F401 - torch, h5py, the runtime
+    from mpifl import algorithms, config, main  # noqa: F401 - torch, h5py, the runtime
     from mpifl.run import runtime  # noqa: F401
 
-    config.config_class()  # every algorithm module (the config's sections)
+    config.config_class()  # the config's sections
+    for name in algorithms.NAMES:  # every algorithm's training code
+        algorithms.get(name)
 
 
 def _messages(stream: IO[str]) -> Iterator[dict]:
