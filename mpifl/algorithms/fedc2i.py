@@ -54,13 +54,12 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from ..errors import check
 from ..head import Head, find_head
 from ..mixing import Dense
 from ..state import transient
-from ..train import Clients
+from ..train import Clients, per_sample_loss
 from .base import Context, Round, identity_rows, own_rows_metrics
 
 if TYPE_CHECKING:
@@ -123,8 +122,7 @@ def loo_losses(c: Clients, loo: torch.Tensor, x: torch.Tensor, y: torch.Tensor, 
     else:
         local = np.arange(m)
         out = torch.stack([c.logits(loo[j].expand(m, -1), x, local) for j in range(b)])
-    ce = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.repeat(b, 1).reshape(-1), reduction="none")
-    ce = ce.view(b, m, bs)
+    ce = per_sample_loss(out, y.expand(b, m, bs))
     return ((ce * w).sum(-1) / w.sum(-1).clamp_min(1.0)).T
 
 

@@ -49,11 +49,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from ..errors import check
 from ..mixing import Dense
 from ..state import per_client
+from ..train import per_sample_loss
 from .base import Context, Round, own_rows_metrics
 from .federico import sample_neighbours
 
@@ -120,7 +120,7 @@ def val_losses(ctx: Context, r: int, models: torch.Tensor, val: np.ndarray) -> n
         return np.zeros(len(models))
     x, y, w = c.batch(np.broadcast_to(val, (len(models), len(val))))
     logits = c.logits(models, x, np.full(len(models), r))
-    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none").view(len(models), -1)
+    ce = per_sample_loss(logits, y)
     return ce.double().mean(1).cpu().numpy()
 
 

@@ -62,7 +62,7 @@ from torch.func import functional_call, vmap
 from ..errors import check
 from ..head import Head, find_head
 from ..state import transient
-from ..train import Clients, loss_acc_from_probs, read_rows, write_back
+from ..train import Clients, loss_acc_from_probs, per_sample_loss, read_rows, write_back
 from .base import Context, Round, identity_rows
 
 if TYPE_CHECKING:
@@ -113,7 +113,7 @@ def make_step(head: Head, protos: torch.Tensor, counts: torch.Tensor, lam: float
         z = h @ state[head.names[0]].T
         if len(head.names) > 1:
             z = z + state[head.names[1]]
-        ce = F.cross_entropy(z, y, reduction="none")
+        ce = per_sample_loss(z, y)
         reg = ((h - protos[y]) ** 2).mean(-1) * has[y]
         return ((ce + lam * reg) * w).sum() / w.sum().clamp_min(1.0)
 

@@ -17,7 +17,7 @@ start of the run finds faster (:meth:`Clients.measure_paths`, bench/README.md).
 ==================  ==============================================================
 ``layout``          where each parameter and buffer sits in a row (:class:`Layout`)
 ``rows``            selecting a block of rows, storing an update of them back
-``loss``            the weighted cross-entropy of every path; (loss, accuracy)
+``loss``            per-sample and weighted cross-entropy of every path; (loss, accuracy)
 ``optimizer``       SGD / Adam on stacked rows (:class:`RowOptimizer`)
 ``plan``            each client's batches from its own random stream
 ``objective``       an algorithm's extra loss terms or its own step
@@ -33,7 +33,7 @@ start of the run finds faster (:meth:`Clients.measure_paths`, bench/README.md).
 
 from .clients import Clients, NonFiniteError
 from .layout import Layout, Part
-from .loss import cross_entropy, loss_acc, loss_acc_from_probs
+from .loss import cross_entropy, loss_acc, loss_acc_from_probs, per_sample_loss
 from .mlp import stacked_forward, stacked_mlp
 from .objective import Objective, StepFn
 from .optimizer import RowOptimizer
@@ -42,5 +42,5 @@ from .rowmodel import RowModel
 from .rows import read_rows, rows_selector, write_back
 
 __all__ = ["BatchPlan", "Clients", "Layout", "NonFiniteError", "Objective", "Part", "RowModel", "RowOptimizer",
-           "StepFn", "cross_entropy", "loss_acc", "loss_acc_from_probs", "read_rows", "rows_selector",
-           "stacked_forward", "stacked_mlp", "write_back"]
+           "StepFn", "cross_entropy", "loss_acc", "loss_acc_from_probs", "per_sample_loss", "read_rows",
+           "rows_selector", "stacked_forward", "stacked_mlp", "write_back"]
