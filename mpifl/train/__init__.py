@@ -35,12 +35,12 @@ from .clients import Clients, NonFiniteError
 from .layout import Layout, Part
 from .loss import cross_entropy, loss_acc, loss_acc_from_probs, per_sample_loss
 from .mlp import stacked_forward, stacked_mlp
-from .objective import Objective, StepFn
+from .objective import Objective, Step, StepView
 from .optimizer import RowOptimizer
 from .plan import BatchPlan
 from .rowmodel import RowModel
-from .rows import read_rows, rows_selector, write_back
+from .rows import Rows, read_rows, rows_selector, write_back
 
-__all__ = ["BatchPlan", "Clients", "Layout", "NonFiniteError", "Objective", "Part", "RowModel", "RowOptimizer",
-           "StepFn", "cross_entropy", "loss_acc", "loss_acc_from_probs", "per_sample_loss", "read_rows",
+__all__ = ["BatchPlan", "Clients", "Layout", "NonFiniteError", "Objective", "Part", "RowModel", "RowOptimizer", "Rows",
+           "Step", "StepView", "cross_entropy", "loss_acc", "loss_acc_from_probs", "per_sample_loss", "read_rows",
            "rows_selector", "stacked_forward", "stacked_mlp", "write_back"]

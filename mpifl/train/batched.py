@@ -1,6 +1,6 @@
 """The batched training path: a block of clients takes each optimizer step
 together (their rows' gradients at once, :mod:`mpifl.train.rowmodel`, one optimizer
-update of all of them). Custom steps (:data:`~mpifl.train.objective.StepFn`)
+update of all of them). Custom steps (:class:`~mpifl.train.objective.Step`)
 take this path whether or not training is batched.
 """
 
@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from . import mlp
-from .objective import Objective, StepFn
+from .objective import Objective, Step, StepView
 from .plan import BatchPlan, gather
 from .rowmodel import grad_blocks, grads
 from .rows import read_rows, rows_selector, write_back
@@ -36,7 +36,7 @@ def chunks(c: Clients, m: int) -> list[tuple[int, int]]:
     return [(a, min(m, a + k)) for a in range(0, m, k)]
 
 
-def train_steps(c: Clients, local: np.ndarray, plan: BatchPlan, objective: Objective | None, step: StepFn | None,
+def train_steps(c: Clients, local: np.ndarray, plan: BatchPlan, objective: Objective | None, step: Step | None,
                 bad: np.ndarray, losses: np.ndarray, seen: np.ndarray) -> None:
     """Every step of ``plan`` for the listed clients, a chunk of clients at a time
     (``step``: a custom step, default :func:`step`). Fills ``bad``, ``losses`` (sum
@@ -65,7 +65,7 @@ def train_steps(c: Clients, local: np.ndarray, plan: BatchPlan, objective: Objec
             if objective is not None and objective.sample_weight is not None:
                 at = torch.as_tensor(np.maximum(idx, 0), device=c.device)
                 v = objective.sample_weight.take(at) * w
-            loss = step(c, sel, rows, x, y, w) if step else _step(c, sel, rows, x, y, w, objective, v)
+            loss = _custom(c, sel, rows, x, y, w, step) if step else _step(c, sel, rows, x, y, w, objective, v)
             nw = w.sum(1).cpu().numpy()
             lv = loss.detach().cpu().numpy()
             bad[act] |= ~np.isfinite(lv)
@@ -75,6 +75,15 @@ def train_steps(c: Clients, local: np.ndarray, plan: BatchPlan, objective: Objec
         # is divergence all the same); isfinite over the rows cost as much as a
         # step, and the sum is cheapest while the chunk's rows are in cache
         bad[a:b] |= ~torch.isfinite(c.params[rows_selector(local[a:b], c.device)].sum(1)).cpu().numpy()
+
+
+def _custom(c: Clients, sel: slice | torch.Tensor, rows: np.ndarray, x: torch.Tensor, y: torch.Tensor,
+            w: torch.Tensor, step: Step) -> torch.Tensor:
+    """A custom step of ``rows`` on their batches, on a view of their rows stored back after it."""
+    view = StepView(c, sel, rows, step.state)
+    loss = step.fn(view, x, y, w)
+    view.store()
+    return loss
 
 
 def _step(c: Clients, sel: slice | torch.Tensor, rows: np.ndarray, x: torch.Tensor, y: torch.Tensor,

@@ -24,10 +24,10 @@ from . import batched, evaluation, loop, rowmodel
 from .grouped import grouped_convnet
 from .layout import Layout
 from .mlp import stacked_mlp
-from .objective import Objective, StepFn
+from .objective import Objective, Step
 from .optimizer import RowOptimizer
 from .plan import SPLIT_INDEX, BatchPlan, gather, make_plan
-from .rows import rows_selector
+from .rows import Rows, Snapshot, flat
 
 if TYPE_CHECKING:  # a type hint only: importing the schema (a leaf) would run the config package first
     from ..config.sections import TrainConfig
@@ -60,9 +60,9 @@ class Clients:
         self.n_classes = data.n_classes
         init = self.layout.flatten(model).to(device)
         self.init = init
-        self.params = init.repeat(self.n, 1)
-        self.buffers = self.layout.flatten_buffers(model).to(device).repeat(self.n, 1)
         self.opt = RowOptimizer(cfg, self.n, self.P, device, self.layout.cols)
+        self.rows = Rows(init.repeat(self.n, 1), self.layout.flatten_buffers(model).to(device).repeat(self.n, 1),
+                         self.opt.state)
         self.skipped = np.zeros(self.n, np.int64)  # updates dropped as non-finite (reset per round)
         self.updates = 0  # client updates trained (skipped or not), to tell "all were skipped"
         self.bn = has_batchnorm(model)
@@ -80,19 +80,40 @@ class Clients:
         self.path_times: tuple[float, float] | None = None  # (batched, loop) s, when measured
         self.grad_cache: list[torch.Tensor] | None = None  # rowmodel.grad_blocks' reused blocks
 
+    @property
+    def rows(self) -> Rows:
+        """The clients' rows: parameters, buffers, optimizer state (the one
+        ``self.opt`` steps)."""
+        return self._rows
+
+    @rows.setter
+    def rows(self, rows: Rows) -> None:
+        self._rows = rows
+        self.opt.state = rows.opt
+
+    @property
+    def params(self) -> torch.Tensor:
+        """``[n_local, P]`` the clients' parameter rows."""
+        return self._rows.params
+
+    @property
+    def buffers(self) -> torch.Tensor:
+        """``[n_local, B]`` the clients' float buffer rows (BatchNorm's running statistics)."""
+        return self._rows.buffers
+
     @contextmanager
     def using(self, params: torch.Tensor, opt_state: dict[str, torch.Tensor] | None = None) -> Iterator[None]:
         """Train and evaluate other rows (``[n_local, P]``: personal models, a copy
         for fine-tuning) through these clients: ``params`` and ``opt_state`` (default:
         a fresh one) stand in for the clients' own for the block, in place (no copy),
-        and the clients' own are back after it, whatever happened."""
-        saved = self.params, self.opt.state
-        self.params = params
-        self.opt.state = self.opt.fresh_state(len(params)) if opt_state is None else opt_state
+        and the clients' own are back after it, whatever happened. The buffers stay
+        the clients' own."""
+        saved = self.rows
+        self.rows = Rows(params, saved.buffers, self.opt.fresh_state(len(params)) if opt_state is None else opt_state)
         try:
             yield
         finally:
-            self.params, self.opt.state = saved
+            self.rows = saved
 
     # ------------------------------------------------------------------ rows and data
     def parts(self, params: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -135,16 +156,16 @@ class Clients:
     # ------------------------------------------------------------------ training
     def train(self, local: np.ndarray, epochs: int, round: int, purpose: str = "train",
               subsets: list[np.ndarray] | None = None, objective: Objective | None = None,
-              step: StepFn | None = None, batch_size: int | None = None,
+              step: Step | None = None, batch_size: int | None = None,
               max_batches: int | None = None) -> np.ndarray:
         """Train the listed local clients (indices into this rank's block) in place
         for ``epochs`` local epochs (over ``subsets`` of their samples if given, see
         :meth:`plan`); returns each one's mean training loss.
 
         ``objective`` adds closed-form terms to every path's gradient; ``step``
-        replaces the optimisation step itself (methods whose update is not a
-        gradient step on one loss: APFL, Per-FedAvg, FedRoD...), with the same
-        batches, chunks and non-finite handling. ``batch_size`` (default
+        replaces the optimisation step itself (:class:`~mpifl.train.objective.Step`),
+        with the same batches, chunks and non-finite handling; a dropped update puts
+        back the clients' parameters, optimizer state and the step's own state. ``batch_size`` (default
         ``train.batch_size``) sizes the batches a step gets: a step that splits its
         batch into several (Per-FedAvg's inner and outer batches) asks for a multiple.
         ``max_batches``: at most this many steps per client."""
@@ -159,8 +180,10 @@ class Clients:
         self.updates += len(local)
         skip = self.cfg.on_nonfinite == "skip"
         if skip:
-            sel0 = rows_selector(local, self.device)
-            start = (self.params[sel0].clone(), {k: v[sel0].clone() for k, v in self.opt.state.items()})
+            # the buffers are not put back: BatchNorm's statistics of a dropped update
+            # stay as its batches left them, as before Rows held them
+            own = {"params": self.params, **flat({"opt": self.opt.state})}
+            start = Snapshot({**own, **flat(step.state if step is not None else {})}, local, self.device)
         bad = np.zeros(len(local), bool)
         if not self.batched and step is None:
             loop.train_loop(self, local, bp, objective, bad, losses, seen)
@@ -171,12 +194,7 @@ class Clients:
                 k = int(np.flatnonzero(bad)[0])
                 raise NonFiniteError(f"client {int(self.ids[local[k]])} produced a non-finite loss or parameters "
                                      f"in round {round + 1} ({purpose}); lower train.lr or set train.on_nonfinite=skip")
-            # drop the update: the client keeps its rows from before this call
-            rows = torch.as_tensor(np.flatnonzero(bad), device=self.device)
-            at = torch.as_tensor(local[bad], device=self.device)
-            self.params[at] = start[0][rows]
-            for k, v in start[1].items():
-                self.opt.state[k][at] = v[rows]
+            start.restore(bad)  # drop the update: the client keeps its rows from before this call
             self.skipped[local[bad]] += 1
             losses[bad] = np.nan
         return losses / np.maximum(seen, 1)
