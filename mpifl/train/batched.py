@@ -1,7 +1,8 @@
 """The batched training path: a block of clients takes each optimizer step
-together (their rows' gradients at once, :mod:`mpifl.train.rowmodel`, one optimizer
-update of all of them). Custom steps (:class:`~mpifl.train.objective.Step`)
-take this path whether or not training is batched.
+together (their rows' gradients at once, from the clients' engine,
+:mod:`mpifl.train.engine`; one optimizer update of all of them). Custom steps
+(:class:`~mpifl.train.objective.Step`) take this path whether or not training is
+batched.
 """
 
 from __future__ import annotations
@@ -11,10 +12,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from . import mlp
+from .mlp import StackedMLP
 from .objective import Objective, Step, StepView
 from .plan import BatchPlan, gather
-from .rowmodel import grad_blocks, grads
 from .rows import read_rows, rows_selector, write_back
 
 if TYPE_CHECKING:
@@ -98,9 +98,9 @@ def _step(c: Clients, sel: slice | torch.Tensor, rows: np.ndarray, x: torch.Tens
     # the unfused path is the one measured.
     fuse = c.device.type == "cpu" and torch.get_num_threads() == 1 and objective is None
     sgd = c.opt.fused_sgd() if fuse else None
-    if c.batched and c.stacked is not None and sgd is not None:
-        with torch.no_grad():
-            g, loss = mlp.stacked_grads(c.stacked, c.layout.parts(p), x, y, w, grad_blocks(c, len(rows)), sgd)
+    engine = c.engine
+    if isinstance(engine, StackedMLP) and sgd is not None:
+        g, loss = engine.grads(p, x, y, w, c.buffers, sgd=sgd)
     else:
         scale, valid = None, None
         if v is not None:
@@ -110,8 +110,8 @@ def _step(c: Clients, sel: slice | torch.Tensor, rows: np.ndarray, x: torch.Tens
             n, tot = w.sum(1), v.sum(1)
             w = torch.where(tot[:, None] > 0, v * (n / tot.clamp_min(1e-30))[:, None], w)
             scale = tot / n.clamp_min(1.0)
-        g, loss = grads(c, p, x, y, w, rows, None if objective is None else objective.bias(rows), valid,
-                        frozen=() if objective is None else objective.frozen)
+        g, loss = engine.grads(p, x, y, w, c.buffers, rows, None if objective is None else objective.bias(rows), valid,
+                               frozen=() if objective is None else objective.frozen)
         if scale is not None:
             loss = loss * scale
             for gb in ([g] if torch.is_tensor(g) else [b for b in g if b is not None]):

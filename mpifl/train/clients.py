@@ -20,13 +20,15 @@ from torch import nn
 
 from ..data import FederatedData
 from ..models import has_batchnorm
-from . import batched, evaluation, loop, rowmodel
-from .grouped import grouped_convnet
+from . import batched, evaluation, loop
+from .engine import Engine
+from .grouped import GroupedConv, grouped_convnet
 from .layout import Layout
-from .mlp import stacked_mlp
+from .mlp import StackedMLP, stacked_mlp
 from .objective import Objective, Step
 from .optimizer import RowOptimizer
 from .plan import SPLIT_INDEX, BatchPlan, gather, make_plan
+from .rowmodel import PerClient, RowModel, Vmap
 from .rows import Rows, Snapshot, flat
 
 if TYPE_CHECKING:  # a type hint only: importing the schema (a leaf) would run the config package first
@@ -48,7 +50,7 @@ class Clients:
         self.device = device
         self.model = model.to(device)
         self.layout = Layout(model)
-        self.functional = rowmodel.RowModel(self.model, self.layout)
+        self.functional = RowModel(self.model, self.layout)
         self.ids = np.asarray(data.local_ids)
         self.n = len(self.ids)
         self.P = self.layout.P
@@ -78,7 +80,22 @@ class Clients:
         self.batched = cfg.batched == "on" or (cfg.batched == "auto" and self.stacked is not None)
         self.needs_measuring = cfg.batched == "auto" and self.stacked is None
         self.path_times: tuple[float, float] | None = None  # (batched, loop) s, when measured
-        self.grad_cache: list[torch.Tensor] | None = None  # rowmodel.grad_blocks' reused blocks
+        self._engines: dict[str, Engine] = {"per_client": PerClient(self.functional), "vmap": Vmap(self.functional)}
+        if self.stacked is not None:
+            self._engines["stacked"] = StackedMLP(self.model, self.layout, self.stacked, device)
+        if self.convnet is not None:
+            self._engines["grouped"] = GroupedConv(self.model, self.layout, self.convnet)
+
+    @property
+    def engine(self) -> Engine:
+        """What computes the clients' logits and gradients (:mod:`mpifl.train.engine`):
+        row by row unless training is batched, else the stacked MLP kernels, grouped
+        convolutions or vmap, whichever the model allows (the first of them)."""
+        if not self.batched:
+            return self._engines["per_client"]
+        if self.stacked is not None:
+            return self._engines["stacked"]
+        return self._engines["grouped" if self.convnet is not None else "vmap"]
 
     @property
     def rows(self) -> Rows:
@@ -142,7 +159,7 @@ class Clients:
         """Per-row gradient ``[m, P]`` and loss ``[m]`` of ``params[i]`` on batch
         ``(x[i], y[i], w[i])``. ``local`` names the clients whose BatchNorm buffers
         the rows use; ``bias`` ``[m, C]`` is added to row i's logits in the loss."""
-        g, loss = rowmodel.grads(self, params, x, y, w, local, bias)
+        g, loss = self.engine.grads(params, x, y, w, self.buffers, local, bias)
         if torch.is_tensor(g):
             return g, loss
         flat = torch.empty(params.shape[0], self.P, dtype=params.dtype, device=params.device)
@@ -151,7 +168,7 @@ class Clients:
 
     def logits(self, params: torch.Tensor, x: torch.Tensor, local: np.ndarray | None = None) -> torch.Tensor:
         """``[m, b, C]`` outputs of model rows ``params [m, P]`` on inputs ``x [m, b, ...]``."""
-        return rowmodel.logits(self, params, x, local)
+        return self.engine.logits(params, x, self.buffers, local)
 
     # ------------------------------------------------------------------ training
     def train(self, local: np.ndarray, epochs: int, round: int, purpose: str = "train",
