@@ -4,7 +4,7 @@ PATHS are ``run.h5`` files, run directories or any folder above them (a sweep
 directory): every ``run.h5`` below is read, through ``mpifl.logging.h5`` only,
 so logs of runs still going (or killed) are read up to their last complete
 round. A log that cannot be trusted (a chunk failing its checksum, a metric no
-run produces: ``mpifl.summary.check_values``) is left out of every table and
+run produces: ``mpifl.analysis.summary.check_values``) is left out of every table and
 figure with one line, ``skipped <log>: ...``; the others are analyzed.
 
 Runs are grouped by the config keys whose values differ between them, leaving
@@ -45,7 +45,7 @@ console) with clients ordered by true cluster, beside
 name each group by its keys and values (``algorithm.name=oracle, train.lr=0.1``).
 
 ``--record FILE``: the per-seed values behind the table(s), one CSV row per
-run and metric with the run's config and provenance (``mpifl/record.py``): what
+run and metric with the run's config and provenance (``mpifl/analysis/record.py``): what
 ``python -m mpifl.reproduce`` re-runs and the docs render their tables from.
 
 ``--x KEY [--versus NAME [--ceiling NAME]] [--y KEY2] [--method NAME] [--metric
@@ -53,7 +53,7 @@ M]``: curves of a summary metric over a swept numeric key per method; against a
 baseline, paired by seed, the mean difference with its 95% interval and where
 each method stops being above it; with a ceiling (a positive control such as
 Oracle), the room it leaves over the baseline and each method's share of that
-room; with a second key, heatmaps of the share (``mpifl/curves.py``).
+room; with a second key, heatmaps of the share (``mpifl/analysis/curves.py``).
 """
 
 from __future__ import annotations
@@ -74,12 +74,12 @@ from typing import Any
 
 import numpy as np
 
-from .config.identity import HOW, WHERE
-from .errors import FULL, UNWRITABLE
-from .figure import finish, pyplot
-from .logging.h5 import Corrupt, Run, open_run
-from .paths import atomic_write_text
-from .summary import ACC, JOB, PCT, WINDOW, Summary, find_logs, nanmean, run_row, summarize, unusable
+from mpifl.analysis.figure import finish, pyplot
+from mpifl.analysis.summary import ACC, JOB, PCT, WINDOW, Summary, find_logs, nanmean, run_row, summarize, unusable
+from mpifl.config.identity import HOW, WHERE
+from mpifl.errors import FULL, UNWRITABLE
+from mpifl.logging.h5 import Corrupt, Run, open_run
+from mpifl.paths import atomic_write_text
 
 # keys that say where or how a run ran, not what it computed (mpifl.config.identity),
 # the seed (the spread over seeds is the point of a group) and where its data was read
@@ -100,7 +100,7 @@ NOT_APPLICABLE = "–"
 def setting(r: Summary, key: str) -> str:
     """A run's value of ``key`` as a grouping label; ``–`` for a key of another
     algorithm's section, which that run never read."""
-    from .algorithms import NAMES
+    from mpifl.algorithms import NAMES
 
     section = key.split(".", 1)[0]
     algo = str(r.config.get("algorithm.name"))
@@ -424,7 +424,7 @@ def plot_heatmaps(run: Run, out_dir: Path, rounds: list[int] | None, warn=print,
 def table_provenance(runs: list[Summary], what: str, echo=print) -> str:
     """The provenance line of a table's runs; a warning echoed for each fact that
     differs between them (commit, CPU capability, device)."""
-    from .provenance import table_line
+    from mpifl.run.provenance import table_line
 
     line, warnings = table_line([r.provenance for r in runs])
     for w in warnings:
@@ -437,13 +437,13 @@ def analyze(paths: list[str | Path], out: Path, heatmaps: str = "first", rounds:
             check: Callable[[list[Summary], list[str]], None] | None = None,
             record: Path | None = None) -> dict[str, Any]:
     """Read the logs, write tables and figures under ``out``; returns what was made.
-    ``layouts``: paper-layout files (``mpifl.paper_table``), each rendered to
+    ``layouts``: paper-layout files (``mpifl.analysis.paper_table``), each rendered to
     ``<out>/<layout name>.md``. ``record``: write the per-seed values behind the
-    layout tables (else behind ``table.md``) there (:mod:`mpifl.record`).
+    layout tables (else behind ``table.md``) there (:mod:`mpifl.analysis.record`).
     ``check(runs, keys)`` runs before anything is
     written, so a request the runs cannot answer costs no figures."""
-    from .paper_table import cells, load_layout, render_cells
-    from .sweep_status import failed_points
+    from mpifl.analysis.paper_table import cells, load_layout, render_cells
+    from mpifl.sweep.status import failed_points
 
     chosen_layouts = [(Path(f), load_layout(f)) for f in layouts]  # a bad file fails before any reading
     runs, skipped = [], []
@@ -499,7 +499,7 @@ def analyze(paths: list[str | Path], out: Path, heatmaps: str = "first", rounds:
         echo(text)
         echo(table_provenance([r for c in got.values() for r in c.runs], layout.title, echo))
     if record is not None:
-        from . import record as rec
+        from mpifl.analysis import record as rec
 
         rows = [x for f, layout in chosen_layouts for x in rec.layout_rows(f, layout, runs)] if chosen_layouts \
             else rec.table_rows(groups, keys, ACC)
@@ -541,7 +541,7 @@ def _unwritable_out(e: OSError, out: Path, made: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .paper_table import LayoutError
+    from mpifl.analysis.paper_table import LayoutError
 
     ap = argparse.ArgumentParser(prog="python -m mpifl.analyze", description=__doc__.splitlines()[0])
     ap.add_argument("paths", nargs="+", help="run.h5 files, run directories or sweep directories")
@@ -555,12 +555,12 @@ def main(argv: list[str] | None = None) -> int:
                                                                          "papers report (default), 0 = numpy's")
     ap.add_argument("--layout", type=Path, action="append", default=[],
                     help="a paper-layout file (rows = methods, columns = settings, the paper's figures beside "
-                         "ours; see mpifl/paper_table.py); may be repeated")
+                         "ours; see mpifl/analysis/paper_table.py); may be repeated")
     ap.add_argument("--window", type=int, default=WINDOW, help="last evaluated rounds averaged by tail_acc "
                                                                "and joined for graph ARI (default 10)")
     ap.add_argument("--record", type=Path, metavar="FILE", help="also write the per-seed values behind the "
-                    "table(s) to this CSV (mpifl/record.py), for python -m mpifl.reproduce and the docs' tables")
-    c = ap.add_argument_group("curves over a swept key (mpifl/curves.py)")
+                    "table(s) to this CSV (mpifl/analysis/record.py), for python -m mpifl.reproduce and the docs' tables")
+    c = ap.add_argument_group("curves over a swept key (mpifl/analysis/curves.py)")
     c.add_argument("--x", metavar="KEY", help="per method, the metric's mean ± std over seeds against this config "
                                               "key (a PNG, a CSV and a Markdown table)")
     c.add_argument("--metric", choices=ACC, default="final_acc",
@@ -587,7 +587,7 @@ def main(argv: list[str] | None = None) -> int:
     if out is None:
         one = Path(a.paths[0])
         out = one / "analysis" if len(a.paths) == 1 and one.is_dir() else Path("analysis")
-    from .curves import CurveError, Grouping, compute, report
+    from mpifl.analysis.curves import CurveError, Grouping, compute, report
 
     def check(runs: list[Summary], keys: list[str]) -> None:
         if a.x:
@@ -610,6 +610,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from .cli import quiet_pipe
+    from mpifl.cli import quiet_pipe
 
     sys.exit(quiet_pipe(main))

@@ -4,9 +4,9 @@ Launch it as the run will be launched (``srun -n R python -m mpi4py -m
 mpifl.check CONFIG``, ``mpiexec -n R ...``, or alone) before spending an
 allocation: it starts MPI and reports the ranks, nodes and node-local ranks, the
 PMI in use, cores and GPUs per rank against the config's placement, the memory
-a rank needs at least against what it has (:mod:`mpifl.sizes`), whether every
+a rank needs at least against what it has (:mod:`mpifl.run.memory`), whether every
 rank sees the same run directory and data root, the versions on every rank, the
-facts every run log records (:mod:`mpifl.provenance`: commit, CPU kernels, BLAS,
+facts every run log records (:mod:`mpifl.run.provenance`: commit, CPU kernels, BLAS,
 GPU, hosts), the time ``import torch`` took and a tiny exchange timing. Each problem is one line
 saying what is wrong and what to change; any problem makes the exit status 1
 (a config no rank can read: 2, as for every entry point). Notes (shared cores,
@@ -31,12 +31,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import config as config_mod
-from .cli import parse
-from .errors import ConfigError
+from mpifl import config as config_mod
+from mpifl.cli import parse
+from mpifl.errors import ConfigError
 
 if TYPE_CHECKING:  # building Config imports every algorithm (and torch): only once a config is loaded
-    from .config import Config
+    from mpifl.config import Config
 
 NODE_LOCAL = ("/tmp", "/var/tmp", "/dev/shm")  # plus $TMPDIR: see node_local
 PROBLEMS = 1  # exit status when anything would stop or break the run
@@ -69,13 +69,13 @@ def node_local(path: str | Path) -> str | None:
 
 def _data_path(cfg: Config) -> Path | None:
     """Where the run reads its data (None: built-in data, or no root where one is needed)."""
-    from .data.datasets import data_path  # imports torch: only when asked
+    from mpifl.data.datasets import data_path  # imports torch: only when asked
 
     return data_path(cfg.data)
 
 
 def _needs_root(cfg: Config) -> bool:
-    from .data.datasets import BUILTIN
+    from mpifl.data.datasets import BUILTIN
 
     return cfg.data.name not in BUILTIN
 
@@ -279,7 +279,7 @@ def _facts(cfg: Config, mpi_comm, torch_s: float) -> dict:
     """What this rank sees (gathered, then judged on rank 0)."""
     import torch
 
-    from .comm import cores_for_rank, node_local_rank, versions
+    from mpifl.comm import cores_for_rank, node_local_rank, versions
 
     local, per_node = node_local_rank(mpi_comm)
     return {
@@ -296,7 +296,7 @@ def _facts(cfg: Config, mpi_comm, torch_s: float) -> dict:
 def _device(cfg: Config, mpi_comm, facts: list[dict]) -> tuple[str, str | None]:
     """(this rank's device, a problem) via comm.pick_device, which is collective on
     GPU ranks: called only once every rank is known to agree on having GPUs."""
-    from .comm import pick_device
+    from mpifl.comm import pick_device
 
     with_gpu = [r for r, f in enumerate(facts) if f["gpus"]]
     if with_gpu and len(with_gpu) < len(facts) and cfg.run.device != "cpu":
@@ -324,7 +324,7 @@ def _pmi_mismatch(size: int) -> str | None:
 def run(path: str | None, overrides: list[str], mpi_comm, torch_s: float = 0.0) -> tuple[list[str], list[str]]:
     """The whole check on every rank of ``mpi_comm`` (collective). Returns the
     report's lines and the problems, rank 0's, on every rank."""
-    from .comm import exchange_timing, node_of_ranks
+    from mpifl.comm import exchange_timing, node_of_ranks
 
     mismatch = _pmi_mismatch(mpi_comm.Get_size())
     problems = [mismatch] if mismatch else []
@@ -355,10 +355,10 @@ def run(path: str | None, overrides: list[str], mpi_comm, torch_s: float = 0.0) 
 
 def _memory(cfg: Config, mpi_comm, facts: list[dict], device: str) -> tuple[str, str | None, str | None]:
     """This rank's memory estimate against what it has, and the problems the run
-    would refuse to start with: memory, run.threads past the CPUs (mpifl.sizes)."""
+    would refuse to start with: memory, run.threads past the CPUs (mpifl.run.memory)."""
     import torch
 
-    from . import sizes
+    from mpifl.run import memory as sizes
 
     rank = mpi_comm.Get_rank()
     dev = torch.device("cpu" if device == "?" else device)
@@ -372,7 +372,7 @@ def _memory(cfg: Config, mpi_comm, facts: list[dict], device: str) -> tuple[str,
 
 
 def _report(cfg: Config, facts: list[dict], seen: dict) -> list[str]:
-    from .comm import Placement
+    from mpifl.comm import Placement
 
     size, f0 = len(facts), facts[0]
     who = launcher(f0["env"])[0]
@@ -417,8 +417,8 @@ def _report(cfg: Config, facts: list[dict], seen: dict) -> list[str]:
 
 def _provenance(cfg: Config, mpi_comm, device: str) -> list[str]:
     """What the run's log would record as its provenance (collective)."""
-    from . import provenance
-    from .comm import Comm
+    from mpifl.comm import Comm
+    from mpifl.run import provenance
 
     facts = provenance.collect(Comm(cfg.data.n_clients, mpi_comm), "cpu" if device == "?" else device, cfg.run_dir)
     return provenance.lines(facts) if facts is not None else []
@@ -516,7 +516,7 @@ def _span(values: list[int]) -> str:
 
 
 def _library() -> str:
-    from .comm import versions
+    from mpifl.comm import versions
 
     return " ".join(versions()["mpi"].split())
 
@@ -530,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch  # noqa: F401 - timed: the cost every rank pays before round 1
 
     torch_s = time.perf_counter() - t0
-    from .comm import report_crash, world
+    from mpifl.comm import report_crash, world
 
     mpi = world()
     try:
@@ -562,6 +562,6 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     code = main()
     if code:  # past the interpreter, as mpifl.main: no MPI_Abort lines from `python -m mpi4py`
-        from .comm import exit_all
+        from mpifl.comm import exit_all
 
         exit_all(code)

@@ -30,7 +30,7 @@ rank, the temporary directory is removed, and the previous checkpoint stays the
 latest.
 
 Algorithm state: fields of the ``State`` dataclass marked with
-:func:`mpifl.state.per_client` hold one row (or list item) per local client — a tensor,
+:func:`mpifl.algorithms.state.per_client` hold one row (or list item) per local client — a tensor,
 an array, a list, or a dict of those (an optimizer state of extra rows); every
 other field must be identical on all ranks and is saved once, by rank 0.
 
@@ -59,10 +59,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from .config.identity import config_diff
-from .errors import UNWRITABLE, ConfigError, StorageError, shorten, storage_error
-from .paths import RunDir, atomic_write_text, probe_write
-from .state import saved_fields
+from mpifl.algorithms.state import saved_fields
+from mpifl.config.identity import config_diff
+from mpifl.errors import UNWRITABLE, ConfigError, StorageError, shorten, storage_error
+from mpifl.paths import RunDir, atomic_write_text, probe_write
 
 LATEST = "latest"
 META = "meta.pt"
@@ -128,7 +128,7 @@ def _save(obj: Any, path: Path, kept: str) -> tuple[int, str]:
 def _agreed(comm, fn, tmp: Path) -> Any:
     """``fn`` on every rank (collective), its result; a refused write on any rank
     removes the checkpoint being written (``tmp``) and raises on every rank."""
-    from .comm import agree
+    from mpifl.comm import agree
 
     try:
         return agree(comm, fn)

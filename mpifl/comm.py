@@ -568,7 +568,7 @@ def agree(comm: Comm | MPI.Comm, fn: Callable):
     refused write (StorageError) on any rank, raise it on all, so that a setup
     mistake or a full disk seen by one rank cannot leave the others waiting in a
     collective."""
-    from .errors import ConfigError, StorageError
+    from mpifl.errors import ConfigError, StorageError
 
     mpi = comm.mpi if isinstance(comm, Comm) else comm
     kinds = (ConfigError, StorageError)
@@ -645,7 +645,7 @@ def node_of_ranks(mpi_comm: MPI.Comm) -> np.ndarray:
 
 def pick_device(choice: str, mpi_comm: MPI.Comm) -> torch.device:
     """The one place a device is chosen: node-local rank -> GPU, else CPU."""
-    from .errors import ConfigError
+    from mpifl.errors import ConfigError
 
     has_cuda = torch.cuda.is_available() and torch.cuda.device_count() > 0
     if choice == "cpu" or (choice == "auto" and not has_cuda):

@@ -21,7 +21,7 @@ NAME``, repeatable, limits the methods reported, default all others): seed s
 gives every method the same partition and initial weights, so at each value of
 KEY the method's and the baseline's runs are paired by seed and the per-seed
 differences (method minus baseline) give a mean and a 95% t-interval
-(``mpifl.stats``) over the n seeds both have. The verdict is *above* where the
+(``mpifl.analysis.stats``) over the n seeds both have. The verdict is *above* where the
 interval's lower end is > 0, *below* where its upper end is < 0, else *level*
 (one seed gives no interval: level). Printed per method: the largest value at
 which it is above, and the first value after it at which it no longer is.
@@ -58,9 +58,9 @@ from typing import Any
 
 import numpy as np
 
-from .figure import finish, pyplot
-from .stats import paired_interval, verdict
-from .summary import Summary
+from mpifl.analysis.figure import finish, pyplot
+from mpifl.analysis.stats import paired_interval, verdict
+from mpifl.analysis.summary import Summary
 
 LOG_SPAN = 10  # a log x axis once max/min reaches this
 NO_ROOM = "no room"
@@ -245,7 +245,7 @@ def compare(c: Curve, base: Curve, ceiling: Curve | None = None) -> Crossover:
 def _partner(c: Curve, keys: list[str], pool: list[Curve], name: str) -> Curve | None:
     """The curve of algorithm ``name`` that agrees with c on every key outside
     algorithm sections (and on --y)."""
-    from .algorithms import NAMES
+    from mpifl.algorithms import NAMES
 
     shared = [i for i, k in enumerate(keys) if i > 0 and k.split(".", 1)[0] not in NAMES]
     for b in pool:

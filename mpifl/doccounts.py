@@ -7,7 +7,7 @@ page cannot go on stating a number that has changed elsewhere. Part of
 - ``N<!-- points: FILE [FILE ...] -->``: N is the points of those sweep files together;
 - ``<!-- quote: PAGE BLOCK ROW COLUMN -->TEXT<!-- /quote -->``: TEXT is that cell of
   the Markdown table in the ``docsync`` block BLOCK of PAGE (the row whose first
-  cell is ROW), as mpifl.docsync made it there;
+  cell is ROW), as mpifl.docs.sync made it there;
 - ``<!-- count: fast-tests -->N<!-- /count -->``: N is the tests of the fast tier
   (``pytest --collect-only -m "not slow"``; only with ``tests=True``: it starts pytest);
 - an ``mpifl.check`` transcript quoted in full (no ``...`` line) shows every line
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-from .docsync import MARKER, documents
+from mpifl.docs.sync import MARKER, documents
 
 REPO = Path(__file__).resolve().parent.parent
 SWEEP_LINE = re.compile(r"sweep ([A-Za-z0-9_.+=-]+): (\d+) configs under")

@@ -8,11 +8,11 @@ in one of :data:`FILES`; :data:`BLOCKS` maps NAME to the function that renders i
 Adding a block is adding a function and an entry; adding an algorithm changes
 nothing here (its module carries what its table row says). The counts and quoted
 results of every page (configs, runs, tests, another page's numbers) and the
-README's python examples are checked too (:mod:`mpifl.doccounts`).
+README's python examples are checked too (:mod:`mpifl.docs.counts`).
 
 A block with an argument, ``<!-- generated:record docs/reproductions/data/X.csv -->``,
 is rendered by :data:`ARG_BLOCKS` from that file: a reproduction page's table from
-its per-seed record (:mod:`mpifl.record`), so the page's numbers are the record's.
+its per-seed record (:mod:`mpifl.analysis.record`), so the page's numbers are the record's.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def job_files(root: Path = ROOT) -> dict[str, str]:
 def algorithm_table(root: Path = ROOT) -> str:
     """Every algorithm of ``mpifl.algorithms.NAMES``: what it does and row i of its
     mixing matrix (from its module), and the job file that shows it at its best."""
-    from . import algorithms
+    from mpifl import algorithms
 
     jobs = job_files(root)
     out = ["| name | what | mixing row of client i | job file |", "|---|---|---|---|"]
@@ -79,14 +79,14 @@ def algorithm_table(root: Path = ROOT) -> str:
 
 def config_reference(root: Path = ROOT) -> str:
     """Every config key (``python -m mpifl.config``)."""
-    from .config import reference
+    from mpifl.config import reference
 
     return reference()
 
 
 def record_table(root: Path, path: str) -> str:
     """The table(s) of a per-seed record, as ``mpifl.analyze --layout`` prints them."""
-    from .record import render
+    from mpifl.analysis.record import render
 
     return render(path, root).rstrip("\n")
 
@@ -132,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--write", action="store_true", help="refresh the blocks in place")
     ap.add_argument("--check", action="store_true", help="exit 1 if any block is stale (the default)")
     args = ap.parse_args(argv)
-    from . import doccounts
-    from .docsync import documents
+    from mpifl.docs.blocks import counts as doccounts
+    from mpifl.docs.sync import documents
 
     if args.write:
         for path in documents():
@@ -141,15 +141,15 @@ def main(argv: list[str] | None = None) -> int:
             new = doccounts.fill(render(text) if rendered(path) else text, tests=True)
             if new != text:
                 path.write_text(new)
-                print(f"mpifl.docs: refreshed {path.relative_to(ROOT)}")
+                print(f"mpifl.docs.blocks: refreshed {path.relative_to(ROOT)}")
         return 0
     bad = stale()
     if bad:
-        print(f"mpifl.docs: stale generated blocks: {', '.join(bad)}; run python -m mpifl.docs --write",
+        print(f"mpifl.docs.blocks: stale generated blocks: {', '.join(bad)}; run python -m mpifl.docs --write",
               file=sys.stderr)
     drift = doccounts.problems(tests=True)
     for line in drift:
-        print(f"mpifl.docs: {line}", file=sys.stderr)
+        print(f"mpifl.docs.blocks: {line}", file=sys.stderr)
     return 1 if bad or drift else 0
 
 

@@ -1,5 +1,5 @@
 """Numbers and figures the docs quote from mpifl's own output, made again:
-``python -m mpifl.docsync [--check] [--only NAME ...] [--keep DIR]``.
+``python -m mpifl.docs.sync [--check] [--only NAME ...] [--keep DIR]``.
 
 A quoted block in a Markdown file sits between two markers::
 
@@ -64,7 +64,7 @@ def _run(cmd: list[str], what: str) -> str:
 
 
 def _mpi(n: int, *args: str) -> list[str]:
-    from .sweep import _mpiexec
+    from mpifl.sweep.cli import _mpiexec
 
     launcher = _mpiexec()
     if launcher is None:
@@ -93,12 +93,12 @@ def quickstart(work: Path) -> Output:
 
 def quickstart_baselines(work: Path) -> Output:
     """jobs/sweeps/quickstart-baselines.yaml with --local, then analyzed."""
-    from .analyze import analyze
+    from mpifl.analyze import analyze
 
     # the file sets run.device=cpu and run.threads=1 itself: the docs quote its plain command
-    _run([sys.executable, "-m", "mpifl.sweep", "jobs/sweeps/quickstart-baselines.yaml", "--local",
+    _run([sys.executable, "-m", "mpifl.sweep.cli", "jobs/sweeps/quickstart-baselines.yaml", "--local",
           "--out-dir", str(work)], "the quickstart-baselines sweep")
-    status = _run([sys.executable, "-m", "mpifl.sweep", "jobs/sweeps/quickstart-baselines.yaml", "--status",
+    status = _run([sys.executable, "-m", "mpifl.sweep.cli", "jobs/sweeps/quickstart-baselines.yaml", "--status",
                    "--out-dir", str(work)], "--status").splitlines()
     res = analyze([work / "quickstart-baselines"], work / "analysis", heatmaps="first", echo=lambda *a, **k: None)
     table = (work / "analysis" / "table.md").read_text().rstrip("\n").splitlines()
@@ -211,7 +211,7 @@ def write(made: Output, docs: dict[str, tuple[Path, str]]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mpifl.docsync", description=__doc__.splitlines()[0],
+    ap = argparse.ArgumentParser(prog="python -m mpifl.docs.sync", description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--check", action="store_true", help="write nothing; exit 1 naming each block or figure "
                                                          "that differs from the output made now")
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"docsync: {line}", file=sys.stderr)
     if a.check:
         print("docsync: the docs quote what the programs print" if not bad else
-              f"docsync: {len(bad)} difference(s); `python -m mpifl.docsync` writes the output made now",
+              f"docsync: {len(bad)} difference(s); `python -m mpifl.docs.sync` writes the output made now",
               file=sys.stderr if bad else sys.stdout)
     return 1 if bad else 0
 

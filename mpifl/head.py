@@ -19,8 +19,8 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from .errors import ConfigError
-from .train import Clients, stacked_forward
+from mpifl.errors import ConfigError
+from mpifl.train import Clients, stacked_forward
 
 
 @dataclass

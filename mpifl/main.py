@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from .cli import parse
+from mpifl.cli import parse
 
 EPILOG = """\
 launch forms:
@@ -29,9 +29,10 @@ def main(argv: list[str] | None = None) -> int:
     # arguments first: --help and usage errors must not wait for torch and MPI
     path, overrides = parse(sys.argv[1:] if argv is None else argv, prog="python -m mpifl.main",
                             description="Run one federated-learning job.", epilog=EPILOG)
-    from . import config, runtime
-    from .comm import report_crash, world
-    from .errors import STORAGE_EXIT, ConfigError, StorageError
+    from mpifl import config
+    from mpifl.comm import report_crash, world
+    from mpifl.errors import STORAGE_EXIT, ConfigError, StorageError
+    from mpifl.run import runtime
 
     mpi = world()
     try:
@@ -62,6 +63,6 @@ if __name__ == "__main__":
     # every rank is leaving together anyway. A profiler or tracer (cProfile,
     # coverage) writes its results at exit: then a success leaves the usual way.
     if code or (sys.getprofile() is None and sys.gettrace() is None):
-        from .comm import exit_all
+        from mpifl.comm import exit_all
 
         exit_all(code)

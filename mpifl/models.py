@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from .errors import ConfigError
+from mpifl.errors import ConfigError
 
 if TYPE_CHECKING:  # a type hint only: importing the schema (a leaf) would run the config package first
-    from .config.sections import ModelConfig
+    from mpifl.config.sections import ModelConfig
 
 
 def mlp(in_shape: tuple[int, ...], n_classes: int, hidden: list[int]) -> nn.Module:

@@ -36,12 +36,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import ConfigError
-from .yamlio import read_yaml
+from mpifl.errors import ConfigError
+from mpifl.yamlio import read_yaml
 
 if TYPE_CHECKING:
-    from .summary import Summary
-    from .sweep_status import Failed
+    from mpifl.analysis.summary import Summary
+    from mpifl.sweep.status import Failed
 
 METRICS = ("final_acc", "final_acc_w", "tail_acc", "tail_acc_w", "best_acc", "best_acc_w")
 
@@ -181,7 +181,7 @@ def render(layout: Layout, runs: list[Summary], ddof: int = 1, failed: list[Fail
 
 
 def render_cells(layout: Layout, got: dict[tuple[str, str], Cell], notes: list[str], ddof: int = 1) -> str:
-    """The table of cells already gathered (from runs, or from a record: :mod:`mpifl.record`)."""
+    """The table of cells already gathered (from runs, or from a record: :mod:`mpifl.analysis.record`)."""
     cols = list(layout.columns)
     lines = [f"### {layout.title}", "",
              "| method | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]

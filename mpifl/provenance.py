@@ -2,7 +2,7 @@
 devices and the nodes that made a run, and the sweep point it belongs to.
 
 One dict, :func:`collect`, is stored as the JSON root attribute ``provenance`` of
-every ``run.h5`` (:mod:`mpifl.runtime`), printed by ``python -m mpifl.check``,
+every ``run.h5`` (:mod:`mpifl.run.runtime`), printed by ``python -m mpifl.check``,
 summed up per table by ``python -m mpifl.analyze`` and compared by
 ``python -m mpifl.reproduce``. Its keys:
 
@@ -20,7 +20,7 @@ summed up per table by ``python -m mpifl.analyze`` and compared by
 - ``hosts``: every node's host name, in the order of its lowest rank;
 - ``sweep``: ``{"name", "point", "values"}`` for a point of a sweep
   (``<sweep>/runs/<point>/`` beside ``<sweep>/sweep.yaml``, as
-  :mod:`mpifl.sweep` lays them out), else None.
+  :mod:`mpifl.sweep.cli` lays them out), else None.
 
 Logs written before this module have no ``provenance``; :func:`read` gives them
 an empty dict and :func:`brief` calls every fact of theirs ``unknown``.
@@ -58,7 +58,7 @@ def _git(*args: str) -> str | None:
 def code() -> dict[str, Any]:
     """mpifl's commit and whether the checkout differs from it (tracked files);
     commit None where mpifl does not run from a git checkout."""
-    from . import __version__
+    from mpifl import __version__
 
     commit = _git("rev-parse", "HEAD") if (REPO / ".git").exists() else None
     dirty = None
@@ -119,7 +119,7 @@ def machine(device: str = "cpu") -> dict[str, Any]:
     """This process's facts besides the code and the nodes."""
     import torch
 
-    from .comm import versions
+    from mpifl.comm import versions
 
     return {"versions": versions(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "cpu": cpu_model(), "blas": blas(), "device": device, "gpu": gpu(device)}
@@ -132,8 +132,8 @@ def host() -> str:
 
 def sweep_point(run_dir: str | Path) -> dict[str, Any] | None:
     """The sweep and point ``run_dir`` is, from ``<sweep>/sweep.yaml`` (None: not a sweep's point)."""
-    from .errors import ConfigError
-    from .yamlio import read_yaml
+    from mpifl.errors import ConfigError
+    from mpifl.yamlio import read_yaml
 
     point = Path(run_dir).absolute()
     spec = point.parent.parent / "sweep.yaml"

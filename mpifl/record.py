@@ -12,7 +12,7 @@ the paper-layout table(s); without ``--layout``, of ``table.md`` (method:
 - ``config``: the run's config keys that differ from the defaults (JSON; where a
   run's files were, ``run.name`` and ``run.out_dir``, left out): what
   ``python -m mpifl.reproduce`` runs again;
-- ``provenance``: what made the run (JSON, :mod:`mpifl.provenance`, without the
+- ``provenance``: what made the run (JSON, :mod:`mpifl.run.provenance`, without the
   host names and sweep).
 
 A page's table is rendered from its record between ``<!-- generated:record
@@ -30,11 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .config.identity import WHERE
+from mpifl.config.identity import WHERE
 
 if TYPE_CHECKING:
-    from .paper_table import Layout
-    from .summary import Summary
+    from mpifl.analysis.paper_table import Layout
+    from mpifl.analysis.summary import Summary
 
 COLUMNS = ("table", "layout", "method", "setting", "seed", "metric", "value", "config", "provenance")
 REPO = Path(__file__).resolve().parent.parent
@@ -61,7 +61,7 @@ class Row:
 
 def run_config(r: Summary) -> dict[str, Any]:
     """The keys of a run's config that differ from the defaults (its place left out)."""
-    from .summary import JOB, defaults
+    from mpifl.analysis.summary import JOB, defaults
 
     d = defaults()
     return {k: v for k, v in r.config.items() if k not in (*WHERE, JOB) and (k not in d or d[k] != v)}
@@ -79,7 +79,7 @@ def _row(table: str, layout: str, method: str, setting: str, r: Summary, metric:
 
 def layout_rows(path: Path, layout: Layout, runs: list[Summary]) -> list[Row]:
     """The record of a paper-layout table: its finished runs, cell by cell in the layout's order."""
-    from .paper_table import cells
+    from mpifl.analysis.paper_table import cells
 
     got, _ = cells(layout, runs)
     return [_row(layout.title, _rel(path), method, setting, r, layout.metric)
@@ -98,7 +98,7 @@ def table_rows(groups: list, keys: list[str], metrics: tuple[str, ...]) -> list[
 
 
 def write(path: Path, rows: list[Row]) -> None:
-    from .paths import atomic_write_text
+    from mpifl.paths import atomic_write_text
 
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
@@ -144,9 +144,9 @@ def cells(rows: list[Row]) -> dict[tuple[str, str, str], list[Row]]:
 
 def render(path: str | Path, root: Path = REPO) -> str:
     """The record's table(s) as the page shows them: each layout's table
-    (``mpifl.paper_table``) with its provenance line."""
-    from .paper_table import Cell, load_layout, render_cells
-    from .provenance import table_line
+    (``mpifl.analysis.paper_table``) with its provenance line."""
+    from mpifl.analysis.paper_table import Cell, load_layout, render_cells
+    from mpifl.run.provenance import table_line
 
     rows = read(root / path)
     out = []

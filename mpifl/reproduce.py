@@ -1,16 +1,16 @@
 """Run a record's points again and say how well they agree:
 ``python -m mpifl.reproduce RECORD [--cells K] [--parallel P] [--out DIR]``.
 
-RECORD is a per-seed record (:mod:`mpifl.record`, ``mpifl.analyze --record``).
+RECORD is a per-seed record (:mod:`mpifl.analysis.record`, ``mpifl.analyze --record``).
 Every run behind its cells (all, or the first K cells in the record's order) is
 made again from the config the record holds, one rank each, ``P`` at a time on
-warm workers (``mpifl.sweep --local``'s machinery; the runs go to
+warm workers (``mpifl.sweep.cli --local``'s machinery; the runs go to
 ``DIR/reproduce/runs/``, and a run already complete there is not made again).
 Then, per cell:
 
 - ``bitwise``: every seed's value is the recorded one, bit for bit;
 - ``within``: not bitwise, but the 95% t-interval of the paired differences
-  (re-run minus record, one per seed: :func:`mpifl.stats.paired_interval`)
+  (re-run minus record, one per seed: :func:`mpifl.analysis.stats.paired_interval`)
   contains 0: the re-run agrees up to the float noise of its seeds;
 - ``differs``: the interval excludes 0 (or there is one seed, or a run failed).
 
@@ -29,8 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
-from .record import RecordError, Row, cells, read
+from mpifl.analysis.record import RecordError, Row, cells, read
+from mpifl.errors import ConfigError
 
 SWEEP_NAME = "reproduce"  # the folder under --out the runs go to
 VERDICTS = ("bitwise", "within", "differs")
@@ -48,9 +48,9 @@ def plan(rows: list[Row], n_cells: int | None) -> tuple[dict[tuple, list[Row]], 
 
 
 def _points(runs: dict[str, dict[str, Any]], root: Path) -> list:
-    from . import config as config_mod
-    from .summary import defaults
-    from .sweep import Point
+    from mpifl import config as config_mod
+    from mpifl.analysis.summary import defaults
+    from mpifl.sweep.cli import Point
 
     points = []
     for i, flat in enumerate(runs.values()):
@@ -66,8 +66,8 @@ def _points(runs: dict[str, dict[str, Any]], root: Path) -> list:
 
 
 def _local(sw: Any, parallel: int) -> None:
-    """``mpifl.sweep --local``: one rank per run, ``parallel`` warm workers."""
-    from . import sweep
+    """``mpifl.sweep.cli --local``: one rank per run, ``parallel`` warm workers."""
+    from mpifl.sweep.cli import cli as sweep
 
     sweep.run_local(sw, 1, Path(__file__).resolve().parent.parent, parallel=parallel)
 
@@ -77,8 +77,8 @@ def rerun(runs: dict[str, dict[str, Any]], out: Path, parallel: int, source: Pat
     """Make every run again under ``out/reproduce`` as a sweep of its own (its
     ``sweep.yaml`` names ``source``) with ``run_points(sweep, parallel)``;
     returns each config's log."""
-    from . import sweep
-    from .paths import RunDir
+    from mpifl.paths import RunDir
+    from mpifl.sweep.cli import cli as sweep
 
     root = (out / SWEEP_NAME).resolve()
     points = _points(runs, root)
@@ -92,7 +92,7 @@ def judge(rows: list[Row], new: dict[int, float]) -> tuple[str, str]:
     """A cell's verdict and its detail, from its recorded rows and the re-run's value per seed."""
     import math
 
-    from .stats import paired_interval
+    from mpifl.analysis.stats import paired_interval
 
     missing = [r.seed for r in rows if r.seed not in new or math.isnan(new[r.seed])]
     if missing:
@@ -107,7 +107,7 @@ def judge(rows: list[Row], new: dict[int, float]) -> tuple[str, str]:
 
 
 def _facts(p: dict[str, Any]) -> dict[str, str]:
-    from .provenance import brief, commit_text
+    from mpifl.run.provenance import brief, commit_text
 
     return {"commit": commit_text(p), "CPU capability": brief(p)["cpu_capability"],
             "versions": json.dumps(p.get("versions") or {}, sort_keys=True)}
@@ -139,7 +139,7 @@ def reproduce(record: Path, n_cells: int | None = None, parallel: int = 1, out: 
               echo=print, run_points: Callable[[Any, int], None] = _local) -> int:
     """The whole command; returns its exit status. ``run_points``: how the runs are
     made (:func:`rerun`; the tests' runs stay in their process)."""
-    from .summary import summarize
+    from mpifl.analysis.summary import summarize
 
     rows = read(record)
     if not rows:

@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ConfigError
-from .logging import h5
-from .summary import JOB, WINDOW, find_logs, run_row, summarize, sweep_points, unusable
-from .yamlio import read_yaml
+from mpifl.analysis.summary import JOB, WINDOW, find_logs, run_row, summarize, sweep_points, unusable
+from mpifl.errors import ConfigError
+from mpifl.logging import h5
+from mpifl.yamlio import read_yaml
 
 __all__ = ["Run", "frame", "load_sweep", "open_run", "pandas", "run_summary"]
 
@@ -89,7 +89,7 @@ def frame(run: h5.Run, metric: str = "test_acc", dropna: bool = True):
 
 
 def run_summary(path: str | Path, window: int | None = None):
-    """One run's summary (``mpifl.summary.run_row``) as a Series."""
+    """One run's summary (``mpifl.analysis.summary.run_row``) as a Series."""
     pd = pandas()
     return pd.Series(run_row(summarize(Path(path), WINDOW if window is None else window)))
 
@@ -137,7 +137,7 @@ def load_sweep(path: str | Path, window: int = WINDOW, ari: bool = True):
             warnings.warn(f"skipped {p}: {why}", stacklevel=2)
     keys = _swept(root) if root.is_dir() else None
     if keys is None:
-        from .analyze import varying_keys
+        from mpifl.analyze import varying_keys
 
         keys = varying_keys(summaries) if summaries else []
     rows: list[dict[str, Any]] = []
@@ -159,7 +159,7 @@ def tensorboard(paths: list[str | Path], out: Path) -> list[tuple[str, int]]:
     TensorBoard events in ``out/<name>/`` (:mod:`mpifl.logging.tensorboard`); returns (name, rounds) per run. A folder
     that already holds something is refused (one line): events written twice
     would show each round twice."""
-    from .logging.tensorboard import from_log, require, run_name
+    from mpifl.logging.tensorboard import from_log, require, run_name
 
     require("python -m mpifl.results tensorboard")
     logs = find_logs(paths)
@@ -209,6 +209,6 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     import sys
 
-    from .cli import quiet_pipe
+    from mpifl.cli import quiet_pipe
 
     sys.exit(quiet_pipe(main))

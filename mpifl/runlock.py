@@ -30,8 +30,8 @@ import sys
 import time
 from pathlib import Path
 
-from .errors import FULL, UNWRITABLE, ConfigError, shorten, storage_error
-from .paths import RunDir
+from mpifl.errors import FULL, UNWRITABLE, ConfigError, shorten, storage_error
+from mpifl.paths import RunDir
 
 MARK = "mpifl run lock"  # first line of a lock file mpifl wrote
 HOLDER_KEYS = ("host", "pid", "slurm_job", "since")

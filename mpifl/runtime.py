@@ -14,20 +14,23 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import __version__, algorithms, checkpoint, models, provenance, runlock, sizes
-from .algorithms.base import Algorithm, Context, Round, evaluates
-from .comm import Comm, agree, node_local_rank, node_of_ranks, pick_device, set_threads, versions
-from .config import Config
-from .data import build as build_data
-from .errors import RERUN, UNWRITABLE, ConfigError, StorageError, shorten, storage_error
-from .logging.h5 import Writer, open_run
-from .mixing import Dense, Mixing, issparse
-from .paths import RunDir, atomic_write_text
-from .train import Clients
-from .yamlio import read_yaml
+from mpifl import __version__, algorithms, models
+from mpifl.algorithms.base import Algorithm, Context, Round, evaluates
+from mpifl.algorithms.mixing import Dense, Mixing, issparse
+from mpifl.comm import Comm, agree, node_local_rank, node_of_ranks, pick_device, set_threads, versions
+from mpifl.config import Config
+from mpifl.data import build as build_data
+from mpifl.errors import RERUN, UNWRITABLE, ConfigError, StorageError, shorten, storage_error
+from mpifl.logging.h5 import Writer, open_run
+from mpifl.paths import RunDir, atomic_write_text
+from mpifl.run import checkpoint, provenance
+from mpifl.run import lock as runlock
+from mpifl.run import memory as sizes
+from mpifl.train import Clients
+from mpifl.yamlio import read_yaml
 
 if TYPE_CHECKING:
-    from .logging.tensorboard import Events
+    from mpifl.logging.tensorboard import Events
 
 METRICS = ("val_loss", "val_acc", "test_loss", "test_acc")
 PREEMPTED = 75  # exit status after a signal-triggered checkpoint (EX_TEMPFAIL): requeue me
@@ -49,7 +52,7 @@ class Setup:
 
 def fits(cfg: Config, mpi_comm) -> None:
     """Refuse ``run.threads`` past this process's CPUs and a run whose memory
-    estimate exceeds what the rank has (:mod:`mpifl.sizes`), before anything is
+    estimate exceeds what the rank has (:mod:`mpifl.run.memory`), before anything is
     allocated. The collectives come first, so a rank that refuses keeps none waiting."""
     local, per_node = node_local_rank(mpi_comm)
     device = pick_device(cfg.run.device, mpi_comm)
@@ -158,7 +161,7 @@ def check_log(cfg: Config, ck: Path) -> None:
 
 
 def _writer(cfg: Config, s: Setup, keep_rounds: int | None, origin: dict | None) -> Writer | None:
-    """Rank 0's writer; ``origin``: this start's provenance (:mod:`mpifl.provenance`, rank 0's)."""
+    """Rank 0's writer; ``origin``: this start's provenance (:mod:`mpifl.run.provenance`, rank 0's)."""
     ctx = s.ctx
     if not ctx.comm.is_writer:
         return None
@@ -366,7 +369,7 @@ def _events(cfg: Config, writer: Writer | None) -> Events | None:
     """The TensorBoard events of a run that asks for them (``log.tensorboard``), on the log's writer."""
     if not cfg.log.tensorboard or writer is None:
         return None
-    from .logging.tensorboard import Events
+    from mpifl.logging.tensorboard import Events
 
     return Events(RunDir(cfg.run_dir).tb)
 

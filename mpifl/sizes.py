@@ -1,6 +1,6 @@
 """Before anything is allocated: the memory a run needs per rank, estimated from
 its config alone, against the memory the rank has; and ``run.threads`` against the
-CPUs the process may use. ``mpifl.runtime.setup`` refuses a run that cannot fit
+CPUs the process may use. ``mpifl.run.runtime.setup`` refuses a run that cannot fit
 in one line (exit 2) instead of thrashing or being killed minutes later;
 ``python -m mpifl.check`` prints the estimate.
 
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from mpifl.errors import ConfigError
 
 PER_CLIENT = 1024  # host bytes per client of the run on every rank: partition and splits
 MODEL_BIG = 1 << 30  # bytes of one client's rows past which the model, not the clients, is named
@@ -160,10 +160,10 @@ def _plan(cfg: Any, n_local: int, n_train: int) -> tuple[int, str]:
 def estimate(cfg: Any, n_ranks: int, rank: int, on_gpu: bool) -> Estimate | None:
     """The estimate for ``rank`` of ``n_ranks``; None where the dataset's shape is
     not known without its files (:func:`mpifl.data.shape.shape`)."""
-    from .comm import Placement
-    from .data.shape import shape
-    from .models import sizes
-    from .train.batched import CHUNK_BYTES
+    from mpifl.comm import Placement
+    from mpifl.data.shape import shape
+    from mpifl.models import sizes
+    from mpifl.train.batched import CHUNK_BYTES
 
     d = shape(cfg.data)
     if d is None:

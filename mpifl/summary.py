@@ -1,5 +1,5 @@
 """One run's log, summarised: what ``mpifl.analyze`` tables and figures and
-``mpifl.paper_table`` cells are made of. Logs are read through
+``mpifl.analysis.paper_table`` cells are made of. Logs are read through
 ``mpifl.logging.h5`` only, so runs still going (or killed) are read up to their
 last complete round; a log whose shapes contradict its own attributes is
 refused before anything large is read (:func:`check_shapes`), one whose metrics
@@ -18,11 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from . import provenance
-from .config.identity import flatten
-from .errors import ConfigError
-from .logging.h5 import Corrupt, Run, open_run
-from .yamlio import read_yaml
+from mpifl.config.identity import flatten
+from mpifl.errors import ConfigError
+from mpifl.logging.h5 import Corrupt, Run, open_run
+from mpifl.run import provenance
+from mpifl.yamlio import read_yaml
 
 WINDOW = 10  # rounds averaged by tail_acc and joined for graph ARI
 JOB = "job"  # not a config key: the config file a sweep point was made from
@@ -48,7 +48,7 @@ class Summary:
     ari: dict[str, float] = field(default_factory=dict)
     group: tuple = ()
     rounds: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # 0-based round of each curve row
-    provenance: dict[str, Any] = field(default_factory=dict)  # mpifl.provenance's facts; {} in an older log
+    provenance: dict[str, Any] = field(default_factory=dict)  # mpifl.run.provenance's facts; {} in an older log
 
     @property
     def complete(self) -> bool:
@@ -75,7 +75,7 @@ def defaults() -> dict[str, Any]:
     """Every config key's default, flattened: a log written before a key existed
     ran as its default says, so it reads as that (``local.sampled_only`` is false
     in a Local run logged before the key was added)."""
-    from . import config
+    from mpifl import config
 
     return flatten(config.from_dict({}).to_dict())
 

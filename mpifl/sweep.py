@@ -30,14 +30,14 @@ of the same experiment (a larger ``run.rounds`` rewrites it and extends the run,
 ``--local`` skip runs whose log is complete, and a resubmitted point continues
 in the same directory. ``--local --parallel N`` runs N points at once (each with
 ``--ranks`` ranks): on a workstation, N x ranks x ``run.threads`` up to the cores.
-One-rank points run on N warm workers (``mpifl.worker``) that import torch and
+One-rank points run on N warm workers (``mpifl.sweep.worker``) that import torch and
 mpifl once and fork a child per point, which skips each run's start-up;
 ``--mpiexec`` starts every point as its own ``mpiexec`` process instead.
 
 ``--set section.key=value`` (or ``section.key=value`` after the file) applies to
 every point, after the file's ``set:``, and is recorded in each point's config:
 ``--set run.rounds=3 --out-dir /tmp/try`` tries someone's sweep small.
-``--status`` prints each point's state (``mpifl.sweep_status``).
+``--status`` prints each point's state (``mpifl.sweep.status``).
 
 ``python -m mpifl.sweep --run CONFIG.yaml [a.b=v ...]`` renders the one-run
 script ``<run_dir>/run.sbatch`` instead (and submits it with ``--submit``).
@@ -65,15 +65,15 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from . import config as config_mod
-from .errors import ConfigError, shorten
-from .paths import RunDir, atomic_write_text
-from .sweep_select import select
-from .sweep_spec import Point, SlurmOptions, Sweep, check_script_values, no_control
-from .yamlio import read_yaml
+from mpifl import config as config_mod
+from mpifl.errors import ConfigError, shorten
+from mpifl.paths import RunDir, atomic_write_text
+from mpifl.sweep.select import select
+from mpifl.sweep.spec import Point, SlurmOptions, Sweep, check_script_values, no_control
+from mpifl.yamlio import read_yaml
 
 if TYPE_CHECKING:  # building Config imports every algorithm: only when points are loaded
-    from .config import Config
+    from mpifl.config import Config
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "slurm"
 RESERVED = ("run.name", "run.out_dir")  # the sweep owns where each point runs
@@ -300,7 +300,7 @@ def refuse_node_local(opts: SlurmOptions, workdir: Path, out_dir: Path) -> None:
     below a node-local folder: the compute nodes would not find them, and the job
     would fail there, far from the cause. ``slurm.allow_local_paths`` lets a
     one-node cluster do it."""
-    from .check import node_local
+    from mpifl.check import node_local
 
     if opts.allow_local_paths:
         return
@@ -317,7 +317,7 @@ def refuse_node_local(opts: SlurmOptions, workdir: Path, out_dir: Path) -> None:
 def preflight(configs: list[Config], opts: SlurmOptions, workdir: Path) -> list[str]:
     """``mpifl.check``'s local parts before ``--submit`` (no MPI launch): one line
     per problem, each said once however many points share it."""
-    from .check import launch_problems, local_problems
+    from mpifl.check import launch_problems, local_problems
 
     found = [p for cfg in configs for p in local_problems(cfg, opts.ntasks)]
     found += launch_problems(opts.python or sys.executable, opts.mpi, opts.ntasks, workdir)
@@ -349,7 +349,7 @@ def run_script(cfg: Config, opts: SlurmOptions, workdir: Path) -> str:
 def rounds_done(cfg: Config) -> int | None:
     """Rounds the run's log holds as done (``Run.rounds_done``); None without a
     readable log."""
-    from .logging.h5 import open_run
+    from mpifl.logging.h5 import open_run
 
     try:
         return open_run(cfg.run_dir).rounds_done
@@ -375,7 +375,7 @@ def stored_diff(path: Path, cfg: Config) -> str:
     """The experiment keys (:mod:`mpifl.config.identity`) in which the config file
     ``path`` differs from ``cfg``, as "k (a -> b), ..."; "" when it is the same
     experiment (its run.rounds, run.threads... may differ: the run continues)."""
-    from .config.identity import config_diff
+    from mpifl.config.identity import config_diff
 
     try:
         old = read_yaml(path, f"config file {str(path)!r}")
@@ -434,7 +434,7 @@ def local_preflight(points: list[Point], ranks: int) -> list[str]:
     """``mpifl.check``'s local parts (placement, data root, run.out_dir) for every
     point ``--local`` will run, before it starts any: one line per problem, naming
     the first point that has it and how many more do."""
-    from .check import local_problems
+    from mpifl.check import local_problems
 
     found: dict[str, list[str]] = {}
     for p in points:
@@ -444,7 +444,7 @@ def local_preflight(points: list[Point], ranks: int) -> list[str]:
             for problem, names in found.items()]
 
 
-PREEMPTED = 75  # mpifl.runtime.PREEMPTED: the exit of a run, and of the driver, stopped by a signal
+PREEMPTED = 75  # mpifl.run.runtime.PREEMPTED: the exit of a run, and of the driver, stopped by a signal
 USER_ERROR = 2  # a point's exit status for a user error (ConfigError): the next points would fail alike
 
 
@@ -457,15 +457,15 @@ def run_local(sweep: Sweep, ranks: int, workdir: Path, parallel: int = 1, warm: 
     """Run the unfinished points here, ``parallel`` at a time in index order;
     returns the number that failed. Each run has its own directory and log, so
     runs at once share nothing but the machine. One-rank points run on
-    ``parallel`` warm workers (:mod:`mpifl.worker`: torch and mpifl imported once,
+    ``parallel`` warm workers (:mod:`mpifl.sweep.worker`: torch and mpifl imported once,
     a forked child per point) unless ``warm`` is off; others through mpiexec.
     A point that ends with a user error (exit 2) stops the launching of further
     points, unless ``keep_going``. Points another driver holds wait for it, and a
-    stop signal stops every run at a checkpoint (:mod:`mpifl.sweep_driver`;
+    stop signal stops every run at a checkpoint (:mod:`mpifl.sweep.driver`;
     raises :class:`Interrupted` once they have)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from .sweep_driver import Driver
+    from mpifl.sweep.driver import Driver
 
     sweep.log_dir.mkdir(parents=True, exist_ok=True)
     with Driver(sweep) as d:
@@ -481,7 +481,7 @@ def run_local(sweep: Sweep, ranks: int, workdir: Path, parallel: int = 1, warm: 
         python = sweep.slurm.python or None
         pool = None
         if warm and ranks == 1 and todo:
-            from .worker import Pool
+            from mpifl.sweep.worker import Pool
 
             pool = Pool(min(parallel, len(todo)), python, workdir)
         halt: list[Point] = []  # the point whose user error stopped the launching
@@ -524,7 +524,7 @@ def run_local(sweep: Sweep, ranks: int, workdir: Path, parallel: int = 1, warm: 
 
 def _run_claimed(sweep: Sweep, p: Point, ranks: int, workdir: Path, python: str | None, pool: Any, d: Any) -> int:
     """One point's run, its claim held by this driver: marked for ``--status``, its line printed."""
-    from . import sweep_status
+    from mpifl.sweep.cli import status as sweep_status
 
     log = sweep_status.local_log(sweep, p.index)
     t0 = time.monotonic()
@@ -550,16 +550,16 @@ def run_point(cfg: Config, ranks: int, workdir: Path, log: Path, python: str | N
               started: Callable[[int], None] | None = None) -> int:
     """One point's run, its output appended to ``log`` after a line saying how it
     runs; returns its exit status. On a warm worker of ``pool`` (an
-    :class:`mpifl.worker.Pool`) when given, else ``mpiexec -n ranks``
+    :class:`mpifl.sweep.worker.Pool`) when given, else ``mpiexec -n ranks``
     (:func:`local_command`). ``started(pid)``: the process running it has begun."""
     config = RunDir(cfg.run_dir).config
     with open(log, "a") as out:
         if pool is not None:
-            out.write(f"mpifl.sweep: python -m mpifl.main {shlex.quote(str(config))} (warm worker)\n")
+            out.write(f"mpifl.sweep.cli: python -m mpifl.main {shlex.quote(str(config))} (warm worker)\n")
             out.flush()
             return pool.run(config, log, started)
         cmd = local_command(cfg, ranks, python)
-        out.write(f"mpifl.sweep: {shlex.join(cmd)}\n")
+        out.write(f"mpifl.sweep.cli: {shlex.join(cmd)}\n")
         out.flush()
         # its own session: a terminal's Ctrl-C reaches the driver, which stops it at a checkpoint
         proc = subprocess.Popen(cmd, cwd=workdir, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -571,7 +571,7 @@ def run_point(cfg: Config, ranks: int, workdir: Path, log: Path, python: str | N
 def finished_line(p: Point, rc: int, seconds: float, log: Path) -> str:
     """What ``--local`` prints when a point's run ends: its final accuracy, or
     why it stopped and where its output is."""
-    from .sweep_status import PREEMPTED, last_line, log_facts
+    from mpifl.sweep.status import PREEMPTED, last_line, log_facts
 
     done, acc, _, _ = log_facts(p.config)
     took = f"{seconds:.0f}s" if seconds < 120 else f"{seconds / 60:.1f}min"
@@ -586,7 +586,7 @@ def finished_line(p: Point, rc: int, seconds: float, log: Path) -> str:
 def local_summary(sweep: Sweep, codes: dict[int, int], not_started: int = 0) -> str:
     """The last lines of ``--local``: how many points ran to the end, and each
     failed one with its output file."""
-    from .sweep_status import local_log
+    from mpifl.sweep.status import local_log
 
     skipped = len(sweep.chosen()) - len(codes) - not_started
     failed = [i for i, rc in codes.items() if rc != 0]
@@ -626,7 +626,7 @@ class Array:
     @property
     def spec(self) -> str:
         """``--array``'s value without the throttle, as ranges: ``0-999``, ``0-3,5``."""
-        from .check import ranges
+        from mpifl.check import ranges
 
         return ranges([i - self.offset for i in self.indices])
 
@@ -666,7 +666,7 @@ def submission_plan(sweep: Sweep) -> list[Array]:
     before anything is written: sbatch must be there, and SLURM's MaxArraySize
     (``scontrol show config``; 1001, its default, where it does not answer) bounds
     each array."""
-    from .sweep_status import max_array_size
+    from mpifl.sweep.status import max_array_size
 
     todo = [p.index for p in sweep.chosen() if not is_complete(p.config)]
     if todo:
@@ -679,7 +679,7 @@ def submit(sweep: Sweep, plan: list[Array] | None = None) -> list[str]:
     returns the job ids, one per array (none: nothing to do). With
     ``slurm.max_parallel`` each array waits for the one before (afterany), so the
     throttle holds for the whole sweep."""
-    from .sweep_status import record_submission
+    from mpifl.sweep.status import record_submission
 
     plan = submission_plan(sweep) if plan is None else plan
     jobs: list[str] = []
@@ -787,7 +787,7 @@ def _main_run(a: argparse.Namespace, workdir: Path) -> int:
 
 def _refused(problems: list[str]) -> bool:
     for p in problems:
-        print(f"mpifl.sweep: error: {p}", file=sys.stderr)
+        print(f"mpifl.sweep.cli: error: {p}", file=sys.stderr)
     return bool(problems)
 
 
@@ -802,7 +802,7 @@ def main(argv: list[str] | None = None) -> int:
         sweep = load(a.file, a.out_dir, _slurm_flags(a), n_ranks=a.ranks, overrides=[*a.set, *a.overrides])
         sweep.selected = select(sweep.points, a.only, a.points)
         if a.status:
-            from .sweep_status import report
+            from mpifl.sweep.status import report
 
             report(sweep)
             return 0
@@ -845,11 +845,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"submit with: python -m mpifl.sweep {a.file} --submit   (or: sbatch {sweep.script})")
         return 0
     except ConfigError as e:
-        print(f"mpifl.sweep: error: {e}", file=sys.stderr)
+        print(f"mpifl.sweep.cli: error: {e}", file=sys.stderr)
         return 2
 
 
 if __name__ == "__main__":
-    from .cli import quiet_pipe
+    from mpifl.cli import quiet_pipe
 
     sys.exit(quiet_pipe(main))

@@ -12,7 +12,7 @@ how it stops.
   ``<sweep>/logs/driver_<host>_<pid>.out`` as well.
 - Stop signals: SIGTERM or SIGINT to the driver launches no more points and sends
   SIGTERM to the runs it started; each stops at its next round boundary with a
-  checkpoint (exit 75, ``mpifl.runtime``), and the driver prints one line and
+  checkpoint (exit 75, ``mpifl.run.runtime``), and the driver prints one line and
   exits 75. The runs sit in their own sessions, so a terminal's Ctrl-C reaches
   the driver alone.
 """
@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .sweep_spec import Sweep
+    from mpifl.sweep.spec import Sweep
 
-PREEMPTED = 75  # mpifl.runtime.PREEMPTED: stopped by a signal after a checkpoint
+PREEMPTED = 75  # mpifl.run.runtime.PREEMPTED: stopped by a signal after a checkpoint
 POLL_S = 1.0  # how often a driver looks again at a claim another driver holds
 
 
@@ -116,7 +116,7 @@ class Driver:
 
     def stopped_line(self, finished: int) -> str:
         name = signal.Signals(self.signum).name
-        return (f"mpifl.sweep: stopped by {name}: no more points launched; {finished} running point(s) stopped at "
+        return (f"mpifl.sweep.cli: stopped by {name}: no more points launched; {finished} running point(s) stopped at "
                 f"a round boundary with a checkpoint (exit {PREEMPTED}); run the same command to continue")
 
 

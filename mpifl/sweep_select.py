@@ -14,13 +14,13 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import config as config_mod
-from .errors import ConfigError, shorten
+from mpifl import config as config_mod
+from mpifl.errors import ConfigError, shorten
 
 if TYPE_CHECKING:
-    from .sweep_spec import Point
+    from mpifl.sweep.spec import Point
 
-BASE = "base"  # mpifl.sweep.BASE: the grid key that varies the config file
+BASE = "base"  # mpifl.sweep.cli.BASE: the grid key that varies the config file
 
 
 def split_values(text: str) -> list[str]:
@@ -70,7 +70,7 @@ def parse_points(text: str, n: int) -> set[int]:
 def _value(p: Point, key: str) -> Any:
     if key == BASE:
         return p.values.get(BASE)
-    from .config.identity import flatten
+    from mpifl.config.identity import flatten
 
     return flatten(p.config.to_dict()).get(key)
 

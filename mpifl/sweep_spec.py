@@ -1,6 +1,6 @@
 """What a sweep is, as loaded from its file: its points (one run config each),
 its SLURM options and the checks that keep them safe to write into an sbatch
-script. The parts of ``mpifl.sweep`` (its status, drivers and point selection)
+script. The parts of ``mpifl.sweep.cli`` (its status, drivers and point selection)
 name these types, so they live apart from the commands that use them."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import config as config_mod
-from .errors import ConfigError, check, shorten
-from .paths import beneath
+from mpifl import config as config_mod
+from mpifl.errors import ConfigError, check, shorten
+from mpifl.paths import beneath
 
 if TYPE_CHECKING:  # building Config imports every algorithm: only when points are loaded
-    from .config import Config
+    from mpifl.config import Config
 
 
 @dataclass
@@ -102,7 +102,7 @@ class Sweep:
     grid: dict[str, list] | list[dict[str, list]]  # one grid, or a list whose union is swept
     slurm: SlurmOptions
     points: list[Point]
-    selected: list[Point] | None = None  # --only / --points (mpifl.sweep_select); None: every point
+    selected: list[Point] | None = None  # --only / --points (mpifl.sweep.select); None: every point
 
     runs_file = beneath("runs.txt")
     script = beneath("array.sbatch")

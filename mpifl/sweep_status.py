@@ -30,12 +30,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .paths import RunDir, atomic_write_text
+from mpifl.paths import RunDir, atomic_write_text
 
 if TYPE_CHECKING:
-    from .sweep_spec import Point, Sweep
+    from mpifl.sweep.spec import Point, Sweep
 
-PREEMPTED = 75  # mpifl.runtime.PREEMPTED, without importing torch
+PREEMPTED = 75  # mpifl.run.runtime.PREEMPTED, without importing torch
 SUBMITTED = "submitted.txt"  # <sweep>/logs/: one line per array submitted, "JOBID 0-3,5[ OFFSET]"
 MAX_ARRAY_SIZE = 1001  # SLURM's default MaxArraySize: array task ids 0..1000
 SLURM_FAILED = ("FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "CANCELLED", "BOOT_FAIL", "DEADLINE")
@@ -76,7 +76,7 @@ def mark_finished(sweep: Sweep, index: int, rc: int) -> None:
 def record_submission(sweep: Sweep, job: str, indices: list[int], offset: int = 0) -> None:
     """Remember which points an array job runs (as ranges; its task i runs point
     ``offset + i``), for ``--status``."""
-    from .check import ranges
+    from mpifl.check import ranges
 
     path = sweep.log_dir / SUBMITTED
     old = path.read_text() if path.is_file() else ""
@@ -181,7 +181,7 @@ class PointState:
 def log_facts(cfg) -> tuple[int, float | None, int, float | None]:
     """(complete rounds, last evaluated mean test_acc or None, its round from 1, mean
     round wall time or None); (0, None, 0, None) without a readable log."""
-    from .logging.h5 import open_run
+    from mpifl.logging.h5 import open_run
 
     log = RunDir(cfg.run_dir).log
     if not log.is_file():
@@ -292,7 +292,7 @@ def report(sweep: Sweep, echo=print) -> dict[str, int]:
 class Failed:
     run_dir: Path
     name: str
-    config: dict  # flattened, as mpifl.summary.Summary.config
+    config: dict  # flattened, as mpifl.analysis.summary.Summary.config
     rc: int  # the exit status --local recorded
 
 
@@ -310,9 +310,9 @@ def failed_points(paths: list) -> list[Failed]:
     """The points of the sweep directories among ``paths`` whose last ``--local``
     run exited non-zero (not preempted), with their configs: ``analyze --layout``
     tells a point that ran and failed from one never run."""
-    from .config.identity import flatten
-    from .summary import defaults, sweep_points
-    from .yamlio import read_yaml
+    from mpifl.analysis.summary import defaults, sweep_points
+    from mpifl.config.identity import flatten
+    from mpifl.yamlio import read_yaml
 
     out = []
     for root in _sweep_roots(paths):
@@ -329,6 +329,6 @@ def failed_points(paths: list) -> list[Failed]:
             flat = {**defaults(), **flatten(cfg)}
             base = (values.get(run_dir.name) or {}).get("base")
             if base is not None:
-                flat["job"] = Path(str(base)).stem  # mpifl.summary.JOB, as sweep_job names it
+                flat["job"] = Path(str(base)).stem  # mpifl.analysis.summary.JOB, as sweep_job names it
             out.append(Failed(run_dir, run_dir.name, flat, rc))
     return out

@@ -1,7 +1,7 @@
 """Warm worker of a local sweep: imports torch, MPI's library and mpifl once, then
 runs one-rank points one after another, each in a child forked for it.
 
-    python -m mpifl.worker      # a line of JSON per point on stdin, one per answer on stdout
+    python -m mpifl.sweep.worker      # a line of JSON per point on stdin, one per answer on stdout
 
 A point's run is ``python -m mpi4py -m mpifl.main CONFIG`` without the start-up:
 the child is a copy of a process that has imported everything and computed
@@ -52,7 +52,7 @@ def _child(config: str, log: str, answers: int) -> int:
     from mpi4py import MPI
 
     MPI.Init_thread(MPI.THREAD_MULTIPLE)  # what `python -m mpi4py` asks for (mpi4py.rc.thread_level)
-    from .main import main
+    from mpifl.main import main
 
     code = main([config])
     sys.stdout.flush()
@@ -89,7 +89,7 @@ def warm_up() -> None:
     mpi4py.rc.finalize = False
     from mpi4py import MPI  # noqa: F401 - loads the library, starts nothing
 
-    from . import config, main, runtime  # noqa: F401 - torch, h5py, the runtime
+    from mpifl import config, main  # noqa: F401 - torch, h5py, the runtime
 
     config.config_class()  # every algorithm module (the config's sections)
 
@@ -121,12 +121,12 @@ def serve() -> int:
 
 
 class Pool:
-    """``n`` warm workers (``python -m mpifl.worker``) shared by threads: :meth:`run`
+    """``n`` warm workers (``python -m mpifl.sweep.worker``) shared by threads: :meth:`run`
     takes an idle one, runs a point on it and gives it back. A worker that dies is
     replaced; the point it was running fails, with a line in its log."""
 
     def __init__(self, n: int, python: str | None = None, cwd: Path | None = None) -> None:
-        self.cmd = [python or sys.executable, "-m", "mpifl.worker"]
+        self.cmd = [python or sys.executable, "-m", "mpifl.sweep.worker"]
         self.cwd = cwd
         self.idle: queue.Queue[subprocess.Popen] = queue.Queue()
         for _ in range(n):  # all at once: they import in parallel
@@ -159,7 +159,7 @@ class Pool:
             return int(answer["rc"])
         rc = w.wait()
         with open(log, "a") as f:
-            f.write(f"mpifl.sweep: the warm worker running this point died (exit {rc})\n")
+            f.write(f"mpifl.sweep.cli: the warm worker running this point died (exit {rc})\n")
         self.idle.put(self._start())
         return rc or 1
 

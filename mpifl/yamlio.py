@@ -17,7 +17,7 @@ import yaml
 from yaml.events import AliasEvent
 from yaml.nodes import MappingNode, SequenceNode
 
-from .errors import ConfigError
+from mpifl.errors import ConfigError
 
 MAX_BYTES = 1 << 20  # a config or sweep file; real ones are a few KiB
 MAX_DEPTH = 16  # nesting of YAML values; a config needs 3 (section, key, list)

@@ -23,11 +23,11 @@ import pkgutil
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, cast
 
-from ..errors import ConfigError
+from mpifl.errors import ConfigError
 
 if TYPE_CHECKING:
-    from ..config.sections import ConfigBase
-    from .base import Algorithm
+    from mpifl.algorithms.base import Algorithm
+    from mpifl.config.sections import ConfigBase
 
 NOT_ALGORITHMS = {"base"}
 

@@ -51,15 +51,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from ..errors import check
-from ..mixing import Shared
-from ..state import per_client
-from ..train import RowOptimizer, Step, StepView
-from . import fedavg
-from .base import Context, Round, own_rows_metrics, sampled_weights
+from mpifl.algorithms import fedavg
+from mpifl.algorithms.base import Context, Round, own_rows_metrics, sampled_weights
+from mpifl.algorithms.mixing import Shared
+from mpifl.algorithms.state import per_client
+from mpifl.errors import check
+from mpifl.train import RowOptimizer, Step, StepView
 
 if TYPE_CHECKING:
-    from ..config.sections import ConfigBase as Config
+    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (

@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 
-from ..data import FederatedData
-from ..mixing import Dense, Mixing
-from ..rng import GLOBAL, rng
-from ..train import Clients
+from mpifl.algorithms.mixing import Dense, Mixing
+from mpifl.data import FederatedData
+from mpifl.rng import GLOBAL, rng
+from mpifl.train import Clients
 
 if TYPE_CHECKING:  # algorithms are imported by the config (their Params) before MPI is wanted
-    from ..comm import Comm
-    from ..config.sections import ConfigBase as Config
+    from mpifl.comm import Comm
+    from mpifl.config.sections import ConfigBase as Config
 
 
 @dataclass
@@ -85,7 +85,7 @@ class Round:
 
     def __post_init__(self) -> None:
         if self.mixing is not None and not isinstance(self.mixing, Mixing):
-            raise TypeError(f"Round.mixing must be a mpifl.mixing.Mixing (Dense, Shared or Grouped), "
+            raise TypeError(f"Round.mixing must be a mpifl.algorithms.mixing.Mixing (Dense, Shared or Grouped), "
                             f"not {type(self.mixing).__name__}")
 
 
@@ -94,9 +94,9 @@ class Algorithm(Protocol):
     """An algorithm module as the runtime uses it (``mpifl.algorithms.get(name)``).
 
     - ``State``: a dataclass of what the algorithm keeps between rounds. Fields made
-      with ``mpifl.state.per_client()`` hold one row per local client,
+      with ``mpifl.algorithms.state.per_client()`` hold one row per local client,
       ``transient()`` ones are not checkpointed, every other field is identical on
-      all ranks and saved once (``mpifl.checkpoint``).
+      all ranks and saved once (``mpifl.run.checkpoint``).
     - ``init(ctx) -> State``, before round 0 (and before a resume fills it).
     - ``round(ctx, state, t) -> Round``: trains, and says what was averaged with what.
     - ``evaluate(ctx, state, t)``: ``val_loss``, ``val_acc``, ``test_loss``,
@@ -109,7 +109,7 @@ class Algorithm(Protocol):
     and the registry adds the section); ``check_config(cfg)``, refusing
     combinations when the algorithm is chosen (keys named the same way);
     ``SUMMARY`` and ``MIXING_ROW``, one line each for the README's table
-    (``mpifl.docs``; without them the docstring's first sentence and "–"). The
+    (``mpifl.docs.blocks``; without them the docstring's first sentence and "–"). The
     module docstring opens with the paper, the equations and a runnable
     ``python -m mpifl.main`` command.
     """

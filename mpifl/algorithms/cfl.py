@@ -59,13 +59,13 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import torch
 
-from ..errors import check
-from ..mixing import Grouped
-from .base import Context, Round, group_weights, own_rows_metrics
-from .fedavg import local_update
+from mpifl.algorithms.base import Context, Round, group_weights, own_rows_metrics
+from mpifl.algorithms.fedavg import local_update
+from mpifl.algorithms.mixing import Grouped
+from mpifl.errors import check
 
 if TYPE_CHECKING:
-    from ..config.sections import ConfigBase as Config
+    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (

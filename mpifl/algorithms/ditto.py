@@ -48,11 +48,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..errors import check
-from ..state import per_client
-from ..train import Objective
-from . import fedavg
-from .base import Context, Round, own_rows_metrics
+from mpifl.algorithms import fedavg
+from mpifl.algorithms.base import Context, Round, own_rows_metrics
+from mpifl.algorithms.state import per_client
+from mpifl.errors import check
+from mpifl.train import Objective
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (

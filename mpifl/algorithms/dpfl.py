@@ -72,15 +72,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from ..errors import ConfigError, check
-from ..mixing import Dense
-from ..rng import GLOBAL
-from ..state import per_client
-from .base import Context, Round, evaluates, own_rows_metrics
+from mpifl.algorithms.base import Context, Round, evaluates, own_rows_metrics
+from mpifl.algorithms.mixing import Dense
+from mpifl.algorithms.state import per_client
+from mpifl.errors import ConfigError, check
+from mpifl.rng import GLOBAL
 
 if TYPE_CHECKING:
-    from ..comm import Comm
-    from ..config.sections import ConfigBase as Config
+    from mpifl.comm import Comm
+    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "DPFL: BGGC candidate graph under budget B_c, GGC collaborators every `dpfl.period` rounds"

@@ -40,12 +40,12 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
-from ..errors import check
-from . import fedavg
-from .base import Context, Round
+from mpifl.algorithms import fedavg
+from mpifl.algorithms.base import Context, Round
+from mpifl.errors import check
 
 if TYPE_CHECKING:
-    from ..config.sections import ConfigBase as Config
+    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (

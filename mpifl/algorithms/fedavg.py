@@ -16,9 +16,9 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from ..mixing import Shared
-from ..train import NonFiniteError, Objective, Step
-from .base import Context, Round, own_rows_metrics, sampled_weights
+from mpifl.algorithms.base import Context, Round, own_rows_metrics, sampled_weights
+from mpifl.algorithms.mixing import Shared
+from mpifl.train import NonFiniteError, Objective, Step
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "FedAvg: fraction C sampled, E local epochs, average weighted by train size"

@@ -35,12 +35,12 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import torch
 
-from ..errors import check
-from . import fedavg
-from .base import Context, Round, own_rows_metrics
+from mpifl.algorithms import fedavg
+from mpifl.algorithms.base import Context, Round, own_rows_metrics
+from mpifl.errors import check
 
 if TYPE_CHECKING:
-    from ..config.sections import ConfigBase as Config
+    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (

@@ -55,15 +55,15 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import torch
 
-from ..errors import check
-from ..head import Head, find_head
-from ..mixing import Dense
-from ..state import transient
-from ..train import Clients, per_sample_loss
-from .base import Context, Round, identity_rows, own_rows_metrics
+from mpifl.algorithms.base import Context, Round, identity_rows, own_rows_metrics
+from mpifl.algorithms.head import Head, find_head
+from mpifl.algorithms.mixing import Dense
+from mpifl.algorithms.state import transient
+from mpifl.errors import check
+from mpifl.train import Clients, per_sample_loss
 
 if TYPE_CHECKING:
-    from ..config.sections import ConfigBase as Config
+    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "FedC2I: client- and class-level influence by leave-one-out models passed around the ring"

@@ -49,16 +49,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from .. import models
-from ..errors import check
-from ..mixing import Shared
-from ..rng import GLOBAL, rng
-from ..state import per_client
-from ..train import Objective, loss_acc_from_probs, per_sample_loss
-from .base import Context, Round, sampled_weights
+from mpifl import models
+from mpifl.algorithms.base import Context, Round, sampled_weights
+from mpifl.algorithms.mixing import Shared
+from mpifl.algorithms.state import per_client
+from mpifl.errors import check
+from mpifl.rng import GLOBAL, rng
+from mpifl.train import Objective, loss_acc_from_probs, per_sample_loss
 
 if TYPE_CHECKING:
-    from ..config.sections import ConfigBase as Config
+    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (

@@ -74,16 +74,16 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import torch
 
-from .. import models
-from ..errors import check
-from ..mixing import Dense
-from ..state import per_client, transient
-from ..train import loss_acc_from_probs, per_sample_loss
-from ..train.evaluation import clients_per_chunk
-from .base import Context, Round
+from mpifl import models
+from mpifl.algorithms.base import Context, Round
+from mpifl.algorithms.mixing import Dense
+from mpifl.algorithms.state import per_client, transient
+from mpifl.errors import check
+from mpifl.train import loss_acc_from_probs, per_sample_loss
+from mpifl.train.evaluation import clients_per_chunk
 
 if TYPE_CHECKING:
-    from ..config.sections import ConfigBase as Config
+    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "FedeRiCo: decentralized EM, k neighbours pulled point to point, weighted gradients pushed back"

@@ -38,13 +38,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from ..errors import check
-from ..train import Objective
-from . import fedavg
-from .base import Context, Round
+from mpifl.algorithms import fedavg
+from mpifl.algorithms.base import Context, Round
+from mpifl.errors import check
+from mpifl.train import Objective
 
 if TYPE_CHECKING:
-    from ..config.sections import ConfigBase as Config
+    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "FedProx: FedAvg whose local loss adds (mu/2)||w - w_global||^2 (`fedprox.mu`)"

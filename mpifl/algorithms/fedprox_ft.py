@@ -31,12 +31,12 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from ..errors import check
-from . import fedavg_ft, fedprox
-from .base import Context, Round
+from mpifl.algorithms import fedavg_ft, fedprox
+from mpifl.algorithms.base import Context, Round
+from mpifl.errors import check
 
 if TYPE_CHECKING:
-    from ..config.sections import ConfigBase as Config
+    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "FedProx+FT (DPFL): FedProx's best-validation global model fine-tuned 2E epochs before evaluation"

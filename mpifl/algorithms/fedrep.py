@@ -2,7 +2,7 @@
 Representations for Personalized Federated Learning", ICML 2021.
 
 The model is a shared body phi (the representation) and a personal head h_k
-(the classifier: the model's last ``nn.Linear``, ``mpifl.head.find_head``). In
+(the classifier: the model's last ``nn.Linear``, ``mpifl.algorithms.head.find_head``). In
 round t each sampled client k
 
 1. downloads the global body phi^t and keeps its own head h_k;
@@ -42,12 +42,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..errors import check
-from ..head import Head, body_slices, find_head
-from ..mixing import Shared
-from ..state import transient
-from ..train import Objective
-from .base import Context, Round, own_rows_metrics, sampled_weights
+from mpifl.algorithms.base import Context, Round, own_rows_metrics, sampled_weights
+from mpifl.algorithms.head import Head, body_slices, find_head
+from mpifl.algorithms.mixing import Shared
+from mpifl.algorithms.state import transient
+from mpifl.errors import check
+from mpifl.train import Objective
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (

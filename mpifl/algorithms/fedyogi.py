@@ -30,12 +30,12 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..errors import check
-from . import fedadam, fedavg
-from .base import Context
+from mpifl.algorithms import fedadam, fedavg
+from mpifl.algorithms.base import Context
+from mpifl.errors import check
 
 if TYPE_CHECKING:
-    from ..config.sections import ConfigBase as Config
+    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "FedYogi: FedAdam with Yogi's second moment (`fedyogi.lr`, `beta1`, `beta2`, `tau`)"

@@ -50,14 +50,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from ..errors import ConfigError, check
-from ..mixing import Grouped
-from ..rng import GLOBAL
-from .base import Context, Round, group_weights, own_rows_metrics, round_half_up
-from .fedavg import local_update
+from mpifl.algorithms.base import Context, Round, group_weights, own_rows_metrics, round_half_up
+from mpifl.algorithms.fedavg import local_update
+from mpifl.algorithms.mixing import Grouped
+from mpifl.errors import ConfigError, check
+from mpifl.rng import GLOBAL
 
 if TYPE_CHECKING:
-    from ..config.sections import ConfigBase as Config
+    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "FeSEM: K centres in parameter space, clients assigned to the nearest by L2, centres = p-average of members"

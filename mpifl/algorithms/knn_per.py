@@ -6,7 +6,7 @@ k-nearest-neighbour classifier over a datastore of its own training embeddings.
     mpiexec -n 2 python -m mpi4py -m mpifl.main jobs/quickstart.yaml algorithm.name=knn_per knn_per.k=10 knn_per.lam=0.5
 
 Training is FedAvg's (``fedavg.step``). At evaluation client i, with the global
-model's body phi (everything before the last ``nn.Linear``, ``mpifl.head``):
+model's body phi (everything before the last ``nn.Linear``, ``mpifl.algorithms.head``):
 
 1. datastore ``S_i = {(phi(x_j), y_j)}`` over its training split;
 2. for a query x, its k nearest entries N_k(x) in S_i (Euclidean distance d);
@@ -44,15 +44,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from ..errors import check
-from ..head import Head, find_head
-from ..state import transient
-from ..train import loss_acc_from_probs
-from . import fedavg
-from .base import Context, Round
+from mpifl.algorithms import fedavg
+from mpifl.algorithms.base import Context, Round
+from mpifl.algorithms.head import Head, find_head
+from mpifl.algorithms.state import transient
+from mpifl.errors import check
+from mpifl.train import loss_acc_from_probs
 
 if TYPE_CHECKING:
-    from ..config.sections import ConfigBase as Config
+    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (

@@ -32,14 +32,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .base import Context, Round, identity_rows, own_rows_metrics
+from mpifl.algorithms.base import Context, Round, identity_rows, own_rows_metrics
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "every client trains alone"
 MIXING_ROW = "identity"
 
 if TYPE_CHECKING:
-    from ..config.sections import ConfigBase as Config
+    from mpifl.config.sections import ConfigBase as Config
 
 
 @dataclass

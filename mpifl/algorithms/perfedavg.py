@@ -51,14 +51,14 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import torch
 
-from ..errors import check
-from ..mixing import Shared
-from ..train import Step, StepView
-from . import fedavg
-from .base import Context, Round, evaluates, own_rows_metrics, sampled_weights
+from mpifl.algorithms import fedavg
+from mpifl.algorithms.base import Context, Round, evaluates, own_rows_metrics, sampled_weights
+from mpifl.algorithms.mixing import Shared
+from mpifl.errors import check
+from mpifl.train import Step, StepView
 
 if TYPE_CHECKING:
-    from ..config.sections import ConfigBase as Config
+    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (

@@ -52,14 +52,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from ..errors import check
-from ..mixing import Dense
-from ..state import per_client
-from ..train import Step, StepView
-from .base import Context, Round, own_rows_metrics
+from mpifl.algorithms.base import Context, Round, own_rows_metrics
+from mpifl.algorithms.mixing import Dense
+from mpifl.algorithms.state import per_client
+from mpifl.errors import check
+from mpifl.train import Step, StepView
 
 if TYPE_CHECKING:
-    from ..config.sections import ConfigBase as Config
+    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (

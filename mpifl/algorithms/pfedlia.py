@@ -61,15 +61,15 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import torch
 
-from ..errors import ConfigError, check
-from ..mixing import Dense
-from ..state import per_client
-from . import fedavg
-from .base import Context, Round, own_rows_metrics
-from .oracle import cluster_fedavg
+from mpifl.algorithms import fedavg
+from mpifl.algorithms.base import Context, Round, own_rows_metrics
+from mpifl.algorithms.mixing import Dense
+from mpifl.algorithms.oracle import cluster_fedavg
+from mpifl.algorithms.state import per_client
+from mpifl.errors import ConfigError, check
 
 if TYPE_CHECKING:
-    from ..config.sections import ConfigBase as Config
+    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import did_you_mean
-from .load import all_keys, assign, build, coerce, from_dict, key_type, load, override
-from .reference import KeyDoc, annotated_yaml, key_docs, reference
-from .schema import config_class
-from .sections import (
+from mpifl.config.load import all_keys, assign, build, coerce, from_dict, key_type, load, override
+from mpifl.config.reference import KeyDoc, annotated_yaml, key_docs, reference
+from mpifl.config.schema import config_class
+from mpifl.config.sections import (
     CORE_SECTIONS,
     TAIL_SECTIONS,
     AlgorithmConfig,
@@ -28,7 +27,8 @@ from .sections import (
     RunConfig,
     TrainConfig,
 )
-from .validate import CONTROL, validate
+from mpifl.config.validate import CONTROL, validate
+from mpifl.errors import did_you_mean
 
 __all__ = ["CONTROL", "CORE_SECTIONS", "TAIL_SECTIONS", "AlgorithmConfig", "Config", "ConfigBase", "DataConfig",
            "KeyDoc", "LogConfig", "ModelConfig", "RunConfig", "TrainConfig", "all_keys", "annotated_yaml", "assign",

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import sys
 
-from ..cli import parse
-from ..errors import ConfigError
-from . import annotated_yaml, load, reference
+from mpifl.cli import parse
+from mpifl.config import annotated_yaml, load, reference
+from mpifl.errors import ConfigError
 
 EPILOG = """\
 every key (default, type, allowed values, meaning):  python -m mpifl.config
@@ -33,6 +33,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from ..cli import quiet_pipe
+    from mpifl.cli import quiet_pipe
 
     raise SystemExit(quiet_pipe(main))

@@ -18,7 +18,7 @@ is another experiment, refused with the keys that differ (:func:`config_diff`).
   checkpoint (rounds depend on the round index, never on ``run.rounds``, except
   that the last round is always evaluated and logged: with ``run.eval_every`` or
   ``log.every`` above 1 the old last round keeps its evaluation and row); a
-  smaller one than the run has done is refused (:func:`mpifl.runtime.find_checkpoint`).
+  smaller one than the run has done is refused (:func:`mpifl.run.runtime.find_checkpoint`).
 
 Everything else (data, model, training, the algorithm and its section, the seed,
 ``run.eval_every``, ``log.every``, ``log.dense_max``, ``data.root``) is the
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import shorten
+from mpifl.errors import shorten
 
 WHERE = ("run.name", "run.out_dir")
 HOW = ("run.resume", "run.checkpoint_every", "run.keep_checkpoints", "run.keep_final_checkpoint", "run.threads",
@@ -58,7 +58,7 @@ def _flat_pair(old: dict, new: dict) -> tuple[dict[str, Any], dict[str, Any]]:
     """Both configs flattened; a key added by a later mpifl was, in effect, at its
     default in the older run, and a moved key (:data:`MOVED`) is read where it went
     (dropped where the run's algorithm never read it)."""
-    from .schema import config_class
+    from mpifl.config.schema import config_class
 
     old, new = flatten(old), flatten(new)
     for key, field in MOVED.items():

@@ -11,10 +11,10 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
-from ..errors import MAX_SHOWN, ConfigError, did_you_mean, shorten
-from ..yamlio import parse_yaml, read_yaml
-from .schema import config_class
-from .validate import validate
+from mpifl.config.schema import config_class
+from mpifl.config.validate import validate
+from mpifl.errors import MAX_SHOWN, ConfigError, did_you_mean, shorten
+from mpifl.yamlio import parse_yaml, read_yaml
 
 
 def load(path: str | Path | None, overrides: list[str] = (), n_ranks: int = 1) -> Any:

@@ -15,9 +15,9 @@ from typing import Any, Literal
 
 import yaml
 
-from .. import algorithms
-from .schema import config_class
-from .validate import validate
+from mpifl import algorithms
+from mpifl.config.schema import config_class
+from mpifl.config.validate import validate
 
 # keys whose choices validation checks (not their type): the registry's names
 CHOICES = {"algorithm.name": algorithms.NAMES}

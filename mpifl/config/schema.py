@@ -7,8 +7,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from .. import algorithms
-from .sections import CORE_SECTIONS, TAIL_SECTIONS, ConfigBase
+from mpifl import algorithms
+from mpifl.config.sections import CORE_SECTIONS, TAIL_SECTIONS, ConfigBase
 
 
 @functools.cache

@@ -11,8 +11,8 @@ import re
 import sys
 from typing import Any
 
-from .. import algorithms
-from ..errors import ConfigError, check, did_you_mean, shorten
+from mpifl import algorithms
+from mpifl.errors import ConfigError, check, did_you_mean, shorten
 
 # C0 controls (newline, tab, escape...), DEL and C1 controls: a newline in a
 # value that reaches a shell script (run.name, run.out_dir) would be a new command
@@ -82,7 +82,7 @@ def validate(cfg: Any, n_ranks: int = 1) -> None:
     check(r.checkpoint_every >= 0, "run.checkpoint_every", r.checkpoint_every, "must be >= 0")
     check(r.keep_checkpoints >= 1, "run.keep_checkpoints", r.keep_checkpoints, "must be >= 1")
     if cfg.log.tensorboard:
-        from ..logging.tensorboard import require
+        from mpifl.logging.tensorboard import require
 
         require()
     check(d.n_clients >= 1, "data.n_clients", d.n_clients, "must be >= 1")

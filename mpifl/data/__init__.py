@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import ConfigError
-from ..rng import GLOBAL, rng
-from . import datasets
-from .partition import Partition, PoolInfo, partition
+from mpifl.data import datasets
+from mpifl.data.partition import Partition, PoolInfo, partition
+from mpifl.errors import ConfigError
+from mpifl.rng import GLOBAL, rng
 
 if TYPE_CHECKING:  # a type hint only: importing the schema (a leaf) would run the config package first
-    from ..config.sections import DataConfig
+    from mpifl.config.sections import DataConfig
 
 SPLITS = ("train", "val", "test")
 

@@ -20,7 +20,7 @@ import sys
 
 import numpy as np
 
-from . import FederatedData
+from mpifl.data import FederatedData
 
 
 def summary(data: FederatedData, max_classes: int = 20) -> str:
@@ -49,7 +49,7 @@ def heatmap(data: FederatedData, path: str, title: str = "") -> None:
     (the figure ``mpifl.analyze`` draws from a log's /clients/label_hist)."""
     from pathlib import Path
 
-    from ..analyze import plot_label_hist
+    from mpifl.analyze import plot_label_hist
 
     plot_label_hist(data.label_hist, data.cluster, Path(path), title)
 
@@ -63,8 +63,8 @@ then:    data.root=/project/me/data in the job's config (docs/data.md)
 
 def store(argv: list[str]) -> int:
     """The ``fetch`` and ``verify`` subcommands."""
-    from ..errors import ConfigError
-    from . import fetch, sources, verify
+    from mpifl.data import fetch, sources, verify
+    from mpifl.errors import ConfigError
 
     ap = argparse.ArgumentParser(prog="python -m mpifl.data", epilog=STORE_EPILOG,
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -96,10 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args and args[0] in ("fetch", "verify"):
         return store(args)
-    from .. import config
-    from ..comm import world
-    from ..errors import ConfigError
-    from . import build
+    from mpifl import config
+    from mpifl.comm import world
+    from mpifl.data import build
+    from mpifl.errors import ConfigError
 
     ap = argparse.ArgumentParser(prog="python -m mpifl.data", description=__doc__.splitlines()[2],
                                  epilog="datasets onto disk: python -m mpifl.data fetch --help; "
@@ -130,6 +130,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from ..cli import quiet_pipe
+    from mpifl.cli import quiet_pipe
 
     sys.exit(quiet_pipe(main))

@@ -48,12 +48,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import ConfigError
-from ..rng import GLOBAL, rng
-from . import cache
+from mpifl.data import cache
+from mpifl.errors import ConfigError
+from mpifl.rng import GLOBAL, rng
 
 if TYPE_CHECKING:  # a type hint only: importing the schema (a leaf) would run the config package first
-    from ..config.sections import DataConfig
+    from mpifl.config.sections import DataConfig
 
 BUILTIN = ("digits", "mnist1d", "synthetic")
 
@@ -348,7 +348,7 @@ def _cifar(cfg: DataConfig) -> Pool:
 
     from torchvision import datasets as tvd
 
-    from . import unpickle
+    from mpifl.data import unpickle
 
     root = _root(cfg)
     base = tvd.CIFAR10 if cfg.name == "cifar10" else tvd.CIFAR100  # file names only: it would pickle.load them

@@ -32,9 +32,9 @@ from pathlib import Path
 
 from torchvision.datasets.utils import calculate_md5, download_url, extract_archive
 
-from . import sources
-from .sources import MD5SUMS, Source
-from .verify import check, intact
+from mpifl.data import sources
+from mpifl.data.sources import MD5SUMS, Source
+from mpifl.data.verify import check, intact
 
 TIMEOUT_S = 120  # a stalled connection fails instead of hanging the login-node session
 

@@ -37,11 +37,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import ConfigError
-from ..rng import GLOBAL, rng
+from mpifl.errors import ConfigError
+from mpifl.rng import GLOBAL, rng
 
 if TYPE_CHECKING:  # a type hint only: importing the schema (a leaf) would run the config package first
-    from ..config.sections import DataConfig
+    from mpifl.config.sections import DataConfig
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """A dataset's shape from the config alone, nothing loaded: input shape, classes,
-samples and bytes per stored value. :mod:`mpifl.sizes` estimates a run's memory
+samples and bytes per stored value. :mod:`mpifl.run.memory` estimates a run's memory
 from it before anything is allocated. Sample counts are the published sizes of
 the datasets (train + test) before ``data.subsample``/``data.per_class``, so an
 estimate from them is an upper bound of the data; ``features`` is read from its
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:  # a type hint only: importing the schema (a leaf) would run the config package first
-    from ..config.sections import DataConfig
+    from mpifl.config.sections import DataConfig
 
 # data.emnist_split -> (classes, samples): EMNIST's published splits
 EMNIST = {"byclass": (62, 814255), "bymerge": (47, 814255), "balanced": (47, 131600), "letters": (26, 145600),

@@ -32,9 +32,9 @@ from pathlib import Path
 
 from torchvision.datasets.utils import calculate_md5
 
-from ..errors import ConfigError
-from . import datasets, sources
-from .sources import MD5SUMS, Source
+from mpifl.data import datasets, sources
+from mpifl.data.sources import MD5SUMS, Source
+from mpifl.errors import ConfigError
 
 FOLDER_DATASETS = ("cinic10", "digit5", "office10")
 ALL = (*sources.NAMES, *FOLDER_DATASETS, "features")

@@ -4,7 +4,7 @@ Layout (rows are rounds, columns clients)::
 
     attrs: mpifl_version, algorithm, seed, n_clients, n_ranks, n_nodes,
            config_yaml, versions, hostname, started_at,
-           provenance (JSON: commit, CPU kernels, devices, hosts; mpifl.provenance)
+           provenance (JSON: commit, CPU kernels, devices, hosts; mpifl.run.provenance)
     /clients/{cluster, rank, node, n_train, n_val, n_test, label_hist}
                (rank: the MPI rank hosting the client; node: that rank's node,
                 numbered in the order of each node's lowest rank)
@@ -32,7 +32,7 @@ here. ``Run.row(t)`` and ``Run.mixing(t)`` take a row index, negative from the e
 
 Above ``dense_max`` clients an N x N matrix per round stops fitting; the mixing
 matrix is then stored compactly (``/graph`` attr ``mixing_format = compact``), in
-the form the round's :class:`mpifl.mixing.Mixing` encodes itself to, with
+the form the round's :class:`mpifl.algorithms.mixing.Mixing` encodes itself to, with
 ``mixing_kind`` per row naming the form (the codes are defined on the ``Mixing``
 types): the non-zeros of ``Dense`` rows (``mixing_coo/{row,col,val}``
 concatenated over rounds, round i's in ``[end[i-1], end[i])`` of
@@ -71,11 +71,11 @@ from typing import Any
 import h5py
 import numpy as np
 
-from ..errors import StorageError, storage_error
-from ..mixing import COO_COL, COO_END, COO_ROW, COO_VAL, Dense, Mixing
-from . import pending as pending_rounds
-from . import sums
-from .journal import Journaled, journal_path, read_journal, still
+from mpifl.algorithms.mixing import COO_COL, COO_END, COO_ROW, COO_VAL, Dense, Mixing
+from mpifl.errors import StorageError, storage_error
+from mpifl.logging import pending as pending_rounds
+from mpifl.logging import sums
+from mpifl.logging.journal import Journaled, journal_path, read_journal, still
 
 ROUND_KEY = "rounds/round"
 CHUNK_BYTES = 1 << 12  # per-round datasets: rows per chunk up to this size (measured: 4 KiB best)
@@ -655,7 +655,7 @@ class Run:
 
     def _stored_config(self) -> Any:
         """The parsed config, shared between calls: parsed once per text."""
-        from ..yamlio import parse_yaml
+        from mpifl.yamlio import parse_yaml
 
         text = self.attrs["config_yaml"]
         if self._config is None or self._config[0] != text:

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
+from mpifl.errors import ConfigError
 
 MISSING = "needs TensorBoard, an optional dependency: pip install -e '.[tb]' (or pip install tensorboard)"
 MEANS = {"metrics/train_loss": "train/loss", "metrics/val_loss": "val/loss", "metrics/val_acc": "val/acc",

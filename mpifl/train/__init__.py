@@ -34,17 +34,17 @@ start of the run finds faster (:meth:`Clients.measure_paths`, bench/README.md).
 ==================  ==============================================================
 """
 
-from .clients import Clients, NonFiniteError
-from .engine import Engine
-from .grouped import GroupedConv
-from .layout import Layout, Part
-from .loss import cross_entropy, loss_acc, loss_acc_from_probs, per_sample_loss
-from .mlp import StackedMLP, stacked_forward, stacked_mlp
-from .objective import Objective, Step, StepView
-from .optimizer import RowOptimizer
-from .plan import BatchPlan
-from .rowmodel import PerClient, RowModel, Vmap
-from .rows import Rows, read_rows, rows_selector, write_back
+from mpifl.train.clients import Clients, NonFiniteError
+from mpifl.train.engine import Engine
+from mpifl.train.grouped import GroupedConv
+from mpifl.train.layout import Layout, Part
+from mpifl.train.loss import cross_entropy, loss_acc, loss_acc_from_probs, per_sample_loss
+from mpifl.train.mlp import StackedMLP, stacked_forward, stacked_mlp
+from mpifl.train.objective import Objective, Step, StepView
+from mpifl.train.optimizer import RowOptimizer
+from mpifl.train.plan import BatchPlan
+from mpifl.train.rowmodel import PerClient, RowModel, Vmap
+from mpifl.train.rows import Rows, read_rows, rows_selector, write_back
 
 __all__ = ["BatchPlan", "Clients", "Engine", "GroupedConv", "Layout", "NonFiniteError", "Objective", "Part",
            "PerClient", "RowModel", "RowOptimizer", "Rows", "StackedMLP", "Step", "StepView", "Vmap", "cross_entropy",

@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from .mlp import StackedMLP
-from .objective import Objective, Step, StepView
-from .plan import BatchPlan, gather
-from .rows import read_rows, rows_selector, write_back
+from mpifl.train.mlp import StackedMLP
+from mpifl.train.objective import Objective, Step, StepView
+from mpifl.train.plan import BatchPlan, gather
+from mpifl.train.rows import read_rows, rows_selector, write_back
 
 if TYPE_CHECKING:
-    from .clients import Clients
+    from mpifl.train.clients import Clients
 
 # Parameter bytes per chunk of clients trained together on the CPU (chunks):
 # 2 to 8 MiB ran alike at 128 digits-MLP clients, 1 MiB 25% slower (bench/README.md).

@@ -18,21 +18,21 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..data import FederatedData
-from ..models import has_batchnorm
-from . import batched, evaluation, loop
-from .engine import Engine
-from .grouped import GroupedConv, grouped_convnet
-from .layout import Layout
-from .mlp import StackedMLP, stacked_mlp
-from .objective import Objective, Step
-from .optimizer import RowOptimizer
-from .plan import SPLIT_INDEX, BatchPlan, gather, make_plan
-from .rowmodel import PerClient, RowModel, Vmap
-from .rows import Rows, Snapshot, flat
+from mpifl.data import FederatedData
+from mpifl.models import has_batchnorm
+from mpifl.train import batched, evaluation, loop
+from mpifl.train.engine import Engine
+from mpifl.train.grouped import GroupedConv, grouped_convnet
+from mpifl.train.layout import Layout
+from mpifl.train.mlp import StackedMLP, stacked_mlp
+from mpifl.train.objective import Objective, Step
+from mpifl.train.optimizer import RowOptimizer
+from mpifl.train.plan import SPLIT_INDEX, BatchPlan, gather, make_plan
+from mpifl.train.rowmodel import PerClient, RowModel, Vmap
+from mpifl.train.rows import Rows, Snapshot, flat
 
 if TYPE_CHECKING:  # a type hint only: importing the schema (a leaf) would run the config package first
-    from ..config.sections import TrainConfig
+    from mpifl.config.sections import TrainConfig
 
 
 class NonFiniteError(RuntimeError):

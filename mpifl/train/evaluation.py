@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from . import grouped, mlp
-from .loss import loss_acc
-from .plan import SPLIT_INDEX, gather
+from mpifl.train import grouped, mlp
+from mpifl.train.loss import loss_acc
+from mpifl.train.plan import SPLIT_INDEX, gather
 
 if TYPE_CHECKING:
-    from .clients import Clients
+    from mpifl.train.clients import Clients
 
 
 def split_index(c: Clients, local: np.ndarray, split: str) -> np.ndarray:

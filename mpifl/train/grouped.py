@@ -23,9 +23,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from .layout import Layout
-from .loss import cross_entropy
-from .rowmodel import autograd_blocks
+from mpifl.train.layout import Layout
+from mpifl.train.loss import cross_entropy
+from mpifl.train.rowmodel import autograd_blocks
 
 F = torch.nn.functional
 

@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from .loss import cross_entropy
-from .objective import Objective
-from .plan import BatchPlan
+from mpifl.train.loss import cross_entropy
+from mpifl.train.objective import Objective
+from mpifl.train.plan import BatchPlan
 
 if TYPE_CHECKING:
-    from .clients import Clients
+    from mpifl.train.clients import Clients
 
 
 @contextmanager

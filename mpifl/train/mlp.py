@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .layout import Layout
-from .loss import cross_entropy
+from mpifl.train.layout import Layout
+from mpifl.train.loss import cross_entropy
 
 F = torch.nn.functional
 

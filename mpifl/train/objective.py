@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from .layout import Layout
-from .rows import PerClient, flat, read_rows, write_back
+from mpifl.train.layout import Layout
+from mpifl.train.rows import PerClient, flat, read_rows, write_back
 
 if TYPE_CHECKING:
-    from .clients import Clients
-    from .optimizer import RowOptimizer
+    from mpifl.train.clients import Clients
+    from mpifl.train.optimizer import RowOptimizer
 
 
 @dataclass

@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .rows import read_rows, write_back
+from mpifl.train.rows import read_rows, write_back
 
 if TYPE_CHECKING:  # a type hint only: importing the schema (a leaf) would run the config package first
-    from ..config.sections import TrainConfig
+    from mpifl.config.sections import TrainConfig
 
 
 class RowOptimizer:

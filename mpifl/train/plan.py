@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from ..data import SPLITS
-from ..rng import streams
+from mpifl.data import SPLITS
+from mpifl.rng import streams
 
 if TYPE_CHECKING:
-    from .clients import Clients
+    from mpifl.train.clients import Clients
 
 SPLIT_INDEX = {s: i for i, s in enumerate(SPLITS)}  # column of a split in FederatedData's offsets and sizes
 

@@ -16,9 +16,9 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from .layout import Layout
-from .loss import cross_entropy
-from .rows import rows_selector
+from mpifl.train.layout import Layout
+from mpifl.train.loss import cross_entropy
+from mpifl.train.rows import rows_selector
 
 
 class RowModel:
