@@ -281,7 +281,6 @@ def test_frozen_blocks_are_skipped_and_the_others_keep_their_bits(stacked, froze
     """FedRep's head and body epochs ask for part of the gradient: the skipped
     blocks come back None and every other block (and the loss) is bit for bit the
     full gradient's."""
-    from mpifl.train import rowmodel
     c = make("on")
     if not stacked:
         c.stacked = None
@@ -289,9 +288,9 @@ def test_frozen_blocks_are_skipped_and_the_others_keep_their_bits(stacked, froze
     assert set(frozen) <= set(names) and names[-1] == "5.bias"
     plan = c.plan(np.arange(4), 1, 0)
     x, y, w = c.batch(plan.idx[:, 0])
-    full, lf = rowmodel.grads(c, c.params[:4], x, y, w, np.arange(4))
+    full, lf = c.engine.grads(c.params[:4], x, y, w, c.buffers, np.arange(4))
     full = [g.clone() for g in full]  # the stacked path reuses its output blocks
-    part, lp = rowmodel.grads(c, c.params[:4], x, y, w, np.arange(4), frozen=frozen)
+    part, lp = c.engine.grads(c.params[:4], x, y, w, c.buffers, np.arange(4), frozen=frozen)
     assert torch.equal(lf, lp)
     for name, gf, gp in zip(names, full, part):
         if name in frozen:

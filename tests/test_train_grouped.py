@@ -9,7 +9,6 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from mpifl import models
-from mpifl.train import rowmodel
 from mpifl.train.grouped import _max_pool, grouped_convnet, grouped_forward, grouped_loss, pool_args, shared_forward
 from mpifl.train.loss import cross_entropy
 
@@ -115,7 +114,7 @@ def test_clients_train_and_evaluate_to_the_vmap_paths_bits(opt):
                 assert np.array_equal(u, v)
     frozen = ("0.weight", "0.bias")
     x, y, w = a.batch(a.plan(local, 1, 0).idx[:, 0])
-    ga, la = rowmodel.grads(a, a.params[local], x, y, w, local, frozen=frozen)
-    gb, lb = rowmodel.grads(b, b.params[local], x, y, w, local, frozen=frozen)
+    ga, la = a.engine.grads(a.params[local], x, y, w, a.buffers, local, frozen=frozen)
+    gb, lb = b.engine.grads(b.params[local], x, y, w, b.buffers, local, frozen=frozen)
     assert torch.equal(la, lb) and ga[0] is None and ga[1] is None
     assert all(torch.equal(u, v) for u, v in zip(ga[2:], gb[2:]))

@@ -13,7 +13,7 @@ from torch.func import functional_call
 
 from mpifl import config, models
 from mpifl.data import build
-from mpifl.train import Clients, Objective
+from mpifl.train import Clients, Objective, Step
 
 PATHS = {"stacked": "on", "vmap": "on", "loop": "off"}
 
@@ -114,11 +114,11 @@ def test_custom_step_sees_every_batch_and_its_losses_are_averaged():
     c = make("stacked")
     seen = []
 
-    def step(cl, sel, rows, x, y, w):
-        seen.append((rows.copy(), int(w.sum())))
-        return torch.full((len(rows),), 2.0, device=cl.device)
+    def step(view, x, y, w):
+        seen.append((view.rows.copy(), int(w.sum())))
+        return torch.full((len(view.rows),), 2.0, device=view.clients.device)
 
-    loss = c.train(np.array([1, 3]), 2, 0, step=step)
+    loss = c.train(np.array([1, 3]), 2, 0, step=Step(step))
     np.testing.assert_allclose(loss, 2.0)
     counts = {r: 0 for r in (1, 3)}
     for rows, _ in seen:
@@ -190,3 +190,34 @@ def test_zero_sample_weights_keep_the_sample_in_a_batchnorm_batch():
             (g,) = torch.autograd.grad(lk, leaf)
             w = w - c.cfg.lr * g
         torch.testing.assert_close(c.params[k], w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("local", [[1, 2], [0, 3]])  # contiguous rows (views), scattered (copies)
+def test_a_step_view_writes_back_and_a_dropped_update_puts_every_state_back(local):
+    c = make("stacked", **{"train.on_nonfinite": "skip", "train.momentum": 0.9})
+    local = np.array(local)
+    extra = {"v": torch.zeros(c.n, c.P, device=c.device), "n": torch.zeros(c.n, device=c.device),
+             "opt": {"m": torch.zeros(c.n, 3, device=c.device)}}
+    before = c.params.clone(), {k: v.clone() for k, v in c.opt.state.items()}
+
+    def step(view, x, y, w):
+        g, loss = view.grads(view.params, x, y, w)
+        view.step_(view.params, g)
+        view["v"].add_(1.0)
+        view["n"].add_(1.0)
+        view["opt/m"].add_(2.0)
+        # the second client diverges: its whole update is dropped
+        return torch.where(torch.as_tensor(view.rows == local[1], device=loss.device), torch.nan, loss)
+
+    loss = c.train(local, 1, 0, step=Step(step, extra))
+    kept, dropped = local
+    steps = int((c.plan(local, 1, 0).idx[0] >= 0).any(1).sum())
+    assert np.isfinite(loss[0]) and np.isnan(loss[1]) and c.skipped[dropped] == 1 and c.skipped[kept] == 0
+    assert not torch.equal(c.params[kept], before[0][kept]) and torch.equal(c.params[dropped], before[0][dropped])
+    assert not torch.equal(c.opt.state["buf"][kept], before[1]["buf"][kept])
+    assert torch.equal(c.opt.state["buf"][dropped], before[1]["buf"][dropped])
+    assert float(extra["n"][kept]) == steps and torch.all(extra["v"][kept] == steps)
+    assert torch.all(extra["opt"]["m"][kept] == 2 * steps)
+    assert float(extra["n"][dropped]) == 0 and not extra["v"][dropped].any() and not extra["opt"]["m"][dropped].any()
+    others = np.setdiff1d(np.arange(c.n), local)
+    assert not extra["n"][others].any()

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mpifl.train import Layout, cross_entropy, loss_acc, read_rows, rows_selector, write_back
+from mpifl.train import Layout, cross_entropy, loss_acc, per_sample_loss, read_rows, rows_selector, write_back
 
 
 def test_layout_slices_tile_the_row_and_every_walk_uses_them():
@@ -79,3 +79,14 @@ def test_the_loss_forms_agree_and_the_closed_form_gradient_is_autograds(bias):
     for i in range(3):
         keep = w[i] > 0
         assert acc[i] == pytest.approx((z.detach()[i][keep].argmax(-1) == y[i][keep]).float().mean().item())
+
+
+def test_per_sample_loss_is_torchs_in_both_forms():
+    g = torch.Generator().manual_seed(1)
+    z = torch.randn(2, 4, 9, 6, generator=g)
+    y = torch.randint(0, 6, (2, 4, 9), generator=g)
+    rows = F.cross_entropy(z.reshape(-1, 6), y.reshape(-1), reduction="none").view(2, 4, 9)
+    assert torch.equal(per_sample_loss(z, y), rows)  # the row form, bit for bit
+    nd = per_sample_loss(z[0].transpose(1, 2), y[0], dim=1)  # [m, C, n]: torch's N-d form
+    assert torch.equal(nd, F.cross_entropy(z[0].transpose(1, 2), y[0], reduction="none"))
+    torch.testing.assert_close(nd, rows[0])  # the same losses, up to the order of additions

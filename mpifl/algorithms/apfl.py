@@ -30,8 +30,9 @@ Choices where the paper left room:
   round (it is a copy of the downloaded model), v_i's persists (it is the
   client's own model). Both use ``train.optimizer`` (the paper: plain SGD).
 - Only the sampled clients train (w_i, v_i, alpha_i); the others keep theirs.
-- Under ``train.on_nonfinite=skip`` a dropped client keeps v_i and alpha_i from
-  before the round as well as w_i.
+- Under ``train.on_nonfinite=skip`` a dropped client keeps v_i, its optimizer
+  state and alpha_i from before the round as well as w_i (the step's state,
+  ``mpifl.train.Step``).
 - Evaluation: client i's mixture alpha_i v_i + (1 - alpha_i) w with the new
   global w (after synchronisation w_i = w).
 
@@ -55,7 +56,7 @@ from mpifl.algorithms.base import Context, Round, own_rows_metrics, sampled_weig
 from mpifl.algorithms.mixing import Shared
 from mpifl.algorithms.state import per_client
 from mpifl.errors import check
-from mpifl.train import Clients, RowOptimizer, read_rows, write_back
+from mpifl.train import RowOptimizer, Step, StepView
 
 if TYPE_CHECKING:
     from mpifl.config.sections import ConfigBase as Config
@@ -102,49 +103,36 @@ def mixture(state: State, w: torch.Tensor) -> torch.Tensor:
 def round(ctx: Context, state: State, t: int) -> Round:
     c = ctx.clients
     sampled = ctx.sample(t, ctx.cfg.algorithm.fraction)
-    mine = ctx.local_of(sampled)
-    loss = np.full(ctx.comm.n_local, np.nan)
-    fedavg.download(ctx, state.model, mine)
-    if len(mine):
-        idx = torch.as_tensor(mine, device=c.device)
-        before = state.v[idx].clone(), {k: v[idx].clone() for k, v in state.v_opt.items()}, state.alpha[idx].clone()
-        loss[mine] = c.train(mine, ctx.cfg.train.local_epochs, t, step=_step(ctx, state))
-        dropped = idx[torch.as_tensor(np.isnan(loss[mine]), device=c.device)]
-        if len(dropped):  # on_nonfinite=skip dropped w_i's update: drop v_i's and alpha_i's too
-            keep = torch.isin(idx, dropped)
-            state.v[dropped], state.alpha[dropped] = before[0][keep], before[2][keep]
-            for k, v in state.v_opt.items():
-                v[dropped] = before[1][k][keep]
+    _, loss = fedavg.local_update(ctx, state.model, sampled, t, step=_step(ctx, state))
     row, w = sampled_weights(ctx, sampled)
     state.model = ctx.comm.weighted_sum(c.params, w)
     return Round(train_loss=loss, mixing=Shared(row), extras={"alpha": state.alpha.cpu().numpy().copy()})
 
 
-def _step(ctx: Context, state: State):
-    """The APFL step of the equations above, for ``Clients.train``."""
+def _step(ctx: Context, state: State) -> Step:
+    """The APFL step of the equations above, for ``Clients.train``: w_i is the
+    clients' own row; v_i, its optimizer state and alpha_i are the step's state
+    (a dropped update puts them back with w_i)."""
     c = ctx.clients
     lr = ctx.cfg.train.lr
     adaptive = ctx.params.adaptive
-    v_opt = RowOptimizer(c.cfg, 0, c.P, c.device, c.layout.cols)
-    v_opt.state = state.v_opt
+    v_opt = RowOptimizer(c.cfg, 0, c.P, c.device, c.layout.cols, state=state.v_opt)
 
-    def step(cl: Clients, sel, rows: np.ndarray, x: torch.Tensor, y: torch.Tensor, wt: torch.Tensor) -> torch.Tensor:
-        w, v = read_rows(cl.params, sel), read_rows(state.v, sel)  # views when the rows are contiguous
-        a = state.alpha[sel][:, None]
+    def step(view: StepView, x: torch.Tensor, y: torch.Tensor, wt: torch.Tensor) -> torch.Tensor:
+        w, v, alpha = view.params, view["v"], view["alpha"]
+        a = alpha[:, None]
         vbar = a * v + (1 - a) * w
-        g_w, _ = cl.grads(w, x, y, wt, rows)
-        g_bar, loss = cl.grads(vbar, x, y, wt, rows)
+        g_w, _ = view.grads(w, x, y, wt)
+        g_bar, loss = view.grads(vbar, x, y, wt)
         if adaptive:
             grad_a = ((v - w) * g_bar).sum(1)
-        cl.opt.step_(sel, w, g_w)
-        v_opt.step_(sel, v, g_bar.mul_(a))
+        view.step_(w, g_w)
+        view.step_(v, g_bar.mul_(a), opt=v_opt)
         if adaptive:
-            state.alpha[sel] = (a[:, 0] - lr * grad_a).clamp_(0.0, 1.0)
-        write_back(cl.params, sel, w)
-        write_back(state.v, sel, v)
+            alpha.copy_((a[:, 0] - lr * grad_a).clamp_(0.0, 1.0))
         return loss
 
-    return step
+    return Step(step, {"v": state.v, "v_opt": state.v_opt, "alpha": state.alpha})
 
 
 def evaluate(ctx: Context, state: State, t: int) -> dict[str, np.ndarray]:

@@ -18,7 +18,7 @@ import torch
 
 from mpifl.algorithms.base import Context, Round, own_rows_metrics, sampled_weights
 from mpifl.algorithms.mixing import Shared
-from mpifl.train import NonFiniteError, Objective
+from mpifl.train import NonFiniteError, Objective, Step
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "FedAvg: fraction C sampled, E local epochs, average weighted by train size"
@@ -46,15 +46,18 @@ def download(ctx: Context, start: torch.Tensor, mine: np.ndarray) -> None:
 
 
 def local_update(ctx: Context, start: torch.Tensor, sampled: np.ndarray, t: int,
-                 objective: Objective | None = None) -> tuple[np.ndarray, np.ndarray]:
+                 objective: Objective | None = None, step: Step | None = None,
+                 batch_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Sampled local clients download ``start`` ([P], or [n_local, P] per client)
-    and train E epochs from a fresh optimizer (on ``objective``: FedProx's pull);
-    returns (local positions, losses)."""
+    and train E epochs from a fresh optimizer (on ``objective``: FedProx's pull;
+    by ``step``: the algorithm's own step, on batches of ``batch_size`` samples,
+    default ``train.batch_size``); returns (local positions, losses [n_local], NaN
+    where a client did not train or its update was dropped)."""
     c = ctx.clients
     mine = ctx.local_of(sampled)
     download(ctx, start, mine)
     loss = np.full(ctx.comm.n_local, np.nan)
-    loss[mine] = c.train(mine, ctx.cfg.train.local_epochs, t, objective=objective)
+    loss[mine] = c.train(mine, ctx.cfg.train.local_epochs, t, objective=objective, step=step, batch_size=batch_size)
     return mine, loss
 
 

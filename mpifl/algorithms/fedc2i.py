@@ -54,14 +54,13 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from mpifl.algorithms.base import Context, Round, identity_rows, own_rows_metrics
 from mpifl.algorithms.head import Head, find_head
 from mpifl.algorithms.mixing import Dense
 from mpifl.algorithms.state import transient
 from mpifl.errors import check
-from mpifl.train import Clients
+from mpifl.train import Clients, per_sample_loss
 
 if TYPE_CHECKING:
     from mpifl.config.sections import ConfigBase as Config
@@ -123,8 +122,7 @@ def loo_losses(c: Clients, loo: torch.Tensor, x: torch.Tensor, y: torch.Tensor, 
     else:
         local = np.arange(m)
         out = torch.stack([c.logits(loo[j].expand(m, -1), x, local) for j in range(b)])
-    ce = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.repeat(b, 1).reshape(-1), reduction="none")
-    ce = ce.view(b, m, bs)
+    ce = per_sample_loss(out, y.expand(b, m, bs))
     return ((ce * w).sum(-1) / w.sum(-1).clamp_min(1.0)).T
 
 

@@ -48,7 +48,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from mpifl import models
 from mpifl.algorithms.base import Context, Round, sampled_weights
@@ -56,7 +55,7 @@ from mpifl.algorithms.mixing import Shared
 from mpifl.algorithms.state import per_client
 from mpifl.errors import check
 from mpifl.rng import GLOBAL, rng
-from mpifl.train import Objective, loss_acc_from_probs
+from mpifl.train import Objective, loss_acc_from_probs, per_sample_loss
 
 if TYPE_CHECKING:
     from mpifl.config.sections import ConfigBase as Config
@@ -108,7 +107,7 @@ def sample_losses(ctx: Context, components: torch.Tensor, local: np.ndarray, spl
     c = ctx.clients
     out = []
     for sl, idx, x, y, w in c.split_batches(split, local):
-        ls = [F.cross_entropy(c.shared_logits(row, x, local[sl]).transpose(1, 2), y, reduction="none")
+        ls = [per_sample_loss(c.shared_logits(row, x, local[sl]).transpose(1, 2), y, dim=1)
               for row in components]
         out.append((idx, y, w, torch.stack(ls, -1)))
     return out

@@ -79,7 +79,7 @@ from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.mixing import Dense
 from mpifl.algorithms.state import per_client, transient
 from mpifl.errors import check
-from mpifl.train import loss_acc_from_probs
+from mpifl.train import loss_acc_from_probs, per_sample_loss
 from mpifl.train.evaluation import clients_per_chunk
 
 if TYPE_CHECKING:
@@ -274,8 +274,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
 def _batch_losses(ctx: Context, models: torch.Tensor, x, y, w, rows_of) -> tuple[np.ndarray, np.ndarray]:
     """(sum of per-sample losses, samples) of each model row on its batch."""
     logits = ctx.clients.logits(models, x, rows_of)
-    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
-                                           reduction="none").view_as(w)
+    ce = per_sample_loss(logits, y)
     return (ce * w).sum(1).double().cpu().numpy(), w.sum(1).double().cpu().numpy()
 
 

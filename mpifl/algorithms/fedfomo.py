@@ -49,13 +49,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from mpifl.algorithms.base import Context, Round, own_rows_metrics
 from mpifl.algorithms.federico import sample_neighbours
 from mpifl.algorithms.mixing import Dense
 from mpifl.algorithms.state import per_client
 from mpifl.errors import check
+from mpifl.train import per_sample_loss
 
 if TYPE_CHECKING:
     from mpifl.config.sections import ConfigBase as Config
@@ -120,7 +120,7 @@ def val_losses(ctx: Context, r: int, models: torch.Tensor, val: np.ndarray) -> n
         return np.zeros(len(models))
     x, y, w = c.batch(np.broadcast_to(val, (len(models), len(val))))
     logits = c.logits(models, x, np.full(len(models), r))
-    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none").view(len(models), -1)
+    ce = per_sample_loss(logits, y)
     return ce.double().mean(1).cpu().numpy()
 
 

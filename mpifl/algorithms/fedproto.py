@@ -63,7 +63,7 @@ from mpifl.algorithms.base import Context, Round, identity_rows
 from mpifl.algorithms.head import Head, find_head
 from mpifl.algorithms.state import transient
 from mpifl.errors import check
-from mpifl.train import Clients, loss_acc_from_probs, read_rows, write_back
+from mpifl.train import Step, StepView, loss_acc_from_probs, per_sample_loss
 
 if TYPE_CHECKING:
     from mpifl.config.sections import ConfigBase as Config
@@ -100,7 +100,7 @@ def init(ctx: Context) -> State:
                  head=h)
 
 
-def make_step(head: Head, protos: torch.Tensor, counts: torch.Tensor, lam: float):
+def make_step(head: Head, protos: torch.Tensor, counts: torch.Tensor, lam: float) -> Step:
     """The custom step: one optimizer step on CE + lam * mean-square distance to
     the global prototype of each sample's class."""
     has = (counts > 0).to(protos.dtype)
@@ -113,14 +113,14 @@ def make_step(head: Head, protos: torch.Tensor, counts: torch.Tensor, lam: float
         z = h @ state[head.names[0]].T
         if len(head.names) > 1:
             z = z + state[head.names[1]]
-        ce = F.cross_entropy(z, y, reduction="none")
+        ce = per_sample_loss(z, y)
         reg = ((h - protos[y]) ** 2).mean(-1) * has[y]
         return ((ce + lam * reg) * w).sum() / w.sum().clamp_min(1.0)
 
     batched = vmap(one, in_dims=(0, 0, 0, 0))
 
-    def step(c: Clients, sel, rows: np.ndarray, x, y, w) -> torch.Tensor:
-        p = read_rows(c.params, sel)
+    def step(view: StepView, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        c, p, rows = view.clients, view.params, view.rows
         head.module.train()
         with torch.enable_grad():
             if c.batched and not c.layout.B:  # BatchNorm: each client its own statistics
@@ -140,11 +140,10 @@ def make_step(head: Head, protos: torch.Tensor, counts: torch.Tensor, lam: float
                     ls.append(li.detach())
                 loss = torch.stack(ls)
         head.module.eval()
-        c.opt.step_(sel, p, g)
-        write_back(c.params, sel, p)
+        view.step_(p, g)
         return loss.detach()
 
-    return step
+    return Step(step)
 
 
 def local_prototypes(ctx: Context, head: Head, local: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:

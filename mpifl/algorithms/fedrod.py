@@ -48,7 +48,7 @@ from mpifl.algorithms.base import Context, Round, evaluates, own_rows_metrics, s
 from mpifl.algorithms.head import Head, find_head
 from mpifl.algorithms.mixing import Shared
 from mpifl.algorithms.state import per_client
-from mpifl.train import Clients, RowOptimizer, read_rows, write_back
+from mpifl.train import RowOptimizer, Step, StepView
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (
@@ -90,13 +90,10 @@ def log_prior(ctx: Context) -> torch.Tensor:
 def round(ctx: Context, state: State, t: int) -> Round:
     c = ctx.clients
     sampled = ctx.sample(t, ctx.cfg.algorithm.fraction)
-    mine = ctx.local_of(sampled)
-    fedavg.download(ctx, state.model, mine)
     n = ctx.comm.n_local
-    loss, bsm = np.full(n, np.nan), np.zeros(n)
-    step = _step(ctx, state, bsm)
-    loss[mine] = c.train(mine, ctx.cfg.train.local_epochs, t, step=step)
-    bsm[mine] /= np.maximum(step.seen[mine], 1)
+    bsm, seen = np.zeros(n), np.zeros(n)
+    mine, loss = fedavg.local_update(ctx, state.model, sampled, t, step=_step(ctx, state, bsm, seen))
+    bsm[mine] /= np.maximum(seen[mine], 1)
     bsm[np.setdiff1d(np.arange(n), mine)] = np.nan
     row, w = sampled_weights(ctx, sampled)
     state.model = ctx.comm.weighted_sum(c.params, w)
@@ -106,25 +103,24 @@ def round(ctx: Context, state: State, t: int) -> Round:
     return Round(train_loss=loss, mixing=Shared(row), extras=extras)
 
 
-def _step(ctx: Context, state: State, bsm: np.ndarray):
-    """The FedRoD step of the equations above, for ``Clients.train``; adds each
-    client's sample-weighted BSM loss into ``bsm`` (``step.seen``: its samples)."""
+def _step(ctx: Context, state: State, bsm: np.ndarray, seen: np.ndarray) -> Step:
+    """The FedRoD step of the equations above, for ``Clients.train`` (the personal
+    heads and their optimizer state are the step's state); adds each client's
+    sample-weighted BSM loss into ``bsm`` and its samples into ``seen``."""
     c = ctx.clients
     head = _head(ctx)
     bias = log_prior(ctx)
-    h_opt = RowOptimizer(c.cfg, 0, state.head.shape[1], c.device)
-    h_opt.state = state.head_opt
+    h_opt = RowOptimizer(c.cfg, 0, state.head.shape[1], c.device, state=state.head_opt)
     C, D = head.n_classes, head.width
 
-    def step(cl: Clients, sel, rows: np.ndarray, x: torch.Tensor, y: torch.Tensor, wt: torch.Tensor) -> torch.Tensor:
-        p = read_rows(cl.params, sel)
-        hp = read_rows(state.head, sel)
+    def step(view: StepView, x: torch.Tensor, y: torch.Tensor, wt: torch.Tensor) -> torch.Tensor:
+        p, hp, rows = view.params, view["head"], view.rows
         m = len(rows)
         with torch.no_grad():
-            feats = head.features_of(cl, p, x, rows)  # [m, b, d], before the step
+            feats = head.features_of(c, p, x, rows)  # [m, b, d], before the step
             z_g = head.logits(feats, head.rows(p))
-        g, loss_g = cl.grads(p, x, y, wt, rows, bias=bias[torch.as_tensor(rows, device=bias.device)])
-        cl.opt.step_(sel, p, g)
+        g, loss_g = view.grads(p, x, y, wt, bias=bias[torch.as_tensor(rows, device=bias.device)])
+        view.step_(p, g)
         # personal head: CE(z_g + z_p, y) by its closed-form gradient, features fixed
         z = z_g + head.logits(feats, hp.view(m, C, D))
         share = (wt / wt.sum(1, keepdim=True).clamp_min(1.0)).unsqueeze(-1)  # [m, b, 1]
@@ -134,16 +130,13 @@ def _step(ctx: Context, state: State, bsm: np.ndarray):
         g_head = torch.bmm(dz.transpose(1, 2), feats)  # [m, C, d]
         if head.bias is not None:
             g_head = torch.cat([g_head, dz.sum(1).unsqueeze(-1)], dim=2)
-        h_opt.step_(sel, hp, g_head.reshape(m, -1))
-        write_back(cl.params, sel, p)
-        write_back(state.head, sel, hp)
+        view.step_(hp, g_head.reshape(m, -1), opt=h_opt)
         nw = wt.sum(1).cpu().numpy()
         bsm[rows] += loss_g.detach().cpu().numpy() * nw
-        step.seen[rows] += nw
+        seen[rows] += nw
         return loss
 
-    step.seen = np.zeros(ctx.comm.n_local)
-    return step
+    return Step(step, {"head": state.head, "head_opt": state.head_opt})
 
 
 def personalized(ctx: Context, state: State) -> torch.Tensor:

@@ -55,7 +55,7 @@ from mpifl.algorithms import fedavg
 from mpifl.algorithms.base import Context, Round, evaluates, own_rows_metrics, sampled_weights
 from mpifl.algorithms.mixing import Shared
 from mpifl.errors import check
-from mpifl.train import Clients, read_rows, write_back
+from mpifl.train import Step, StepView
 
 if TYPE_CHECKING:
     from mpifl.config.sections import ConfigBase as Config
@@ -103,12 +103,8 @@ def outer_lr(ctx: Context) -> float:
 def round(ctx: Context, state: State, t: int) -> Round:
     c = ctx.clients
     sampled = ctx.sample(t, ctx.cfg.algorithm.fraction)
-    mine = ctx.local_of(sampled)
-    fedavg.download(ctx, state.model, mine)
-    loss = np.full(ctx.comm.n_local, np.nan)
-    k = batches_per_step(ctx)
-    loss[mine] = c.train(mine, ctx.cfg.train.local_epochs, t, step=_step(ctx),
-                         batch_size=k * ctx.cfg.train.batch_size)
+    _, loss = fedavg.local_update(ctx, state.model, sampled, t, step=_step(ctx),
+                                  batch_size=batches_per_step(ctx) * ctx.cfg.train.batch_size)
     row, w = sampled_weights(ctx, sampled)
     state.model = ctx.comm.weighted_sum(c.params, w)
     extras = {}
@@ -117,27 +113,28 @@ def round(ctx: Context, state: State, t: int) -> Round:
     return Round(train_loss=loss, mixing=Shared(row), extras=extras)
 
 
-def _step(ctx: Context):
+def _step(ctx: Context) -> Step:
+    """The Per-FedAvg step of the equations above, for ``Clients.train``, on a
+    batch of k x ``train.batch_size`` samples split into D, D' (, D'')."""
     p_cfg = ctx.params
     B, alpha, beta, delta, hf = ctx.cfg.train.batch_size, p_cfg.alpha, outer_lr(ctx), p_cfg.delta, p_cfg.variant == "hf"
 
-    def step(cl: Clients, sel, rows: np.ndarray, x: torch.Tensor, y: torch.Tensor, wt: torch.Tensor) -> torch.Tensor:
+    def step(view: StepView, x: torch.Tensor, y: torch.Tensor, wt: torch.Tensor) -> torch.Tensor:
         part = [(x[:, j * B:(j + 1) * B], y[:, j * B:(j + 1) * B], wt[:, j * B:(j + 1) * B]) for j in range(3)]
 
         def grads(params: torch.Tensor, j: int) -> tuple[torch.Tensor, torch.Tensor]:
             if part[j][0].shape[1] == 0:  # the epoch's last batch left no samples for it
-                return torch.zeros_like(params), torch.zeros(len(rows), device=params.device)
-            return cl.grads(params, *part[j], rows)
+                return torch.zeros_like(params), torch.zeros(len(view.rows), device=params.device)
+            return view.grads(params, *part[j])
 
-        w = read_rows(cl.params, sel)
+        w = view.params
         g, loss = grads(w - alpha * grads(w, 0)[0], 1)
         if hf:
             g = g - alpha * (grads(w + delta * g, 2)[0] - grads(w - delta * g, 2)[0]) / (2 * delta)
-        cl.opt.step_(sel, w, g, lr=beta)
-        write_back(cl.params, sel, w)
+        view.step_(w, g, lr=beta)
         return loss
 
-    return step
+    return Step(step)
 
 
 def adapted(ctx: Context, model: torch.Tensor, t: int) -> torch.Tensor:

@@ -56,7 +56,7 @@ from mpifl.algorithms.base import Context, Round, own_rows_metrics
 from mpifl.algorithms.mixing import Dense
 from mpifl.algorithms.state import per_client
 from mpifl.errors import check
-from mpifl.train import read_rows, write_back
+from mpifl.train import Step, StepView
 
 if TYPE_CHECKING:
     from mpifl.config.sections import ConfigBase as Config
@@ -121,13 +121,13 @@ def graph_rows(d: np.ndarray, p: np.ndarray, alpha: float) -> np.ndarray:
     return np.stack([project_simplex(p - d[i] / (2 * alpha)) for i in range(len(d))])
 
 
-def regulariser_step(target: torch.Tensor, lam: float, on: np.ndarray):
+def regulariser_step(target: torch.Tensor, lam: float, on: np.ndarray) -> Step:
     """A ``Clients.train`` step: cross-entropy gradient plus that of
     -lam <c_i, theta>/||theta|| for the rows ``on`` marks (local positions)."""
 
-    def step(cl, sel, rows, x, y, w):
-        p = read_rows(cl.params, sel)
-        g, loss = cl.grads(p, x, y, w, rows)
+    def step(view: StepView, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        p, rows = view.params, view.rows
+        g, loss = view.grads(p, x, y, w)
         use = torch.as_tensor(on[rows], device=p.device)
         if lam and bool(use.any()):
             c = target[torch.as_tensor(rows, device=p.device)]
@@ -135,11 +135,10 @@ def regulariser_step(target: torch.Tensor, lam: float, on: np.ndarray):
             # d/dtheta <c, theta>/||theta|| = c/||theta|| - <c, theta> theta/||theta||^3
             gr = c / n - (c * p).sum(1, keepdim=True) * p / n ** 3
             g = g - lam * torch.where(use[:, None], gr, torch.zeros_like(gr))
-        cl.opt.step_(sel, p, g)
-        write_back(cl.params, sel, p)
+        view.step_(p, g)
         return loss
 
-    return step
+    return Step(step)
 
 
 def round(ctx: Context, state: State, t: int) -> Round:

@@ -20,7 +20,7 @@ summed up per table by ``python -m mpifl.analyze`` and compared by
 - ``hosts``: every node's host name, in the order of its lowest rank;
 - ``sweep``: ``{"name", "point", "values"}`` for a point of a sweep
   (``<sweep>/runs/<point>/`` beside ``<sweep>/sweep.yaml``, as
-  :mod:`mpifl.sweep` lays them out), else None.
+  :mod:`mpifl.sweep.cli` lays them out), else None.
 
 Logs written before this module have no ``provenance``; :func:`read` gives them
 an empty dict and :func:`brief` calls every fact of theirs ``unknown``.

@@ -1,7 +1,8 @@
 """The batched training path: a block of clients takes each optimizer step
-together (their rows' gradients at once, :mod:`mpifl.train.rowmodel`, one optimizer
-update of all of them). Custom steps (:data:`~mpifl.train.objective.StepFn`)
-take this path whether or not training is batched.
+together (their rows' gradients at once, from the clients' engine,
+:mod:`mpifl.train.engine`; one optimizer update of all of them). Custom steps
+(:class:`~mpifl.train.objective.Step`) take this path whether or not training is
+batched.
 """
 
 from __future__ import annotations
@@ -11,10 +12,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from mpifl.train import mlp
-from mpifl.train.objective import Objective, StepFn
+from mpifl.train.mlp import StackedMLP
+from mpifl.train.objective import Objective, Step, StepView
 from mpifl.train.plan import BatchPlan, gather
-from mpifl.train.rowmodel import grad_blocks, grads
 from mpifl.train.rows import read_rows, rows_selector, write_back
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ def chunks(c: Clients, m: int) -> list[tuple[int, int]]:
     return [(a, min(m, a + k)) for a in range(0, m, k)]
 
 
-def train_steps(c: Clients, local: np.ndarray, plan: BatchPlan, objective: Objective | None, step: StepFn | None,
+def train_steps(c: Clients, local: np.ndarray, plan: BatchPlan, objective: Objective | None, step: Step | None,
                 bad: np.ndarray, losses: np.ndarray, seen: np.ndarray) -> None:
     """Every step of ``plan`` for the listed clients, a chunk of clients at a time
     (``step``: a custom step, default :func:`step`). Fills ``bad``, ``losses`` (sum
@@ -65,7 +65,7 @@ def train_steps(c: Clients, local: np.ndarray, plan: BatchPlan, objective: Objec
             if objective is not None and objective.sample_weight is not None:
                 at = torch.as_tensor(np.maximum(idx, 0), device=c.device)
                 v = objective.sample_weight.take(at) * w
-            loss = step(c, sel, rows, x, y, w) if step else _step(c, sel, rows, x, y, w, objective, v)
+            loss = _custom(c, sel, rows, x, y, w, step) if step else _step(c, sel, rows, x, y, w, objective, v)
             nw = w.sum(1).cpu().numpy()
             lv = loss.detach().cpu().numpy()
             bad[act] |= ~np.isfinite(lv)
@@ -75,6 +75,15 @@ def train_steps(c: Clients, local: np.ndarray, plan: BatchPlan, objective: Objec
         # is divergence all the same); isfinite over the rows cost as much as a
         # step, and the sum is cheapest while the chunk's rows are in cache
         bad[a:b] |= ~torch.isfinite(c.params[rows_selector(local[a:b], c.device)].sum(1)).cpu().numpy()
+
+
+def _custom(c: Clients, sel: slice | torch.Tensor, rows: np.ndarray, x: torch.Tensor, y: torch.Tensor,
+            w: torch.Tensor, step: Step) -> torch.Tensor:
+    """A custom step of ``rows`` on their batches, on a view of their rows stored back after it."""
+    view = StepView(c, sel, rows, step.state)
+    loss = step.fn(view, x, y, w)
+    view.store()
+    return loss
 
 
 def _step(c: Clients, sel: slice | torch.Tensor, rows: np.ndarray, x: torch.Tensor, y: torch.Tensor,
@@ -89,9 +98,9 @@ def _step(c: Clients, sel: slice | torch.Tensor, rows: np.ndarray, x: torch.Tens
     # the unfused path is the one measured.
     fuse = c.device.type == "cpu" and torch.get_num_threads() == 1 and objective is None
     sgd = c.opt.fused_sgd() if fuse else None
-    if c.batched and c.stacked is not None and sgd is not None:
-        with torch.no_grad():
-            g, loss = mlp.stacked_grads(c.stacked, c.layout.parts(p), x, y, w, grad_blocks(c, len(rows)), sgd)
+    engine = c.engine
+    if isinstance(engine, StackedMLP) and sgd is not None:
+        g, loss = engine.grads(p, x, y, w, c.buffers, sgd=sgd)
     else:
         scale, valid = None, None
         if v is not None:
@@ -101,8 +110,8 @@ def _step(c: Clients, sel: slice | torch.Tensor, rows: np.ndarray, x: torch.Tens
             n, tot = w.sum(1), v.sum(1)
             w = torch.where(tot[:, None] > 0, v * (n / tot.clamp_min(1e-30))[:, None], w)
             scale = tot / n.clamp_min(1.0)
-        g, loss = grads(c, p, x, y, w, rows, None if objective is None else objective.bias(rows), valid,
-                        frozen=() if objective is None else objective.frozen)
+        g, loss = engine.grads(p, x, y, w, c.buffers, rows, None if objective is None else objective.bias(rows), valid,
+                               frozen=() if objective is None else objective.frozen)
         if scale is not None:
             loss = loss * scale
             for gb in ([g] if torch.is_tensor(g) else [b for b in g if b is not None]):

@@ -20,14 +20,16 @@ from torch import nn
 
 from mpifl.data import FederatedData
 from mpifl.models import has_batchnorm
-from mpifl.train import batched, evaluation, loop, rowmodel
-from mpifl.train.grouped import grouped_convnet
+from mpifl.train import batched, evaluation, loop
+from mpifl.train.engine import Engine
+from mpifl.train.grouped import GroupedConv, grouped_convnet
 from mpifl.train.layout import Layout
-from mpifl.train.mlp import stacked_mlp
-from mpifl.train.objective import Objective, StepFn
+from mpifl.train.mlp import StackedMLP, stacked_mlp
+from mpifl.train.objective import Objective, Step
 from mpifl.train.optimizer import RowOptimizer
 from mpifl.train.plan import SPLIT_INDEX, BatchPlan, gather, make_plan
-from mpifl.train.rows import rows_selector
+from mpifl.train.rowmodel import PerClient, RowModel, Vmap
+from mpifl.train.rows import Rows, Snapshot, flat
 
 if TYPE_CHECKING:  # a type hint only: importing the schema (a leaf) would run the config package first
     from mpifl.config.sections import TrainConfig
@@ -48,7 +50,7 @@ class Clients:
         self.device = device
         self.model = model.to(device)
         self.layout = Layout(model)
-        self.functional = rowmodel.RowModel(self.model, self.layout)
+        self.functional = RowModel(self.model, self.layout)
         self.ids = np.asarray(data.local_ids)
         self.n = len(self.ids)
         self.P = self.layout.P
@@ -60,9 +62,9 @@ class Clients:
         self.n_classes = data.n_classes
         init = self.layout.flatten(model).to(device)
         self.init = init
-        self.params = init.repeat(self.n, 1)
-        self.buffers = self.layout.flatten_buffers(model).to(device).repeat(self.n, 1)
         self.opt = RowOptimizer(cfg, self.n, self.P, device, self.layout.cols)
+        self.rows = Rows(init.repeat(self.n, 1), self.layout.flatten_buffers(model).to(device).repeat(self.n, 1),
+                         self.opt.state)
         self.skipped = np.zeros(self.n, np.int64)  # updates dropped as non-finite (reset per round)
         self.updates = 0  # client updates trained (skipped or not), to tell "all were skipped"
         self.bn = has_batchnorm(model)
@@ -78,21 +80,57 @@ class Clients:
         self.batched = cfg.batched == "on" or (cfg.batched == "auto" and self.stacked is not None)
         self.needs_measuring = cfg.batched == "auto" and self.stacked is None
         self.path_times: tuple[float, float] | None = None  # (batched, loop) s, when measured
-        self.grad_cache: list[torch.Tensor] | None = None  # rowmodel.grad_blocks' reused blocks
+        self._engines: dict[str, Engine] = {"per_client": PerClient(self.functional), "vmap": Vmap(self.functional)}
+        if self.stacked is not None:
+            self._engines["stacked"] = StackedMLP(self.model, self.layout, self.stacked, device)
+        if self.convnet is not None:
+            self._engines["grouped"] = GroupedConv(self.model, self.layout, self.convnet)
+
+    @property
+    def engine(self) -> Engine:
+        """What computes the clients' logits and gradients (:mod:`mpifl.train.engine`):
+        row by row unless training is batched, else the stacked MLP kernels, grouped
+        convolutions or vmap, whichever the model allows (the first of them)."""
+        if not self.batched:
+            return self._engines["per_client"]
+        if self.stacked is not None:
+            return self._engines["stacked"]
+        return self._engines["grouped" if self.convnet is not None else "vmap"]
+
+    @property
+    def rows(self) -> Rows:
+        """The clients' rows: parameters, buffers, optimizer state (the one
+        ``self.opt`` steps)."""
+        return self._rows
+
+    @rows.setter
+    def rows(self, rows: Rows) -> None:
+        self._rows = rows
+        self.opt.state = rows.opt
+
+    @property
+    def params(self) -> torch.Tensor:
+        """``[n_local, P]`` the clients' parameter rows."""
+        return self._rows.params
+
+    @property
+    def buffers(self) -> torch.Tensor:
+        """``[n_local, B]`` the clients' float buffer rows (BatchNorm's running statistics)."""
+        return self._rows.buffers
 
     @contextmanager
     def using(self, params: torch.Tensor, opt_state: dict[str, torch.Tensor] | None = None) -> Iterator[None]:
         """Train and evaluate other rows (``[n_local, P]``: personal models, a copy
         for fine-tuning) through these clients: ``params`` and ``opt_state`` (default:
         a fresh one) stand in for the clients' own for the block, in place (no copy),
-        and the clients' own are back after it, whatever happened."""
-        saved = self.params, self.opt.state
-        self.params = params
-        self.opt.state = self.opt.fresh_state(len(params)) if opt_state is None else opt_state
+        and the clients' own are back after it, whatever happened. The buffers stay
+        the clients' own."""
+        saved = self.rows
+        self.rows = Rows(params, saved.buffers, self.opt.fresh_state(len(params)) if opt_state is None else opt_state)
         try:
             yield
         finally:
-            self.params, self.opt.state = saved
+            self.rows = saved
 
     # ------------------------------------------------------------------ rows and data
     def parts(self, params: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -121,7 +159,7 @@ class Clients:
         """Per-row gradient ``[m, P]`` and loss ``[m]`` of ``params[i]`` on batch
         ``(x[i], y[i], w[i])``. ``local`` names the clients whose BatchNorm buffers
         the rows use; ``bias`` ``[m, C]`` is added to row i's logits in the loss."""
-        g, loss = rowmodel.grads(self, params, x, y, w, local, bias)
+        g, loss = self.engine.grads(params, x, y, w, self.buffers, local, bias)
         if torch.is_tensor(g):
             return g, loss
         flat = torch.empty(params.shape[0], self.P, dtype=params.dtype, device=params.device)
@@ -130,21 +168,21 @@ class Clients:
 
     def logits(self, params: torch.Tensor, x: torch.Tensor, local: np.ndarray | None = None) -> torch.Tensor:
         """``[m, b, C]`` outputs of model rows ``params [m, P]`` on inputs ``x [m, b, ...]``."""
-        return rowmodel.logits(self, params, x, local)
+        return self.engine.logits(params, x, self.buffers, local)
 
     # ------------------------------------------------------------------ training
     def train(self, local: np.ndarray, epochs: int, round: int, purpose: str = "train",
               subsets: list[np.ndarray] | None = None, objective: Objective | None = None,
-              step: StepFn | None = None, batch_size: int | None = None,
+              step: Step | None = None, batch_size: int | None = None,
               max_batches: int | None = None) -> np.ndarray:
         """Train the listed local clients (indices into this rank's block) in place
         for ``epochs`` local epochs (over ``subsets`` of their samples if given, see
         :meth:`plan`); returns each one's mean training loss.
 
         ``objective`` adds closed-form terms to every path's gradient; ``step``
-        replaces the optimisation step itself (methods whose update is not a
-        gradient step on one loss: APFL, Per-FedAvg, FedRoD...), with the same
-        batches, chunks and non-finite handling. ``batch_size`` (default
+        replaces the optimisation step itself (:class:`~mpifl.train.objective.Step`),
+        with the same batches, chunks and non-finite handling; a dropped update puts
+        back the clients' parameters, optimizer state and the step's own state. ``batch_size`` (default
         ``train.batch_size``) sizes the batches a step gets: a step that splits its
         batch into several (Per-FedAvg's inner and outer batches) asks for a multiple.
         ``max_batches``: at most this many steps per client."""
@@ -159,8 +197,10 @@ class Clients:
         self.updates += len(local)
         skip = self.cfg.on_nonfinite == "skip"
         if skip:
-            sel0 = rows_selector(local, self.device)
-            start = (self.params[sel0].clone(), {k: v[sel0].clone() for k, v in self.opt.state.items()})
+            # the buffers are not put back: BatchNorm's statistics of a dropped update
+            # stay as its batches left them, as before Rows held them
+            own = {"params": self.params, **flat({"opt": self.opt.state})}
+            start = Snapshot({**own, **flat(step.state if step is not None else {})}, local, self.device)
         bad = np.zeros(len(local), bool)
         if not self.batched and step is None:
             loop.train_loop(self, local, bp, objective, bad, losses, seen)
@@ -171,12 +211,7 @@ class Clients:
                 k = int(np.flatnonzero(bad)[0])
                 raise NonFiniteError(f"client {int(self.ids[local[k]])} produced a non-finite loss or parameters "
                                      f"in round {round + 1} ({purpose}); lower train.lr or set train.on_nonfinite=skip")
-            # drop the update: the client keeps its rows from before this call
-            rows = torch.as_tensor(np.flatnonzero(bad), device=self.device)
-            at = torch.as_tensor(local[bad], device=self.device)
-            self.params[at] = start[0][rows]
-            for k, v in start[1].items():
-                self.opt.state[k][at] = v[rows]
+            start.restore(bad)  # drop the update: the client keeps its rows from before this call
             self.skipped[local[bad]] += 1
             losses[bad] = np.nan
         return losses / np.maximum(seen, 1)

@@ -12,7 +12,6 @@ import torch
 from mpifl.train import grouped, mlp
 from mpifl.train.loss import loss_acc
 from mpifl.train.plan import SPLIT_INDEX, gather
-from mpifl.train.rowmodel import logits
 
 if TYPE_CHECKING:
     from mpifl.train.clients import Clients
@@ -53,7 +52,7 @@ def shared_logits(c: Clients, row: torch.Tensor, x: torch.Tensor, local: np.ndar
     """``[m, b, C]`` outputs of one model ``row [P]`` on the listed clients' inputs
     ``x [m, b, ...]`` (a BatchNorm model with each client's own statistics)."""
     if c.layout.B:
-        return logits(c, row.expand(len(local), -1).contiguous(), x, local)
+        return c.logits(row.expand(len(local), -1).contiguous(), x, local)
     flat = x.reshape(-1, *x.shape[2:])
     if c.stacked is not None:
         return mlp.shared_forward(c.stacked, c.layout.unflatten(row), flat).reshape(*x.shape[:2], -1)
@@ -89,6 +88,6 @@ def evaluate(c: Clients, split: str, params: torch.Tensor | None = None,
     for a in range(0, len(local), step):
         sl = slice(a, a + step)
         x, y, w = gather(c, idx_all[sl])
-        out = shared_logits(c, params, x, local[sl]) if params.dim() == 1 else logits(c, params[sl], x, local[sl])
+        out = shared_logits(c, params, x, local[sl]) if params.dim() == 1 else c.logits(params[sl], x, local[sl])
         loss[sl], acc[sl] = loss_acc(out, y, w)
     return loss, acc

@@ -11,15 +11,21 @@ each pooling, its indices and its backward on a strided tensor) and adds each
 convolution's bias in another layout: 20-25% of a training step of
 ``cnn_dpfl`` at 27 clients on one thread (bench/README.md, Performance III).
 The operations are vmap's own, in its order, so the results keep their bits
-(tests/test_train_grouped.py compares them with vmap's).
+(tests/test_train_grouped.py compares them with vmap's). :class:`GroupedConv` is
+the engine (:class:`~mpifl.train.engine.Engine`) that runs them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
+import numpy as np
 import torch
 from torch import nn
 
+from mpifl.train.layout import Layout
 from mpifl.train.loss import cross_entropy
+from mpifl.train.rowmodel import autograd_blocks
 
 F = torch.nn.functional
 
@@ -148,3 +154,27 @@ def grouped_loss(ops: list[Op], p: dict[str, torch.Tensor], x: torch.Tensor, y: 
     """Per-client weighted loss ``[m]`` (:func:`~mpifl.train.loss.cross_entropy`) of
     :func:`grouped_forward`'s logits; ``bias [m, C]`` is added to client i's logits."""
     return cross_entropy(grouped_forward(ops, p, x), y, w, bias=bias)
+
+
+class GroupedConv:
+    """The batched engine of a plain conv net (:func:`grouped_convnet`'s layers; no
+    BatchNorm, so no buffers): :func:`grouped_forward`, its backward by autograd."""
+
+    batched = True
+
+    def __init__(self, model: nn.Module, layout: Layout, ops: list[Op]):
+        self.model, self.layout, self.ops = model, layout, ops
+
+    def grads(self, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
+              buffers: torch.Tensor, local: np.ndarray | None = None, bias: torch.Tensor | None = None,
+              valid: torch.Tensor | None = None,
+              frozen: Collection[str] = ()) -> tuple[list[torch.Tensor | None], torch.Tensor]:
+        self.model.train()
+        with torch.enable_grad():
+            return autograd_blocks(self.layout, params, frozen, lambda p: grouped_loss(self.ops, p, x, y, w, bias))
+
+    @torch.no_grad()
+    def logits(self, params: torch.Tensor, x: torch.Tensor, buffers: torch.Tensor,
+               local: np.ndarray | None = None) -> torch.Tensor:
+        self.model.eval()
+        return grouped_forward(self.ops, self.layout.parts(params), x)

@@ -1,7 +1,10 @@
 """The loss every training and evaluation path computes: each client's weighted
 cross-entropy over its batch, and the per-client (loss, accuracy) of evaluation.
 
-:func:`cross_entropy` is the one definition. Its forms differ only in the order
+:func:`per_sample_loss` is every sample's cross-entropy, what the weighted forms
+and the algorithms that weigh samples themselves (FedeRiCo, FedFomo, FedC2I,
+FedEM, FedProto) start from. :func:`cross_entropy` is the one definition of a
+client's loss. Its forms differ only in the order
 of float operations, and each path keeps its order, so that results stay bit for
 bit the same from one version to the next; sums over a batch's samples are
 :func:`padded_sum`, so that a client's loss does not depend on how much padding
@@ -48,8 +51,19 @@ def cross_entropy(logits: torch.Tensor, y: torch.Tensor, w: torch.Tensor | None 
         return loss, dz
     if w is None:
         return F.cross_entropy(logits, y)
-    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none").view_as(w)
+    ce = per_sample_loss(logits, y)
     return padded_sum(ce * w, -1) / (w.sum(-1).clamp_min(1.0) if n is None else n)
+
+
+def per_sample_loss(logits: torch.Tensor, y: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Cross-entropy of every sample, shaped as the labels ``y [...]``: logits
+    ``[..., C]`` (``dim=-1``), or ``[m, C, n]`` against ``y [m, n]`` (``dim=1``).
+    The forms are torch's row form over the flattened samples and its N-d form;
+    their log-softmax adds in different orders, so each caller keeps the form its
+    results were made with (FedEM's E-step the N-d one)."""
+    if dim == 1:
+        return F.cross_entropy(logits, y, reduction="none")
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none").view(y.shape)
 
 
 def padded_sum(t: torch.Tensor, dim: int) -> torch.Tensor:

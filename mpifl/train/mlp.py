@@ -4,15 +4,19 @@ matmuls over their stacked weights: the forward and a hand-written backward.
 vmap's linear puts each weight gradient in transposed layout, and applying it to
 the row-major rows then costs a strided pass as long as the matmuls; these
 kernels keep every weight in the rows' own ``[m, out, in]`` layout instead.
+:class:`StackedMLP` is the engine (:class:`~mpifl.train.engine.Engine`) that runs
+them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
 
+import numpy as np
 import torch
 from torch import nn
 
+from mpifl.train.layout import Layout
 from mpifl.train.loss import cross_entropy
 
 F = torch.nn.functional
@@ -132,3 +136,37 @@ def stacked_grads(ops: list[tuple[str, ...]], p: dict[str, torch.Tensor], x: tor
             # bool mask and its conversion are unvectorised on CPU
             dz = torch.ops.aten.threshold_backward(dz, keep.pop(), 0)
     return list(grad.values()), loss
+
+
+class StackedMLP:
+    """The batched engine of a plain MLP (:func:`stacked_mlp`'s layers; no
+    buffers): :func:`stacked_forward` and :func:`stacked_grads`."""
+
+    batched = True
+
+    def __init__(self, model: nn.Module, layout: Layout, ops: list[tuple[str, ...]], device: torch.device):
+        self.model, self.layout, self.ops, self.device = model, layout, ops, device
+        self.cache: list[torch.Tensor] | None = None  # the gradient blocks, reused (blocks)
+
+    def blocks(self, m: int) -> list[torch.Tensor]:
+        """Per-parameter gradient blocks ``[m, *shape]``, reused across steps: a fresh
+        multi-MB result tensor per step costs more in page faults and in MKL's
+        handling of it than the matmul that fills it (bench/README.md)."""
+        if self.cache is None or self.cache[0].shape[0] < m:
+            self.cache = [torch.empty(m, *p.shape, device=self.device) for p in self.layout.params]
+        return [b[:m] for b in self.cache]
+
+    def grads(self, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
+              buffers: torch.Tensor, local: np.ndarray | None = None, bias: torch.Tensor | None = None,
+              valid: torch.Tensor | None = None, frozen: Collection[str] = (),
+              sgd: tuple[float, float] | None = None) -> tuple[list[torch.Tensor | None], torch.Tensor]:
+        """``sgd``: apply plain SGD in the backward (:func:`stacked_grads`)."""
+        with torch.no_grad():  # Linear/ReLU only: no train mode
+            return stacked_grads(self.ops, self.layout.parts(params), x, y, w, self.blocks(params.shape[0]), sgd,
+                                 bias=bias, frozen=frozen)
+
+    @torch.no_grad()
+    def logits(self, params: torch.Tensor, x: torch.Tensor, buffers: torch.Tensor,
+               local: np.ndarray | None = None) -> torch.Tensor:
+        self.model.eval()
+        return stacked_forward(self.ops, self.layout.parts(params), x)

@@ -1,19 +1,22 @@
 """How an algorithm changes local training: extra closed-form terms of the loss
-(:class:`Objective`) or a whole optimisation step of its own (:data:`StepFn`)."""
+(:class:`Objective`) or a whole optimisation step of its own (:class:`Step`, which
+works on a :class:`StepView` of the rows it updates)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from mpifl.train.layout import Layout
+from mpifl.train.rows import PerClient, flat, read_rows, write_back
 
 if TYPE_CHECKING:
     from mpifl.train.clients import Clients
+    from mpifl.train.optimizer import RowOptimizer
 
 
 @dataclass
@@ -74,8 +77,60 @@ class Objective:
         return out
 
 
-# A custom optimisation step for :meth:`Clients.train`: (clients, selector of the
-# rows, their local positions, x, y, w) -> their losses [m]; it updates the rows
-# (storing them back with :func:`mpifl.train.rows.write_back`)
-StepFn = Callable[["Clients", "slice | torch.Tensor", np.ndarray, torch.Tensor, torch.Tensor, torch.Tensor],
-                  torch.Tensor]
+class StepView:
+    """The rows one custom step updates, for one batch of a block of clients
+    (``rows``: their local positions, ``sel``: their selector): the clients'
+    parameters (:attr:`params`) and the rows of the step's own per-client state
+    (``view[name]``; a dict's tensors as ``view["name/key"]``). Each is read once, a
+    view when the rows are contiguous, else a copy, which is why the step updates
+    them in place; :meth:`store` writes the copies back after the step."""
+
+    def __init__(self, clients: Clients, sel: slice | torch.Tensor, rows: np.ndarray,
+                 state: dict[str, PerClient]):
+        self.clients, self.sel, self.rows = clients, sel, rows
+        self._of = {"params": clients.params, **flat(state)}
+        self._read: dict[str, torch.Tensor] = {}
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._read:
+            self._read[name] = read_rows(self._of[name], self.sel)
+        return self._read[name]
+
+    @property
+    def params(self) -> torch.Tensor:
+        """``[m, P]`` the stepping clients' parameter rows."""
+        return self["params"]
+
+    def grads(self, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
+              bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gradient ``[m, P]`` and loss ``[m]`` of rows ``params`` of these clients
+        (their BatchNorm statistics) on a batch (:meth:`Clients.grads`)."""
+        return self.clients.grads(params, x, y, w, self.rows, bias)
+
+    def step_(self, p: torch.Tensor, g: torch.Tensor, lr: float | None = None,
+              opt: RowOptimizer | None = None) -> None:
+        """An optimizer step of rows ``p`` read from this view, by ``opt`` (default:
+        the clients' own, on their optimizer state) on its state's rows ``sel``."""
+        (opt or self.clients.opt).step_(self.sel, p, g, lr)
+
+    def store(self) -> None:
+        for name, v in self._read.items():
+            write_back(self._of[name], self.sel, v)
+
+
+@dataclass
+class Step:
+    """A whole optimisation step of the algorithm's own, replacing the gradient
+    step of :meth:`Clients.train` on the same batches, chunks and non-finite
+    handling (methods whose update is not a gradient step on one loss: APFL,
+    Per-FedAvg, FedRoD...).
+
+    ``fn(view, x, y, w)`` updates the rows of its :class:`StepView` in place and
+    returns their losses ``[m]``. ``state``: the per-client tensors it updates
+    besides the clients' parameters and optimizer state (``[n_local, ...]`` rows
+    indexed like the clients, or a dict of such: another optimizer's state); the
+    view reads and stores their rows, and an update dropped as non-finite
+    (``train.on_nonfinite=skip``) puts their rows back with the parameters'."""
+
+    fn: Callable[[StepView, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+    state: dict[str, PerClient] = field(default_factory=dict)

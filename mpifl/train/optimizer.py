@@ -21,12 +21,14 @@ class RowOptimizer:
     """
 
     def __init__(self, cfg: TrainConfig, n: int, P: int, device: torch.device,
-                 cols: Sequence[slice] | None = None):
+                 cols: Sequence[slice] | None = None, state: dict[str, torch.Tensor] | None = None):
+        """``state``: existing rows of state to step (an algorithm's extra rows'),
+        else a fresh one for ``n`` rows."""
         self.cfg = cfg
         self.kind = cfg.optimizer
         self.cols = cols  # columns of each parameter block of a row, in layout order (Layout.cols)
         self.P, self.device = P, device
-        self.state: dict[str, torch.Tensor] = self.fresh_state(n)
+        self.state: dict[str, torch.Tensor] = self.fresh_state(n) if state is None else state
 
     def fresh_state(self, n: int) -> dict[str, torch.Tensor]:
         """Zero optimizer state for ``n`` rows (e.g. an algorithm's extra rows)."""

@@ -1,4 +1,5 @@
-"""Selecting a block of client rows and storing an update of them back.
+"""A rank's training rows as a value (:class:`Rows`), selecting a block of them
+and storing an update of them back, and putting a dropped update's rows back.
 
 A training step reads the rows it updates with :func:`read_rows`: a view when
 ``sel`` is a slice (contiguous rows, updated in place, nothing to store back), a
@@ -7,8 +8,49 @@ copy when it is an index tensor (stored back with :func:`write_back`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
+
+# per-client state: rows [n_local, ...] indexed like the rank's clients, or a dict of such (an optimizer's state)
+PerClient = torch.Tensor | dict[str, torch.Tensor]
+
+
+@dataclass
+class Rows:
+    """What training changes of a rank's clients, one row per client: parameters
+    ``[n, P]``, float buffers ``[n, B]`` (BatchNorm's running statistics) and the
+    optimizer's state (name -> ``[n, ...]``)."""
+
+    params: torch.Tensor
+    buffers: torch.Tensor
+    opt: dict[str, torch.Tensor]
+
+
+def flat(state: dict[str, PerClient]) -> dict[str, torch.Tensor]:
+    """Every tensor of ``state``, a dict's as ``name/key``."""
+    out: dict[str, torch.Tensor] = {}
+    for name, v in state.items():
+        out.update({f"{name}/{k}": t for k, t in v.items()} if isinstance(v, dict) else {name: v})
+    return out
+
+
+class Snapshot:
+    """Copies of the rows ``local`` of per-client tensors, taken before an update,
+    to put back the rows of the clients whose update is dropped."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], local: np.ndarray, device: torch.device | str):
+        sel = rows_selector(local, device)
+        self.tensors, self.local, self.device = tensors, local, device
+        self.saved = {k: t[sel].clone() for k, t in tensors.items()}
+
+    def restore(self, dropped: np.ndarray) -> None:
+        """Put back the rows of ``local[dropped]`` (a mask over ``local``)."""
+        rows = torch.as_tensor(np.flatnonzero(dropped), device=self.device)
+        at = torch.as_tensor(self.local[dropped], device=self.device)
+        for k, t in self.tensors.items():
+            t[at] = self.saved[k][rows]
 
 
 def rows_selector(rows: np.ndarray, device: torch.device | str) -> slice | torch.Tensor:
