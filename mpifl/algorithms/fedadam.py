@@ -104,10 +104,7 @@ class ServerAdaptive:
         return model + self.lr * self.m / (torch.sqrt(self.v) + self.tau)
 
 
-@dataclass
-class State:
-    model: torch.Tensor  # [P] the global model x, identical on every rank
-    server: ServerAdaptive  # its moments (checkpointed)
+State = fedavg.ServerState  # the global model and ServerAdaptive
 
 
 def init(ctx: Context) -> State:

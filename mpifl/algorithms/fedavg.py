@@ -11,7 +11,7 @@ mixing row of every client is p over that round's sampled clients.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -66,7 +66,15 @@ def round(ctx: Context, state: State, t: int) -> Round:
     return out
 
 
-def server_round(ctx: Context, state: Any, t: int) -> Round:
+@dataclass
+class ServerState:
+    """FedAvg's state where the server keeps its own (FedAvgM, FedAdam, FedYogi)."""
+
+    model: torch.Tensor  # [P] the global model x, identical on every rank
+    server: ServerOptimizer  # its momentum or moments (checkpointed)
+
+
+def server_round(ctx: Context, state: ServerState, t: int) -> Round:
     """``round`` of an algorithm whose ``state.server`` steps from the average
     (FedAvgM, FedAdam, FedYogi: a :class:`ServerOptimizer`)."""
     state.model, out = step(ctx, state.model, t, ctx.cfg.algorithm.fraction, server=state.server)

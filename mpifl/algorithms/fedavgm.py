@@ -79,10 +79,7 @@ class ServerMomentum:
         return model - self.lr * self.v
 
 
-@dataclass
-class State:
-    model: torch.Tensor  # [P] the global model x, identical on every rank
-    server: ServerMomentum  # its momentum (checkpointed)
+State = fedavg.ServerState  # the global model and ServerMomentum
 
 
 def init(ctx: Context) -> State:

@@ -83,13 +83,8 @@ class Params:
         check(0 < self.delta < math.inf, "delta", self.delta, "must be a finite number > 0")
 
 
-@dataclass
-class State:
-    model: torch.Tensor  # [P] the global model, identical on every rank
-
-
-def init(ctx: Context) -> State:
-    return State(model=ctx.clients.init.clone())
+State = fedavg.State  # the global model
+init = fedavg.init
 
 
 def batches_per_step(ctx: Context) -> int:
