@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -143,7 +144,7 @@ def test_the_array_script_runs_the_point_at_offset_plus_task(tmp_path):
 @pytest.mark.slow  # the preflight starts the interpreter
 def test_without_sbatch_nothing_is_written(tmp_path, monkeypatch, capsys):
     path = _sweep_file(tmp_path, {"run.seed": [0, 1, 2]})
-    monkeypatch.setattr(sw.shutil, "which", lambda name: None if name == "sbatch" else "/bin/true")
+    monkeypatch.setattr(shutil, "which", lambda name: None if name == "sbatch" else "/bin/true")
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     monkeypatch.chdir(ROOT)
     rc = sw.main([str(path), "--out-dir", str(tmp_path / "out"), "--allow-local-paths", "--submit"])

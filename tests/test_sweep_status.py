@@ -5,6 +5,7 @@ summary. Logs are written by hand; nothing is launched."""
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -186,7 +187,7 @@ def test_local_marks_each_point_for_status(sweep, monkeypatch, tmp_path):
             return 0 if self.index != 2 else 1
 
     monkeypatch.setattr(sweep_runner, "local_command", lambda cfg, ranks, python=None: ["run", str(cfg.run.seed)])
-    monkeypatch.setattr(sw.subprocess, "Popen", Proc)
+    monkeypatch.setattr(subprocess, "Popen", Proc)
     assert sweep_runner.run_local(sweep, 1, Path(tmp_path), warm=False) == 1  # the mpiexec path
     assert all("running" in line for line in seen) and len(seen) == 7
     lines, _, counts = _lines(sweep)
