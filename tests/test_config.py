@@ -65,8 +65,9 @@ def test_every_algorithm_module_is_registered_with_its_contract_and_section():
         assert mod.__doc__ and "mpifl.main" in mod.__doc__, f"{name}'s docstring has no runnable command"
         params = getattr(mod, "Params", None)
         if params is not None:  # its section, every key defaulted, validating itself
-            section = getattr(cfg, name)
-            assert isinstance(section, params)
+            section = getattr(cfg, name)  # the class read from the module's file (mpifl.algorithms._declared)
+            assert type(section).__qualname__ == "Params"
+            assert dataclasses.asdict(section) == dataclasses.asdict(params())
             assert all(f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
                        for f in dataclasses.fields(params))
             section.validate(cfg)
@@ -263,3 +264,14 @@ def test_the_section_read_from_the_file_is_the_modules_params(name):
         [(f.name, f.type, f.default) for f in dataclasses.fields(real)]
     assert light.validate.__code__.co_code == real.validate.__code__.co_code
     assert hasattr(declared(name), "check_config") == hasattr(algorithms.get(name), "check_config")
+
+
+@pytest.mark.parametrize("name", algorithms.NAMES)
+def test_every_algorithms_checks_run_from_its_file(name):
+    """Its Params.validate and check_config run as the config reads them (a name they
+    use that only the training code imports would fail here, not in a user's run)."""
+    for extra in ([], ["data.n_clients=3", "algorithm.fraction=0.5", "data.val_frac=0"]):
+        try:
+            config.load(None, [f"algorithm.name={name}", *extra])
+        except ConfigError:
+            pass  # a value the algorithm refuses: its check ran

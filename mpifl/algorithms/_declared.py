@@ -5,8 +5,8 @@ defaults, ``validate``) and ``check_config``.
 Resolving a config (``python -m mpifl.config``, a sweep listing its points) must
 not cost torch and the training code every algorithm module imports. So the
 module's own source is run in part: its imports of light modules (``LIGHT``),
-then ``Params``, ``check_config`` and the module's functions and classes they
-name, as written. A sibling algorithm named there (``fedyogi``'s
+then ``Params``, ``check_config`` and the module's functions, classes and
+constants they name, as written. A sibling algorithm named there (``fedyogi``'s
 ``fedadam.Params``) is read the same way. The result is a module of its own,
 ``mpifl.algorithms._declared.<name>``, whose ``__file__`` is the algorithm's
 file, so that ``inspect`` finds the source of what it holds and a traceback
@@ -28,12 +28,21 @@ from pathlib import Path
 HERE = Path(__file__).parent
 # what Params and check_config may import: anything else (torch, mpifl.train,
 # mpifl.algorithms.base) is training code, which is left out
-LIGHT = ("__future__", "typing", "dataclasses", "math", "re", "collections.abc", "numpy", "mpifl.errors")
+LIGHT = ("__future__", "typing", "dataclasses", "math", "re", "collections.abc", "numpy", "mpifl.errors",
+         "mpifl.config.sections")
 WANTED = ("Params", "check_config")
 
 
+def _source(node: ast.ImportFrom) -> str:
+    """The absolute module of a ``from`` import (``from ..errors`` in an algorithm: mpifl.errors)."""
+    if not node.level:
+        return node.module or ""
+    base = "mpifl.algorithms".split(".")[:3 - node.level]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def _light(node: ast.Import | ast.ImportFrom) -> bool:
-    names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+    names = [_source(node)] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
     return all(n in LIGHT for n in names)
 
 
@@ -47,7 +56,9 @@ def declared(name: str) -> types.ModuleType:
     """Algorithm ``name``'s ``Params`` and ``check_config`` (where it has them)."""
     path = HERE / f"{name}.py"
     tree = ast.parse(path.read_text(), str(path))
-    defs = {n.name: n for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
+    defs: dict[str, ast.stmt] = {n.name: n for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
+    defs.update({t.id: n for n in tree.body if isinstance(n, ast.Assign)  # module constants (fesem's NO_CLUSTERS)
+                 for t in n.targets if isinstance(t, ast.Name)})
     keep, todo = set(), [n for n in WANTED if n in defs]
     while todo:  # the module's own definitions they name, and those these name
         n = todo.pop()
@@ -55,10 +66,10 @@ def declared(name: str) -> types.ModuleType:
             keep.add(n)
             todo += sorted(_named(defs[n]) & set(defs) - keep)
     mod = types.ModuleType(f"{__name__}.{name}", f"the config's part of mpifl.algorithms.{name}")
-    mod.__file__ = str(path)
+    mod.__file__, mod.__package__ = str(path), "mpifl.algorithms"  # relative imports read as the module's
     body = []
     for node in tree.body:
-        if isinstance(node, ast.ImportFrom) and node.module == "mpifl.algorithms":
+        if isinstance(node, ast.ImportFrom) and _source(node) == "mpifl.algorithms":
             for a in node.names:  # a sibling algorithm: what it declares
                 setattr(mod, a.asname or a.name, declared(a.name))
         elif isinstance(node, (ast.Import, ast.ImportFrom)) and _light(node):

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from mpifl.algorithms.mixing import Dense, Mixing
+from mpifl.config.sections import sampled_count
 from mpifl.data import FederatedData
 from mpifl.rng import GLOBAL, rng
 from mpifl.train import Clients
@@ -53,7 +54,7 @@ class Context:
 
     def sample(self, round: int, fraction: float) -> np.ndarray:
         """The clients taking part in a round: the same on every rank."""
-        m = max(1, int(round_half_up(fraction * self.N)))
+        m = sampled_count(fraction, self.N)
         return np.sort(self.rng(round, GLOBAL, "sample").choice(self.N, m, replace=False))
 
     def local_of(self, ids: np.ndarray) -> np.ndarray:
@@ -61,10 +62,6 @@ class Context:
         ids = np.asarray(ids)
         mine = (ids >= self.comm.first) & (ids < self.comm.first + self.comm.n_local)
         return ids[mine] - self.comm.first
-
-
-def round_half_up(x: float) -> float:
-    return float(np.floor(x + 0.5))
 
 
 @dataclass

@@ -50,9 +50,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from mpifl.algorithms.base import Context, Round, group_weights, own_rows_metrics, round_half_up
+from mpifl.algorithms.base import Context, Round, group_weights, own_rows_metrics
 from mpifl.algorithms.fedavg import local_update
 from mpifl.algorithms.mixing import Grouped
+from mpifl.config.sections import sampled_count
 from mpifl.errors import ConfigError, check
 from mpifl.rng import GLOBAL
 
@@ -83,7 +84,7 @@ def check_config(cfg: Config) -> None:
     k, part = cfg.fesem.k, cfg.data.partition
     check(k > 0 or part not in NO_CLUSTERS, "k", k,
           f"data.partition={part!r} records no true clusters: set fesem.k >= 1")
-    m = max(1, int(round_half_up(cfg.algorithm.fraction * cfg.data.n_clients)))
+    m = sampled_count(cfg.algorithm.fraction, cfg.data.n_clients)
     check(k <= m, "k", k, f"must be <= the clients sampled per round ({m}): round 0 seeds the centres with them")
 
 

@@ -8,6 +8,7 @@ these by :mod:`.schema` (which consults the registry, ``mpifl.algorithms``)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -102,6 +103,12 @@ class TrainConfig:
     # a NaN/inf loss or parameter: stop with an error naming client and round, or drop
     # that client's update for the round (counted in /metrics/skipped)
     on_nonfinite: Literal["error", "skip"] = "error"
+
+
+def sampled_count(fraction: float, n_clients: int) -> int:
+    """How many clients ``algorithm.fraction`` samples a round: C * N rounded half
+    up, at least one."""
+    return max(1, int(math.floor(fraction * n_clients + 0.5)))
 
 
 @dataclass
