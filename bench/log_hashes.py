@@ -5,7 +5,7 @@ same logs, bit for bit. For a refactor that promises to change no bit.
     python bench/log_hashes.py OUT [NAME ...]          # from the checkout under test
     python bench/log_hashes.py --compare A/hashes.json B/hashes.json
 
-Run it from each checkout (its own mpifl: ``PYTHONPATH=<checkout>``) into its own OUT.
+The runs use the checkout the script sits in: copy it into an older checkout to run it there.
 """
 
 from __future__ import annotations
