@@ -68,8 +68,6 @@ from mpifl.sweep.slurm import _sbatch, preflight, refuse_node_local, run_script,
 from mpifl.sweep.spec import load
 from mpifl.sweep.status import is_complete, status
 
-# --------------------------------------------------------------------------- CLI
-
 
 def _slurm_flags(a: argparse.Namespace) -> dict[str, Any]:
     keys = ("ntasks", "cpus_per_task", "gpus_per_task", "mpi", "time", "partition", "account", "mem", "python",

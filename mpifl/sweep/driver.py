@@ -116,7 +116,7 @@ class Driver:
 
     def stopped_line(self, finished: int) -> str:
         name = signal.Signals(self.signum).name
-        return (f"mpifl.sweep.cli: stopped by {name}: no more points launched; {finished} running point(s) stopped at "
+        return (f"mpifl.sweep: stopped by {name}: no more points launched; {finished} running point(s) stopped at "
                 f"a round boundary with a checkpoint (exit {PREEMPTED}); run the same command to continue")
 
 

@@ -24,9 +24,6 @@ from mpifl.sweep.status import is_complete
 TEMPLATES = REPO / "slurm"
 
 
-# --------------------------------------------------------------------------- scripts
-
-
 def render(template: str, values: dict[str, Any]) -> str:
     """Fill ``{{name}}`` placeholders; unknown or unused names are errors."""
     text = (TEMPLATES / template).read_text()

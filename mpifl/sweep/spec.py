@@ -125,9 +125,6 @@ BASE = "base"  # the grid key that varies the config file itself
 _ABSENT = object()  # a key of another grid in a list of grids
 
 
-# --------------------------------------------------------------------------- loading
-
-
 def _mapping(raw: Any, key: str) -> dict:
     if raw is None:
         return {}

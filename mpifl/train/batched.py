@@ -18,14 +18,14 @@ from mpifl.train.plan import BatchPlan, gather
 from mpifl.train.rows import read_rows, rows_selector, write_back
 
 if TYPE_CHECKING:
-    from mpifl.train.clients import Clients
+    from mpifl.train.view import ClientsView
 
 # Parameter bytes per chunk of clients trained together on the CPU (chunks):
 # 2 to 8 MiB ran alike at 128 digits-MLP clients, 1 MiB 25% slower (bench/README.md).
 CHUNK_BYTES = 4 << 20
 
 
-def chunks(c: Clients, m: int) -> list[tuple[int, int]]:
+def chunks(c: ClientsView, m: int) -> list[tuple[int, int]]:
     """Client ranges trained together. On the CPU about ``CHUNK_BYTES`` of
     parameters: their forward, backward and update, and all of a call's steps,
     then share the cache instead of streaming every row from memory three times
@@ -36,7 +36,7 @@ def chunks(c: Clients, m: int) -> list[tuple[int, int]]:
     return [(a, min(m, a + k)) for a in range(0, m, k)]
 
 
-def train_steps(c: Clients, local: np.ndarray, plan: BatchPlan, objective: Objective | None, step: Step | None,
+def train_steps(c: ClientsView, local: np.ndarray, plan: BatchPlan, objective: Objective | None, step: Step | None,
                 bad: np.ndarray, losses: np.ndarray, seen: np.ndarray) -> None:
     """Every step of ``plan`` for the listed clients, a chunk of clients at a time
     (``step``: a custom step, default :func:`step`). Fills ``bad``, ``losses`` (sum
@@ -77,7 +77,7 @@ def train_steps(c: Clients, local: np.ndarray, plan: BatchPlan, objective: Objec
         bad[a:b] |= ~torch.isfinite(c.params[rows_selector(local[a:b], c.device)].sum(1)).cpu().numpy()
 
 
-def _custom(c: Clients, sel: slice | torch.Tensor, rows: np.ndarray, x: torch.Tensor, y: torch.Tensor,
+def _custom(c: ClientsView, sel: slice | torch.Tensor, rows: np.ndarray, x: torch.Tensor, y: torch.Tensor,
             w: torch.Tensor, step: Step) -> torch.Tensor:
     """A custom step of ``rows`` on their batches, on a view of their rows stored back after it."""
     view = StepView(c, sel, rows, step.state)
@@ -86,7 +86,7 @@ def _custom(c: Clients, sel: slice | torch.Tensor, rows: np.ndarray, x: torch.Te
     return loss
 
 
-def _step(c: Clients, sel: slice | torch.Tensor, rows: np.ndarray, x: torch.Tensor, y: torch.Tensor,
+def _step(c: ClientsView, sel: slice | torch.Tensor, rows: np.ndarray, x: torch.Tensor, y: torch.Tensor,
           w: torch.Tensor, objective: Objective | None = None, v: torch.Tensor | None = None) -> torch.Tensor:
     """One optimizer step of ``rows`` (``sel``: their selector) on their batches
     ``x, y, w``; returns their losses. ``v``: per-sample loss weights (zero on

@@ -14,10 +14,10 @@ from mpifl.train.loss import loss_acc
 from mpifl.train.plan import SPLIT_INDEX, gather
 
 if TYPE_CHECKING:
-    from mpifl.train.clients import Clients
+    from mpifl.train.view import ClientsView
 
 
-def split_index(c: Clients, local: np.ndarray, split: str) -> np.ndarray:
+def split_index(c: ClientsView, local: np.ndarray, split: str) -> np.ndarray:
     """``[m, n_max]`` indices of each listed client's split samples, -1 padded."""
     s = SPLIT_INDEX[split]
     local = np.asarray(local, np.int64)
@@ -26,14 +26,14 @@ def split_index(c: Clients, local: np.ndarray, split: str) -> np.ndarray:
     return np.where(col < n[:, None], lo[:, None] + col, -1)
 
 
-def clients_per_chunk(c: Clients, n_max: int) -> int:
+def clients_per_chunk(c: ClientsView, n_max: int) -> int:
     """Clients evaluated together when each holds up to ``n_max`` samples: the
     gathered inputs are bounded to ~32M floats per forward."""
     feat = int(np.prod(c.x.shape[1:])) if c.x.dim() > 1 else 1
     return max(1, (32 << 20) // max(1, n_max * feat))
 
 
-def split_batches(c: Clients, split: str, local: np.ndarray | None = None
+def split_batches(c: ClientsView, split: str, local: np.ndarray | None = None
                   ) -> Iterator[tuple[slice, np.ndarray, torch.Tensor, torch.Tensor, torch.Tensor]]:
     """Every listed client's whole ``split`` in chunks of clients, padded:
     ``(positions in local, idx [m, n_max], x, y, w)`` with w = 0 on padding."""
@@ -48,7 +48,7 @@ def split_batches(c: Clients, split: str, local: np.ndarray | None = None
 
 
 @torch.no_grad()
-def shared_logits(c: Clients, row: torch.Tensor, x: torch.Tensor, local: np.ndarray) -> torch.Tensor:
+def shared_logits(c: ClientsView, row: torch.Tensor, x: torch.Tensor, local: np.ndarray) -> torch.Tensor:
     """``[m, b, C]`` outputs of one model ``row [P]`` on the listed clients' inputs
     ``x [m, b, ...]`` (a BatchNorm model with each client's own statistics)."""
     if c.layout.B:
@@ -63,7 +63,7 @@ def shared_logits(c: Clients, row: torch.Tensor, x: torch.Tensor, local: np.ndar
 
 
 @torch.no_grad()
-def evaluate(c: Clients, split: str, params: torch.Tensor | None = None,
+def evaluate(c: ClientsView, split: str, params: torch.Tensor | None = None,
              local: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(mean loss, accuracy) per listed client on its own ``split``.
 

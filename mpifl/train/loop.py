@@ -15,11 +15,11 @@ from mpifl.train.objective import Objective
 from mpifl.train.plan import BatchPlan
 
 if TYPE_CHECKING:
-    from mpifl.train.clients import Clients
+    from mpifl.train.view import ClientsView
 
 
 @contextmanager
-def bound(c: Clients) -> Iterator[Callable[[int, torch.Tensor], None]]:
+def bound(c: ClientsView) -> Iterator[Callable[[int, torch.Tensor], None]]:
     """The template module made to compute with client rows in place: ``bind(k,
     g)`` points its parameters at row ``k`` of ``c.params`` (and its float
     buffers at row ``k`` of ``c.buffers``) and their ``.grad`` at ``g [P]``, so a
@@ -45,7 +45,7 @@ def bound(c: Clients) -> Iterator[Callable[[int, torch.Tensor], None]]:
             setattr(mod, name, b)
 
 
-def train_loop(c: Clients, local: np.ndarray, plan: BatchPlan, objective: Objective | None,
+def train_loop(c: ClientsView, local: np.ndarray, plan: BatchPlan, objective: Objective | None,
                bad: np.ndarray, losses: np.ndarray, seen: np.ndarray) -> None:
     """Every step of ``plan`` for the listed clients, client by client (no
     functional_call, no per-step host sync, one gather of the client's inputs per

@@ -15,8 +15,8 @@ from mpifl.train.layout import Layout
 from mpifl.train.rows import PerClient, flat, read_rows, write_back
 
 if TYPE_CHECKING:
-    from mpifl.train.clients import Clients
     from mpifl.train.optimizer import RowOptimizer
+    from mpifl.train.view import ClientsView
 
 
 @dataclass
@@ -85,7 +85,7 @@ class StepView:
     view when the rows are contiguous, else a copy, which is why the step updates
     them in place; :meth:`store` writes the copies back after the step."""
 
-    def __init__(self, clients: Clients, sel: slice | torch.Tensor, rows: np.ndarray,
+    def __init__(self, clients: ClientsView, sel: slice | torch.Tensor, rows: np.ndarray,
                  state: dict[str, PerClient]):
         self.clients, self.sel, self.rows = clients, sel, rows
         self._of = {"params": clients.params, **flat(state)}

@@ -14,7 +14,7 @@ from mpifl.data import SPLITS
 from mpifl.rng import streams
 
 if TYPE_CHECKING:
-    from mpifl.train.clients import Clients
+    from mpifl.train.view import ClientsView
 
 SPLIT_INDEX = {s: i for i, s in enumerate(SPLITS)}  # column of a split in FederatedData's offsets and sizes
 
@@ -28,7 +28,7 @@ class BatchPlan:
         return self.idx.shape[1]
 
 
-def make_plan(c: Clients, local: np.ndarray, epochs: int, round: int, purpose: str = "train",
+def make_plan(c: ClientsView, local: np.ndarray, epochs: int, round: int, purpose: str = "train",
          batch_size: int | None = None, max_batches: int | None = None,
          subsets: list[np.ndarray] | None = None) -> BatchPlan:
     """Each listed client's shuffled batches for ``epochs`` epochs from its own stream.
@@ -72,7 +72,7 @@ def make_plan(c: Clients, local: np.ndarray, epochs: int, round: int, purpose: s
     return BatchPlan(idx)
 
 
-def gather(c: Clients, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def gather(c: ClientsView, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A padded index array -> the clients' samples (x, y, w) with w = 0 on padding."""
     valid = idx >= 0
     # masks made by numpy, and index_select/take rather than advanced indexing:
