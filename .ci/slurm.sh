@@ -152,6 +152,13 @@ if ! slurmd -f "$SLURM_CONF" -N "$NODE2" >"$WORK/log/slurmd-start-$NODE2.out" 2>
 fi
 say "cluster up: $HOST$([ "$TWO_NODES" = 1 ] && echo " and $NODE2 (two slurmd on one host)"), $CPUS CPUs, ${MEM_MB} MB each"
 
+# every module compiled before the MPI steps: with PYTHONDONTWRITEBYTECODE each rank compiles
+# mpifl from source at start, and MPICH's PMI2 address exchange over the two slurmd then sent
+# bytes of that freed source text as its value (seen 2 of 2 tries, 2026-11-27: "mpi/pmi2: invalid
+# client request", the request the hex of a docstring of mpifl/comm/collectives.py); compiled first,
+# the same steps pass
+"$PY" -m compileall -q "$ROOT/mpifl" >/dev/null
+
 # the srun MPI plugin must start the MPI library's ranks; check it on a tiny step first
 if ! timeout 60 srun -n 2 --mpi=pmi2 "$PY" -m mpi4py -c \
         "from mpi4py import MPI; c = MPI.COMM_WORLD; assert c.Get_size() == 2, c.Get_size(); print('rank', c.Get_rank(), 'of', c.Get_size(), MPI.Get_library_version().splitlines()[0])"; then
