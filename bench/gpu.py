@@ -57,14 +57,18 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def make(model: str, n: int, batched: str, device: torch.device, samples: int) -> Clients:
+def make(model: str, n: int, batched: str, device: torch.device, samples: int,
+         shape: tuple[int, ...] = (1, 28, 28)) -> Clients:
+    """``n`` clients of Gaussian blobs (``samples`` each, 60% train, batch 16) with
+    ``shape``-sized inputs (flat for the MLP)."""
     cfg = config.load(None, ["data.name=synthetic", "data.partition=iid", f"data.n_clients={n}",
-                             f"data.n_samples={samples * n}", "data.synthetic_dim=784", f"model.name={model}",
-                             f"train.batched={batched}", "train.batch_size=16", "train.lr=0.05"])
+                             f"data.n_samples={samples * n}", f"data.synthetic_dim={int(np.prod(shape))}",
+                             f"model.name={model}", f"train.batched={batched}", "train.batch_size=16",
+                             "train.lr=0.05"])
     data = build(cfg.data, 0, np.arange(n))
     if model in models.IMAGE_MODELS:
-        data.x = data.x.reshape(-1, 1, 28, 28)
-        data.in_shape = (1, 28, 28)
+        data.x = data.x.reshape(-1, *shape)
+        data.in_shape = tuple(shape)
     return Clients(models.build(cfg.model, data.in_shape, data.n_classes, 0), data, cfg.train, device, 0)
 
 

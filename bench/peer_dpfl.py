@@ -60,6 +60,9 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+# --e2e: their client's SGD is hard-coded (fl_client/client_celoss.py): momentum 0.9,
+# weight decay 1e-4 whatever the config says; the jobs files hold the paper's 1e-3
+ALIGN = ["train.momentum=0.9", "train.weight_decay=0.0001"]
 JOBS = {"dir": "jobs/dpfl-fashionmnist-dir.yaml", "patho": "jobs/dpfl-fashionmnist-patho.yaml"}
 BUDGETS = ["inf", "0.2N", "0.1N"]
 
@@ -246,7 +249,8 @@ class _BaseHead(torch.nn.Module):
         return self.classifier(self.base(x))
 
 
-def run_authors(dpfl_dir: Path, deps: Path | None, cfg, rounds: int, local_steps: int, cardinality: int) -> dict:
+def run_authors(dpfl_dir: Path, deps: Path | None, cfg, rounds: int, local_steps: int, cardinality: int,
+                reset_momentum: bool = False) -> dict:
     """The authors' ``trainClientsFL.train_clients`` on mpifl's partition and initial
     weights; per round and client, val and test accuracy of the model after local
     training and after aggregation (per-sample means, and the authors' batch means)."""
@@ -285,6 +289,8 @@ def run_authors(dpfl_dir: Path, deps: Path | None, cfg, rounds: int, local_steps
 
     def train(self, t=None, last_round=False):
         where["t"], where["phase"] = t, "trained"
+        if reset_momentum and t is not None and t >= 3:  # their first aggregation ends round 2
+            self.optimizer.state.clear()
         return train0(self, t=t, last_round=last_round)
 
     def validation(self, test_=False):
@@ -363,43 +369,53 @@ def run_mpifl(job: str, budget: str, n_clients: int, seed: int, rounds: int, loc
             "wall": time.perf_counter() - t0}
 
 
-def paired(a: np.ndarray, b: np.ndarray) -> str:
-    """Mean of a - b over clients with a 95% t interval."""
-    from scipy import stats
+def interval(d: np.ndarray) -> str:
+    """Mean of the differences ``d`` (fractions) in points, with analyze's paired 95% t interval."""
+    from mpifl.analysis.stats import paired_interval
 
-    d = np.asarray(a, np.float64) - np.asarray(b, np.float64)
-    m, se = d.mean(), d.std(ddof=1) / np.sqrt(len(d))
-    h = stats.t.ppf(0.975, len(d) - 1) * se
-    return f"{100 * m:+.2f} pp [{100 * (m - h):+.2f}, {100 * (m + h):+.2f}]"
+    m, lo, hi, n = paired_interval(100 * np.asarray(d, np.float64))
+    return f"{m:+.2f} [{lo:+.2f}, {hi:+.2f}] (n={n})"
 
 
 def e2e(args) -> None:
+    """Both methods per partition, budget and seed; mpifl - authors per seed over
+    clients, then over seeds (each seed's mean over clients, paired by seed)."""
     from mpifl import config
     from mpifl.analysis.summary import best_val
 
     for part in args.partitions:
         for budget in args.budgets:
-            cfg = config.load(REPO / JOBS[part], [f"data.n_clients={args.clients}", f"run.seed={args.seeds[0]}",
-                                                  *args.overrides])
-            B = config.load(REPO / JOBS[part], [f"data.n_clients={args.clients}", f"dpfl.budget={budget}"]
-                            ).dpfl.budget_for(args.clients)
-            card = args.clients if math.isinf(B) else int(B) + 1
-            with tempfile.TemporaryDirectory() as work:
-                ours = run_mpifl(JOBS[part], budget, args.clients, args.seeds[0], args.rounds, args.local_steps,
-                                 args.overrides, Path(work))
-            theirs = run_authors(args.dpfl, args.deps, cfg, args.rounds + 2, args.local_steps, card)
-            print(f"{part} B_c={budget}: wall mpifl {ours['wall']:.0f} s, authors {theirs['wall']:.0f} s")
-            for kind in ("trained", "agg"):
-                # the authors' rounds 0-1 are local only: their round r + 2 is mpifl's round r
-                tv, tt = theirs[f"{kind}_val"][2:], theirs[f"{kind}_test"][2:]
-                ov, ot = ours[f"{kind}_val"], ours[f"{kind}_test"]
-                fin_o, fin_t = ot[-1], tt[-1]
-                bv_o, bv_t = best_val(ov, ot), best_val(tv, tt)
-                print(f"  {kind:7s} final test acc: mpifl {100 * fin_o.mean():.2f}, authors {100 * fin_t.mean():.2f}, "
-                      f"mpifl - authors {paired(fin_o, fin_t)};  best-val: mpifl {100 * bv_o.mean():.2f}, "
-                      f"authors {100 * bv_t.mean():.2f}, mpifl - authors {paired(bv_o, bv_t)}")
-            bm = theirs["agg_batchmean_test"][-1]
-            print(f"  authors' own final aggregated test acc (mean of batch means): {100 * bm.mean():.2f}", flush=True)
+            per_seed: dict[str, list[tuple[float, float]]] = {}
+            for seed in args.seeds:
+                cfg = config.load(REPO / JOBS[part], [f"data.n_clients={args.clients}", f"run.seed={seed}",
+                                                      *ALIGN, *args.overrides])
+                B = config.load(REPO / JOBS[part], [f"data.n_clients={args.clients}", f"dpfl.budget={budget}"]
+                                ).dpfl.budget_for(args.clients)
+                card = args.clients if math.isinf(B) else int(B) + 1
+                with tempfile.TemporaryDirectory() as work:
+                    ours = run_mpifl(JOBS[part], budget, args.clients, seed, args.rounds, args.local_steps,
+                                     [*ALIGN, *args.overrides], Path(work))
+                theirs = run_authors(args.dpfl, args.deps, cfg, args.rounds + 2, args.local_steps, card,
+                                     reset_momentum=args.authors_momentum == "reset")
+                print(f"{part} B_c={budget} seed {seed}: wall mpifl {ours['wall']:.0f} s, "
+                      f"authors {theirs['wall']:.0f} s", flush=True)
+                for kind in ("trained", "agg"):
+                    # the authors' rounds 0-1 are local only: their round r + 2 is mpifl's round r
+                    tv, tt = theirs[f"{kind}_val"][2:], theirs[f"{kind}_test"][2:]
+                    ov, ot = ours[f"{kind}_val"], ours[f"{kind}_test"]
+                    for point, o, t in (("final", ot[-1], tt[-1]), ("best-val", best_val(ov, ot), best_val(tv, tt))):
+                        per_seed.setdefault(f"{kind:7s} {point:8s}", []).append((o.mean(), t.mean()))
+                        print(f"  {kind:7s} {point:8s} test acc: mpifl {100 * o.mean():.2f}, authors "
+                              f"{100 * t.mean():.2f}, over clients {interval(o - t)}", flush=True)
+                bm = theirs["agg_batchmean_test"][-1]
+                print(f"  authors' own final aggregated test acc (mean of batch means): {100 * bm.mean():.2f}",
+                      flush=True)
+            print(f"{part} B_c={budget}, {len(args.seeds)} seeds (their momentum: {args.authors_momentum}); "
+                  "mean over clients per seed, paired by seed:")
+            for key, pairs in per_seed.items():
+                o, t = np.array(pairs).T
+                print(f"  {key} mpifl {100 * o.mean():.2f}, authors {100 * t.mean():.2f}, "
+                      f"mpifl - authors {interval(o - t)}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -416,6 +432,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budgets", nargs="+", default=BUDGETS, help="--e2e: budgets to run")
     ap.add_argument("--rounds", type=int, default=6, help="--e2e: mpifl rounds (the authors run 2 more)")
     ap.add_argument("--local-steps", type=int, default=1, help="--e2e: local epochs per round (tau_train)")
+    ap.add_argument("--authors-momentum", choices=["keep", "reset"], default="keep",
+                    help="--e2e: their SGD momentum across aggregation: kept (their code) or cleared after "
+                         "every aggregation round, as mpifl's LocalOpt starts afresh")
     ap.add_argument("overrides", nargs="*", help="mpifl section.key=value on top of the jobs file")
     args = ap.parse_args(argv)
     if args.e2e:
