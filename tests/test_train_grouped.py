@@ -36,7 +36,7 @@ def _case(net: str, m: int, seed: int = 0):
     return model, p, x, y, w
 
 
-@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("m", [2, 3])
 @pytest.mark.parametrize("net", list(NETS))
 def test_logits_loss_and_gradients_are_vmaps_bit_for_bit(net, m):
     model, p, x, y, w = _case(net, m)
@@ -58,6 +58,32 @@ def test_logits_loss_and_gradients_are_vmaps_bit_for_bit(net, m):
         assert torch.equal(got, ref)
         for name, a, c in zip(leaves, got_g, ref_g):
             assert torch.equal(a, c), (name, (a - c).abs().max().item())
+
+
+@pytest.mark.parametrize("net", list(NETS))
+def test_one_client_computes_what_it_computes_among_others(net):
+    """A client alone (m = 1) gets the logits, loss and gradients it gets as the first
+    of 2 or 3: not torch's ungrouped convolution, whose weight gradients differ in
+    the last bits."""
+    model, p, x, y, w = _case(net, 3)
+    ops = grouped_convnet(model)
+
+    def first(m: int):
+        leaves = {k: v[:m].clone().requires_grad_(True) for k, v in p.items()}
+        loss = grouped_loss(ops, leaves, x[:m], y[:m], w[:m])
+        grads = torch.autograd.grad(loss.sum(), list(leaves.values()))
+        with torch.no_grad():
+            logits = grouped_forward(ops, {k: v[:m] for k, v in p.items()}, x[:m])
+        return [logits[0], loss[0], *(g[0] for g in grads)]
+
+    alone = first(1)
+    for m in (2, 3):
+        assert all(torch.equal(a, b) for a, b in zip(alone, first(m))), m
+    ungrouped = {k: v[:1].clone().requires_grad_(True) for k, v in p.items()}
+    ref = vmap(lambda q, xi, yi, wi: cross_entropy(functional_call(model, q, (xi,)), yi, wi))(ungrouped, x[:1], y[:1],
+                                                                                              w[:1])
+    ref_g = torch.autograd.grad(ref.sum(), list(ungrouped.values()))
+    assert not all(torch.equal(a[0], b) for a, b in zip(ref_g, alone[2:]))  # what the padding is for
 
 
 @pytest.mark.parametrize("net", list(NETS))
@@ -118,3 +144,41 @@ def test_clients_train_and_evaluate_to_the_vmap_paths_bits(opt):
     gb, lb = b.engine.grads(b.params[local], x, y, w, b.buffers, local, frozen=frozen)
     assert torch.equal(la, lb) and ga[0] is None and ga[1] is None
     assert all(torch.equal(u, v) for u, v in zip(ga[2:], gb[2:]))
+
+
+def _hosted_with(ids: list[int], net: str, batched: str):
+    """Clients ``ids`` of 6 Dirichlet-split clients of 28x28 Gaussian blobs (unequal
+    sizes: a client's last steps of an epoch may have no company), on one rank."""
+    from mpifl import config
+    from mpifl.data import build
+    from mpifl.train import Clients
+
+    cfg = config.load(None, ["data.name=synthetic", "data.partition=dirichlet", "data.dirichlet_alpha=0.5",
+                             "data.n_clients=6", "data.n_samples=600", "data.synthetic_dim=784",
+                             f"model.name={net}", f"train.batched={batched}", "train.batch_size=8",
+                             "train.momentum=0.9", "train.lr=0.02"])
+    data = build(cfg.data, 0, np.asarray(ids))
+    data.x = data.x.reshape(-1, 1, 28, 28)
+    data.in_shape = (1, 28, 28)
+    c = Clients(models.build(cfg.model, data.in_shape, data.n_classes, 0), data, cfg.train, torch.device("cpu"), 0)
+    loss = c.train(np.arange(len(ids)), 2, 0)[0]
+    return data.sizes, loss, c.params[0].clone(), [v[0] for v in c.evaluate("test")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("net", ["cnn_dpfl", "lenet"])
+def test_a_clients_conv_training_does_not_depend_on_the_clients_sharing_its_rank(net, threads):
+    """Client 0 alone, with one neighbour or with five (one client per rank, or a
+    few) trains and evaluates to the same bits on the grouped path: a convolution
+    of one client is not torch's ungrouped kernel, whose sums run in another order."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        sizes, *ref = _hosted_with(list(range(6)), net, "on")
+        assert len(set(sizes[:6, 0])) > 1  # unequal sizes: steps where only some clients step
+        for ids in ([0], [0, 1], [0, 5]):
+            _, loss, params, (tl, ta) = _hosted_with(ids, net, "on")
+            assert loss == ref[0] and torch.equal(params, ref[1]) and tl == ref[2][0] and ta == ref[2][1], ids
+    finally:
+        torch.set_num_threads(before)
