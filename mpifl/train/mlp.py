@@ -162,6 +162,12 @@ class StackedMLP:
               sgd: tuple[float, float] | None = None) -> tuple[list[torch.Tensor | None], torch.Tensor]:
         """``sgd``: apply plain SGD in the backward (:func:`stacked_grads`)."""
         with torch.no_grad():  # Linear/ReLU only: no train mode
+            if _alone(params, sgd):
+                pad = (params, x, y, w) if bias is None else (params, x, y, w, bias)
+                params, x, y, w, *b = (torch.cat([t, torch.zeros_like(t)]) for t in pad)
+                g, loss = stacked_grads(self.ops, self.layout.parts(params), x, y, w, self.blocks(2), None,
+                                        bias=b[0] if b else None, frozen=frozen)
+                return [None if t is None else t[:1] for t in g], loss[:1]
             return stacked_grads(self.ops, self.layout.parts(params), x, y, w, self.blocks(params.shape[0]), sgd,
                                  bias=bias, frozen=frozen)
 
@@ -169,4 +175,17 @@ class StackedMLP:
     def logits(self, params: torch.Tensor, x: torch.Tensor, buffers: torch.Tensor,
                local: np.ndarray | None = None) -> torch.Tensor:
         self.model.eval()
+        if _alone(params):
+            return stacked_forward(self.ops, self.layout.parts(torch.cat([params, torch.zeros_like(params)])),
+                                   torch.cat([x, torch.zeros_like(x)]))[:1]
         return stacked_forward(self.ops, self.layout.parts(params), x)
+
+
+def _alone(params: torch.Tensor, sgd: tuple[float, float] | None = None) -> bool:
+    """One client's rows on several CPU threads: its matrix products would be single
+    GEMMs, which MKL splits across the threads along the summed dimension, where a
+    batch of two or more runs each product whole on one thread. Such a client is run
+    beside a zero second one, so that its bits do not depend on whether it steps
+    alone (alone on its rank, or the only one with a batch left) or with others.
+    The fused SGD step runs on one thread only, and one thread needs no padding."""
+    return params.shape[0] == 1 and sgd is None and params.device.type == "cpu" and torch.get_num_threads() > 1
