@@ -37,6 +37,13 @@ Reported per partition, budget and graph round: clients whose sets agree, for th
 validation loss as a per-sample mean over the split (mpifl's F_k^V; ``--val-batch
 0``, the default) and, with ``--val-batch 32``, as the authors' mean of per-batch
 means with their loader's batch size.
+
+``--e2e`` runs both methods end to end instead (``run_authors``: their
+``train_clients`` on mpifl's partition and initial weights, with their client's
+hard-coded SGD matched on mpifl's side, ``ALIGN``) for every ``--seeds`` seed, and
+prints mpifl - authors per seed over clients and over seeds paired by seed, with
+analyze's interval; ``--authors-momentum reset`` clears their clients' momentum
+after every aggregation, as mpifl's LocalOpt starts afresh.
 """
 
 from __future__ import annotations
