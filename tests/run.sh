@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# The test command: serial tests, then the MPI tests under 2 and 4 ranks and over simulated nodes
+# The test command: tests/ (two at a time), then the MPI tests under 2 and 4 ranks and over simulated nodes
 # (through mpi4py's runner, so a failing rank aborts the job instead of hanging).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 MPIEXEC=$(dirname "$PY")/mpiexec
-"$PY" -m pytest -q tests
+# the serial tests on two processes (pytest-xdist): most of them wait on their own mpiexec
+# or Python children, so two at a time keep both cores busy (26.8 min here, 2 cores)
+"$PY" -m pytest -q -n 2 tests
 "$MPIEXEC" -n 2 "$PY" -m mpi4py -m pytest -x -q -p no:cacheprovider tests/mpi
 "$MPIEXEC" -n 4 "$PY" -m mpi4py -m pytest -x -q -p no:cacheprovider tests/mpi
 # uneven blocks (2, 2, 3 clients) for the ring-based all-pairs evaluations
