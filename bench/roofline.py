@@ -95,9 +95,21 @@ def conv_layers(name: str, shape: tuple[int, ...]) -> list[tuple[torch.nn.Conv2d
     return seen
 
 
+def _directions(x: torch.Tensor, wt: torch.Tensor, g: torch.Tensor, st: list[int], pad: list[int],
+                dil: list[int], m: int, repeats: int) -> dict[str, float]:
+    """Best seconds of a grouped convolution's forward, weight gradient and input gradient."""
+    aten = torch.ops.aten
+
+    def backward(mask: list[bool]):
+        return lambda: aten.convolution_backward(g, x, wt, None, st, pad, dil, False, [0, 0], m, mask)
+
+    return {"fw": best_of(lambda: torch.nn.functional.conv2d(x, wt, None, st, pad, dil, m), repeats),
+            "dW": best_of(backward([False, True, False]), repeats),
+            "dX": best_of(backward([True, False, False]), repeats)}
+
+
 def kernels(name: str, shape: tuple[int, ...], m: int, repeats: int, peak: float, batch: int = 16) -> list[dict]:
     """Forward, weight- and input-gradient rates of each grouped convolution of ``m`` clients."""
-    aten = torch.ops.aten
     out = []
     for conv, (c, h, w) in conv_layers(name, shape):
         st, pad, dil = (list(torch.nn.modules.utils._pair(v)) for v in (conv.stride, conv.padding, conv.dilation))
@@ -109,13 +121,8 @@ def kernels(name: str, shape: tuple[int, ...], m: int, repeats: int, peak: float
             y = torch.nn.functional.conv2d(x, wt, None, st, pad, dil, m)
             g = torch.randn_like(y).contiguous(memory_format=mf)
             flops = 2 * y.numel() * c * wt.shape[2] * wt.shape[3]
-            runs = {"fw": lambda: torch.nn.functional.conv2d(x, wt, None, st, pad, dil, m),
-                    "dW": lambda: aten.convolution_backward(g, x, wt, None, st, pad, dil, False, [0, 0], m,
-                                                            [False, True, False]),
-                    "dX": lambda: aten.convolution_backward(g, x, wt, None, st, pad, dil, False, [0, 0], m,
-                                                            [True, False, False])}
-            for k, fn in runs.items():
-                row[f"{k}_{fmt}"] = flops / best_of(fn, repeats) / 1e9 / peak
+            for k, secs in _directions(x, wt, g, st, pad, dil, m, repeats).items():
+                row[f"{k}_{fmt}"] = flops / secs / 1e9 / peak
         out.append(row)
     return out
 
