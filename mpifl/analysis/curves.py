@@ -339,6 +339,25 @@ def versus_markdown(key: str, cross: list[Crossover], y: str | None, ceiling: st
     return "\n".join(lines) + "\n" + note + "\n"
 
 
+def versus_grid(key: str, cross: list[Crossover], metric: str) -> str:
+    """Methods as rows, values of the key as columns: the paired difference with its
+    95% interval and seeds, in bold where the verdict is above or below."""
+    xs = sorted({p.x for c in cross for p in c.points})
+    lines = [f"| method \\ {key} | " + " | ".join(_num(x) for x in xs) + " |", "|---|" + "---|" * len(xs)]
+    for c in cross:
+        at = {p.x: p for p in c.points}
+        cells = []
+        for x in xs:
+            p = at.get(x)
+            text = "–" if p is None else f"{100 * p.diff.mean:+.2f} {_ci(p.diff)} ({p.n})"
+            cells.append(f"**{text}**" if p is not None and p.verdict != "level" else text)
+        lines.append(f"| {c.method} | " + " | ".join(cells) + " |")
+    base = cross[0].baseline if cross else "the baseline"
+    return "\n".join(lines) + (f"\n\n{metric}: method minus {base}, paired by seed, in points, mean, 95% "
+                                "t-interval and (seeds); bold where the interval excludes 0 (above or below), "
+                                "else level.\n")
+
+
 def markdown(key: str, metric: str, cs: list[Curve], ddof: int) -> str:
     """Methods as rows, values of the key as columns, mean ± std in percent."""
     xs = sorted({x for c in cs for x in c.x})

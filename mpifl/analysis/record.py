@@ -18,7 +18,9 @@ the paper-layout table(s); without ``--layout``, of ``table.md`` (method:
 A page's table is rendered from its record between ``<!-- generated:record
 docs/reproductions/data/NAME.csv -->`` and ``<!-- /generated -->`` by
 ``python -m mpifl.docs`` (:func:`render`), so a number on a page cannot be typed
-by hand, and ``--check`` fails when the page and its record differ.
+by hand, and ``--check`` fails when the page and its record differ. The record of
+an ``--x KEY --versus NAME`` analysis renders its paired comparison the same way
+(:func:`render_versus`, ``<!-- generated:versus FILE x=KEY versus=NAME ... -->``).
 """
 
 from __future__ import annotations
@@ -162,3 +164,53 @@ def render(path: str | Path, root: Path = REPO) -> str:
         out.append(render_cells(layout, got, [], ddof=1) + "\n" + line + "\n"
                    + "".join(f"\nwarning: the table mixes {w}\n" for w in warnings))
     return "\n".join(out)
+
+
+def render_versus(path: str | Path, root: Path = REPO, *, x: str, versus: str, y: str | None = None,
+                  ceiling: str | None = None, methods: tuple[str, ...] = (), metric: str = "final_acc") -> str:
+    """The paired comparison ``mpifl.analyze --x X --versus V [--y Y] [--ceiling C]``
+    prints, made from the record's per-seed values (method: ``algorithm.name``; x and y:
+    the runs' config values, defaults where a run left them), with the record's
+    provenance line: with ``y`` or ``ceiling`` analyze's own table (``versus.md``),
+    else a grid of methods by x."""
+    from mpifl.analysis import curves as cv
+    from mpifl.analysis.stats import mean_std
+    from mpifl.analysis.summary import defaults
+    from mpifl.run.provenance import table_line
+
+    rows = [r for r in read(root / path) if r.metric == metric]
+    if not rows:
+        raise RecordError(f"record {str(path)!r} has no row of metric {metric!r}")
+    d = defaults()
+
+    def value(r: Row, key: str) -> float:
+        v = r.config.get(key, d.get(key))
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise RecordError(f"record {str(path)!r}: a {r.method} run has {key}={v!r}; x and y must be numbers")
+        return float(v)
+
+    by: dict[tuple[str, float | None], dict[float, list[Row]]] = {}
+    for r in rows:
+        by.setdefault((r.method, None if y is None else value(r, y)), {}).setdefault(value(r, x), []).append(r)
+    cs = []
+    for (method, yv), points in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0.0)):
+        c = cv.Curve((method,), method if yv is None else f"{method}, {y}={cv._num(yv)}", y=yv)
+        for xv in sorted(points):
+            rs = sorted(points[xv], key=lambda r: r.seed)
+            vals = [r.value / 100.0 for r in rs]  # the record holds percent; curves hold fractions
+            mean, std = mean_std(vals)
+            c.x.append(xv)
+            c.mean.append(mean)
+            c.std.append(std)
+            c.seeds.append([r.seed for r in rs])
+            c.values.append(vals)
+        cs.append(c)
+    try:
+        cross = cv.crossovers(["algorithm.name"], cs, versus, list(methods), ceiling)
+    except cv.CurveError as e:
+        raise RecordError(f"record {str(path)!r}: {e}") from None
+    table = (cv.versus_markdown(x, cross, y, ceiling, metric) if y or ceiling
+             else cv.versus_grid(x, cross, metric))
+    used = {versus, ceiling, *methods} if methods else {r.method for r in rows}
+    line, warnings = table_line([r.provenance for r in rows if r.method in used])
+    return table + "\n" + line + "\n" + "".join(f"\nwarning: the table mixes {w}\n" for w in warnings)

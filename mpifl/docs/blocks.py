@@ -13,6 +13,9 @@ README's python examples are checked too (:mod:`mpifl.docs.counts`).
 A block with an argument, ``<!-- generated:record docs/reproductions/data/X.csv -->``,
 is rendered by :data:`ARG_BLOCKS` from that file: a reproduction page's table from
 its per-seed record (:mod:`mpifl.analysis.record`), so the page's numbers are the record's.
+``<!-- generated:versus FILE x=KEY versus=NAME [y=KEY2] [ceiling=NAME] [method=A,B]
+[metric=M] -->`` renders the paired comparison of ``mpifl.analyze --x --versus`` from
+such a record.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ ROOT = REPO
 FILES = ("README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs" / "reproductions").glob("*.md")))
 # the sweep that runs every algorithm on its own job file: the table's "job file"
 JOBS_SWEEP = "jobs/sweeps/quickstart-algorithms.yaml"
-BLOCK = re.compile(r"(<!-- generated:(\w+)(?: (\S+))? -->\n)(.*?)(<!-- /generated -->)", re.S)
+BLOCK = re.compile(r"(<!-- generated:(\w+)(?: ([^\n]+?))? -->\n)(.*?)(<!-- /generated -->)", re.S)
 
 
 def _cell(text: str) -> str:
@@ -93,8 +96,26 @@ def record_table(root: Path, path: str) -> str:
     return render(path, root).rstrip("\n")
 
 
+VERSUS_OPTIONS = ("x", "versus", "y", "ceiling", "method", "metric")
+
+
+def versus_table(root: Path, arg: str) -> str:
+    """``FILE x=KEY versus=NAME [y=KEY2] [ceiling=NAME] [method=A,B] [metric=M]``: the
+    paired comparison of a record (:func:`mpifl.analysis.record.render_versus`)."""
+    from mpifl.analysis.record import render_versus
+
+    path, *rest = arg.split()
+    opts = dict(o.split("=", 1) if "=" in o else (o, "") for o in rest)
+    bad = [k for k in opts if k not in VERSUS_OPTIONS]
+    if bad or not opts.get("x") or not opts.get("versus"):
+        raise ValueError(f"generated:versus {arg!r}: needs x=KEY and versus=NAME; takes "
+                         f"{', '.join(VERSUS_OPTIONS)}" + (f" (not {', '.join(bad)})" if bad else ""))
+    methods = tuple(m for m in opts.pop("method", "").split(",") if m)
+    return render_versus(path, root, methods=methods, **opts).rstrip("\n")
+
+
 BLOCKS: dict[str, Callable[[Path], str]] = {"algorithms": algorithm_table, "config": config_reference}
-ARG_BLOCKS: dict[str, Callable[[Path, str], str]] = {"record": record_table}
+ARG_BLOCKS: dict[str, Callable[[Path, str], str]] = {"record": record_table, "versus": versus_table}
 
 
 def render(text: str, root: Path = ROOT) -> str:

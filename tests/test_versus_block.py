@@ -1,0 +1,87 @@
+"""A page's paired comparison rendered from a per-seed record
+(``<!-- generated:versus FILE x=... versus=... -->``): its numbers are the record's,
+paired by seed, and a bad block is one line."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from mpifl.analysis import record
+from mpifl.docs import blocks as docs
+
+PROV = {"mpifl": {"commit": "a" * 40, "dirty": False}, "cpu_capability": "AVX2", "device": "cpu"}
+SEEDS = (0, 1, 2, 3)
+# percent, per (method, clients, samples): one value per seed
+VALUES = {
+    ("local", 8, 10): [40.0, 42.5, 39.0, 41.0], ("local", 8, 50): [60.0, 61.0, 62.5, 59.5],
+    ("fedx", 8, 10): [45.0, 46.0, 44.5, 47.5], ("fedx", 8, 50): [55.0, 57.5, 58.0, 54.0],
+    ("oracle", 8, 10): [50.0, 52.0, 51.5, 50.5], ("oracle", 8, 50): [60.5, 60.0, 63.0, 59.0],
+}
+
+
+def _write(path) -> None:
+    rows = [record.Row("table", "", m, f"data.n_clients={n}, data.train_per_client={t}", s, "final_acc", v,
+                       {"algorithm.name": m, "data.n_clients": n, "data.train_per_client": t}, PROV)
+            for (m, n, t), vals in VALUES.items() for s, v in zip(SEEDS, vals)]
+    record.write(path, rows)
+
+
+def _interval(d: list[float]) -> tuple[float, float, float]:
+    d = np.asarray(d)
+    half = stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d))
+    return d.mean(), d.mean() - half, d.mean() + half
+
+
+def _diff(method: str, base: str, t: int) -> list[float]:
+    return [a - b for a, b in zip(VALUES[(method, 8, t)], VALUES[(base, 8, t)])]
+
+
+@pytest.fixture
+def root(tmp_path):
+    (tmp_path / "data").mkdir()
+    _write(tmp_path / "data" / "r.csv")
+    return tmp_path
+
+
+def test_the_grid_is_the_records_paired_differences(root):
+    page = ("<!-- generated:versus data/r.csv x=data.train_per_client versus=local method=fedx -->\n"
+            "typed\n<!-- /generated -->\n")
+    fresh = docs.render(page, root)
+    row = next(line for line in fresh.splitlines() if line.startswith("| fedx |"))
+    for t in (10, 50):
+        mean, lo, hi = _interval(_diff("fedx", "local", t))
+        cell = f"{mean:+.2f} [{lo:+.2f}, {hi:+.2f}] (4)"
+        assert cell in row
+        # bold exactly where the interval leaves out 0
+        assert (f"**{cell}**" in row) == (lo > 0 or hi < 0)
+    assert row.count("**") == 4  # the data: fedx above at 10 samples, below at 50
+    assert "provenance: commit aaaaaaa (16)" in fresh
+    assert docs.render(fresh, root) == fresh
+
+
+def test_with_a_ceiling_the_share_of_the_room_or_no_room(root):
+    page = ("<!-- generated:versus data/r.csv x=data.train_per_client y=data.n_clients versus=local "
+            "ceiling=oracle method=fedx -->\n<!-- /generated -->\n")
+    lines = [line for line in docs.render(page, root).splitlines() if line.startswith("| fedx |")]
+    assert len(lines) == 2
+    gain, room = _diff("fedx", "local", 10), _diff("oracle", "local", 10)
+    share = _interval([g / r for g, r in zip(gain, room)])
+    assert f"| {100 * share[0]:.0f}% [{100 * share[1]:+.0f}, {100 * share[2]:+.0f}] |" in lines[0]
+    _, rlo, _ = _interval(_diff("oracle", "local", 50))
+    assert rlo <= 0 and lines[1].endswith("| no room |")
+
+
+@pytest.mark.parametrize("arg, says", [
+    ("data/r.csv x=data.train_per_client", "needs x=KEY and versus=NAME"),
+    ("data/r.csv x=data.train_per_client versus=local colour=red", "(not colour)"),
+    ("data/r.csv x=data.train_per_client versus=fedavg", "no runs of algorithm.name=fedavg"),
+    ("data/r.csv x=data.train_per_client versus=local metric=best_acc", "no row of metric 'best_acc'"),
+])
+def test_a_bad_block_is_one_line(root, arg, says):
+    with pytest.raises(ValueError) as e:
+        docs.render(f"<!-- generated:versus {arg} -->\n<!-- /generated -->\n", root)
+    assert says in str(e.value) and "\n" not in str(e.value)
