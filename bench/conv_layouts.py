@@ -14,6 +14,11 @@ path are timed in turns, ``--rounds`` times, best of ``--repeats`` steps each:
 the machine's noise shows as the spread between rounds. Batch 16 a client, one
 forward and backward of the per-client loss.
 
+``--unfold`` adds a formulation without torch's convolution kernels: activations
+as ``[client, channel, batch, H, W]``, each convolution as ``unfold`` of every
+channel plane and one batched matrix product per client (pooling and ReLU act on
+the planes alike).
+
 `bench/roofline.py --kernels` times each direction apart; this script says what
 is left of a faster kernel once its layout copies sit in the step.
 """
@@ -91,6 +96,36 @@ def forward(ops: list, p: dict[str, torch.Tensor], x: torch.Tensor, lays: list) 
     return h
 
 
+def unfold_forward(ops: list, p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """The same net with each convolution as unfold + ``bmm`` (``--unfold``)."""
+    m, b = x.shape[:2]
+    h = x.transpose(1, 2)  # [m, C, b, H, W]
+    for op in ops:
+        if op[0] == "conv":
+            mod, wt = op[3], p[op[1]]
+            k, pd, cin, hh, ww = mod.kernel_size[0], mod.padding[0], h.shape[1], h.shape[3], h.shape[4]
+            ho, wo = hh + 2 * pd - k + 1, ww + 2 * pd - k + 1
+            cols = F.unfold(h.reshape(m * cin * b, 1, hh, ww), k, padding=pd)
+            cols = cols.view(m, cin, b, k * k, ho * wo).transpose(2, 3).reshape(m, cin * k * k, b * ho * wo)
+            h = torch.bmm(wt.reshape(m, wt.shape[1], -1), cols)
+            if op[2]:
+                h = h + p[op[2]].reshape(m, -1, 1)
+            h = h.view(m, -1, b, ho, wo)
+        elif op[0] == "pool":
+            s = h.shape
+            h = F.max_pool2d(h.reshape(s[0] * s[1], s[2], s[3], s[4]), *op[1][:2])
+            h = h.view(s[0], s[1], s[2], *h.shape[-2:])
+        elif op[0] == "relu":
+            h = F.relu(h)
+        elif op[0] == "flatten":
+            h = h.transpose(1, 2).reshape(m, b, -1)
+        else:
+            h = torch.bmm(h, p[op[1]].transpose(1, 2))
+            if op[2]:
+                h = h + p[op[2]].unsqueeze(1)
+    return h
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="cnn_dpfl")
@@ -98,6 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--layouts", nargs="+", default=[])
+    ap.add_argument("--unfold", action="store_true", help="also the unfold + bmm formulation (see above)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=5)
     a = ap.parse_args(argv)
@@ -111,6 +147,9 @@ def main(argv: list[str] | None = None) -> None:
     fwds = {"path": lambda: grouped.grouped_forward(ops, p, x)}
     for s in a.layouts:
         fwds[s] = (lambda lays: lambda: forward(ops, p, x, lays))(json.loads(s))
+
+    if a.unfold:
+        fwds["unfold"] = lambda: unfold_forward(ops, p, x)
 
     def step(f) -> float:  # noqa: ANN001
         t0 = time.perf_counter()
