@@ -85,3 +85,19 @@ def test_a_bad_block_is_one_line(root, arg, says):
     with pytest.raises(ValueError) as e:
         docs.render(f"<!-- generated:versus {arg} -->\n<!-- /generated -->\n", root)
     assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_layout_tables_rows_against_one_row_column_by_column(tmp_path):
+    """x=setting: a paper-layout record's columns (not numbers), row names with spaces."""
+    vals = {("Local Only", "Dir(0.1)"): [80.0, 82.0, 81.0], ("Local Only", "Patho(3)"): [90.0, 91.0, 90.5],
+            ("DPFL (B=inf)", "Dir(0.1)"): [83.0, 84.5, 84.0], ("DPFL (B=inf)", "Patho(3)"): [89.0, 91.5, 90.0]}
+    rows = [record.Row("T", "t.layout.yaml", m, col, s, "best_acc", v, {"algorithm.name": "x"}, PROV)
+            for (m, col), vs in vals.items() for s, v in zip((0, 1, 2), vs)]
+    record.write(tmp_path / "t.csv", rows)
+    page = '<!-- generated:versus t.csv x=setting versus="Local Only" metric=best_acc -->\n<!-- /generated -->\n'
+    lines = docs.render(page, tmp_path).splitlines()
+    assert lines[1] == "| method \\ setting | Dir(0.1) | Patho(3) |"
+    row = next(line for line in lines if line.startswith("| DPFL (B=inf) |"))
+    for col in ("Dir(0.1)", "Patho(3)"):
+        mean, lo, hi = _interval([a - b for a, b in zip(vals[("DPFL (B=inf)", col)], vals[("Local Only", col)])])
+        assert f"{mean:+.2f} [{lo:+.2f}, {hi:+.2f}] (3)" in row

@@ -339,11 +339,13 @@ def versus_markdown(key: str, cross: list[Crossover], y: str | None, ceiling: st
     return "\n".join(lines) + "\n" + note + "\n"
 
 
-def versus_grid(key: str, cross: list[Crossover], metric: str) -> str:
-    """Methods as rows, values of the key as columns: the paired difference with its
-    95% interval and seeds, in bold where the verdict is above or below."""
+def versus_grid(key: str, cross: list[Crossover], metric: str, labels: dict[float, str] | None = None) -> str:
+    """Methods as rows, values of the key as columns (``labels``: a column's name by
+    its x): the paired difference with its 95% interval and seeds, in bold where the
+    verdict is above or below."""
     xs = sorted({p.x for c in cross for p in c.points})
-    lines = [f"| method \\ {key} | " + " | ".join(_num(x) for x in xs) + " |", "|---|" + "---|" * len(xs)]
+    head = [labels[x] if labels else _num(x) for x in xs]
+    lines = [f"| method \\ {key} | " + " | ".join(head) + " |", "|---|" + "---|" * len(xs)]
     for c in cross:
         at = {p.x: p for p in c.points}
         cells = []

@@ -169,10 +169,11 @@ def render(path: str | Path, root: Path = REPO) -> str:
 def render_versus(path: str | Path, root: Path = REPO, *, x: str, versus: str, y: str | None = None,
                   ceiling: str | None = None, methods: tuple[str, ...] = (), metric: str = "final_acc") -> str:
     """The paired comparison ``mpifl.analyze --x X --versus V [--y Y] [--ceiling C]``
-    prints, made from the record's per-seed values (method: ``algorithm.name``; x and y:
-    the runs' config values, defaults where a run left them), with the record's
-    provenance line: with ``y`` or ``ceiling`` analyze's own table (``versus.md``),
-    else a grid of methods by x."""
+    prints, made from the record's per-seed values (method: the record's method, the
+    ``algorithm.name`` or a layout's row; x and y: the runs' config values, defaults
+    where a run left them; ``x="setting"``: a layout's columns, in the record's order),
+    with the record's provenance line: with ``y`` or ``ceiling`` analyze's own table
+    (``versus.md``), else a grid of methods by x."""
     from mpifl.analysis import curves as cv
     from mpifl.analysis.stats import mean_std
     from mpifl.analysis.summary import defaults
@@ -189,9 +190,13 @@ def render_versus(path: str | Path, root: Path = REPO, *, x: str, versus: str, y
             raise RecordError(f"record {str(path)!r}: a {r.method} run has {key}={v!r}; x and y must be numbers")
         return float(v)
 
+    columns = list(dict.fromkeys(r.setting for r in rows))  # x="setting": a layout's columns, by position
+    if x == "setting" and (y is not None or ceiling is not None):
+        raise RecordError(f"record {str(path)!r}: x=setting takes neither y nor ceiling")
     by: dict[tuple[str, float | None], dict[float, list[Row]]] = {}
     for r in rows:
-        by.setdefault((r.method, None if y is None else value(r, y)), {}).setdefault(value(r, x), []).append(r)
+        xv = float(columns.index(r.setting)) if x == "setting" else value(r, x)
+        by.setdefault((r.method, None if y is None else value(r, y)), {}).setdefault(xv, []).append(r)
     cs = []
     for (method, yv), points in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0.0)):
         c = cv.Curve((method,), method if yv is None else f"{method}, {y}={cv._num(yv)}", y=yv)
@@ -210,7 +215,7 @@ def render_versus(path: str | Path, root: Path = REPO, *, x: str, versus: str, y
     except cv.CurveError as e:
         raise RecordError(f"record {str(path)!r}: {e}") from None
     table = (cv.versus_markdown(x, cross, y, ceiling, metric) if y or ceiling
-             else cv.versus_grid(x, cross, metric))
+             else cv.versus_grid(x, cross, metric, labels=dict(enumerate(columns)) if x == "setting" else None))
     used = {versus, ceiling, *methods} if methods else {r.method for r in rows}
     line, warnings = table_line([r.provenance for r in rows if r.method in used])
     return table + "\n" + line + "\n" + "".join(f"\nwarning: the table mixes {w}\n" for w in warnings)

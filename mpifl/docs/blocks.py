@@ -15,13 +15,15 @@ is rendered by :data:`ARG_BLOCKS` from that file: a reproduction page's table fr
 its per-seed record (:mod:`mpifl.analysis.record`), so the page's numbers are the record's.
 ``<!-- generated:versus FILE x=KEY versus=NAME [y=KEY2] [ceiling=NAME] [method=A,B]
 [metric=M] -->`` renders the paired comparison of ``mpifl.analyze --x --versus`` from
-such a record.
+such a record; ``x=setting`` compares the rows of a layout's table column by column
+(``versus="Local Training"``: quoted where a name holds spaces).
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -104,7 +106,7 @@ def versus_table(root: Path, arg: str) -> str:
     paired comparison of a record (:func:`mpifl.analysis.record.render_versus`)."""
     from mpifl.analysis.record import render_versus
 
-    path, *rest = arg.split()
+    path, *rest = shlex.split(arg)  # a layout's row names hold spaces: versus="Local Training"
     opts = dict(o.split("=", 1) if "=" in o else (o, "") for o in rest)
     bad = [k for k in opts if k not in VERSUS_OPTIONS]
     if bad or not opts.get("x") or not opts.get("versus"):
