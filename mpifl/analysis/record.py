@@ -198,7 +198,8 @@ def render_versus(path: str | Path, root: Path = REPO, *, x: str, versus: str, y
         xv = float(columns.index(r.setting)) if x == "setting" else value(r, x)
         by.setdefault((r.method, None if y is None else value(r, y)), {}).setdefault(xv, []).append(r)
     cs = []
-    for (method, yv), points in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0.0)):
+    order = list(dict.fromkeys(r.method for r in rows))  # the record's (its table's) row order
+    for (method, yv), points in sorted(by.items(), key=lambda kv: (order.index(kv[0][0]), kv[0][1] or 0.0)):
         c = cv.Curve((method,), method if yv is None else f"{method}, {y}={cv._num(yv)}", y=yv)
         for xv in sorted(points):
             rs = sorted(points[xv], key=lambda r: r.seed)
