@@ -84,6 +84,15 @@ class Curve:
     def at(self, x: float) -> tuple[float, float] | None:
         return (self.mean[self.x.index(x)], self.std[self.x.index(x)]) if x in self.x else None
 
+    def add(self, x: float, seeds: list[int], values: list[float], ddof: int = 1) -> None:
+        """The point at x: each seed's value, their mean and std."""
+        mean, std = mean_std(values, ddof)
+        self.x.append(x)
+        self.mean.append(mean)
+        self.std.append(std)
+        self.seeds.append(list(seeds))
+        self.values.append(list(values))
+
     def by_seed(self, x: float) -> dict[int, float]:
         if x not in self.x:
             return {}
@@ -196,13 +205,7 @@ def curves(runs: list[Summary], key: str, grouping: Grouping, metric: str = "fin
         c = Curve(method, ", ".join(parts), y=yv)
         for x in sorted(points):
             rs = sorted(points[x], key=lambda r: r.seed)
-            vals = [float(getattr(r, metric)) for r in rs]
-            mean, std = mean_std(vals, ddof)
-            c.x.append(x)
-            c.mean.append(mean)
-            c.std.append(std)
-            c.seeds.append([r.seed for r in rs])
-            c.values.append(vals)
+            c.add(x, [r.seed for r in rs], [float(getattr(r, metric)) for r in rs], ddof)
         out.append(c)
     return keys, out
 

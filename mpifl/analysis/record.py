@@ -175,7 +175,6 @@ def render_versus(path: str | Path, root: Path = REPO, *, x: str, versus: str, y
     with the record's provenance line: with ``y`` or ``ceiling`` analyze's own table
     (``versus.md``), else a grid of methods by x."""
     from mpifl.analysis import curves as cv
-    from mpifl.analysis.stats import mean_std
     from mpifl.analysis.summary import defaults
     from mpifl.run.provenance import table_line
 
@@ -203,13 +202,7 @@ def render_versus(path: str | Path, root: Path = REPO, *, x: str, versus: str, y
         c = cv.Curve((method,), method if yv is None else f"{method}, {y}={cv._num(yv)}", y=yv)
         for xv in sorted(points):
             rs = sorted(points[xv], key=lambda r: r.seed)
-            vals = [r.value / 100.0 for r in rs]  # the record holds percent; curves hold fractions
-            mean, std = mean_std(vals)
-            c.x.append(xv)
-            c.mean.append(mean)
-            c.std.append(std)
-            c.seeds.append([r.seed for r in rs])
-            c.values.append(vals)
+            c.add(xv, [r.seed for r in rs], [r.value / 100.0 for r in rs])  # the record: percent; curves: fractions
         cs.append(c)
     try:
         cross = cv.crossovers(["algorithm.name"], cs, versus, list(methods), ceiling)
