@@ -141,7 +141,7 @@ def reproduce(record: Path, n_cells: int | None = None, parallel: int = 1, out: 
               echo=print, run_points: Callable[[Any, int], None] = _local) -> int:
     """The whole command; returns its exit status. ``run_points``: how the runs are
     made (:func:`rerun`; the tests' runs stay in their process)."""
-    from mpifl.analysis.summary import summarize
+    from mpifl.analysis.summary import metric_value, summarize
 
     rows = read(record)
     if not rows:
@@ -162,7 +162,7 @@ def reproduce(record: Path, n_cells: int | None = None, parallel: int = 1, out: 
         for r in rs:
             s = summaries.get(_key(r.config))
             if s is not None and s.complete:
-                new[r.seed] = 100.0 * getattr(s, r.metric)
+                new[r.seed] = metric_value(s, r.metric)
         verdict, detail = judge(rs, new)
         counts[verdict] += 1
         echo(f"{verdict:8s} {method} / {setting} ({rs[0].metric}): {detail}")

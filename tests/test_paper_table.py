@@ -124,3 +124,70 @@ def test_a_point_that_ran_and_failed_is_told_from_one_never_run(layout, tmp_path
     assert "| FedAvg | failed (exit 2) (paper 60.00 ± 5.00) | not run (paper 66.00 ± 5.00) |" in md
     assert "| Ours | not run (paper 99.00 ± 0.20) | failed (exit 1) (paper 82.00 ± 3.00) |" in md
     assert failed_points([tmp_path]) == []  # not a sweep directory
+
+
+ARI_LAYOUT = """
+title: Cluster recovery
+metric: ari
+columns:
+  Patho: {data.partition: clusters}
+rows:
+  Ours: {algorithm.name: pfedlia, pfedlia.mode: central}
+  FeSEM: {algorithm.name: fesem}
+ari:
+  Ours: lia.cluster
+  FeSEM: fesem.cluster
+"""
+
+
+def test_a_cluster_recovery_table_scores_each_rows_own_clustering_and_its_record_renders_it(tmp_path):
+    from mpifl.analysis import record
+
+    f = tmp_path / "ari.layout.yaml"
+    f.write_text(ARI_LAYOUT)
+    lay = load_layout(f)
+    runs = []
+    # each run also holds the other row's source: the table must take its own row's
+    for seed, (ours, fesem) in enumerate(((1.0, 0.8), (0.5, 0.6))):
+        r = summary(seed, 0.9, algorithm={"name": "pfedlia"}, data={"partition": "clusters"})
+        r.ari = {"lia.cluster": ours, "fesem.cluster": 0.01, "graph.mixing": 0.0}
+        q = summary(seed, 0.9, algorithm={"name": "fesem"}, data={"partition": "clusters"})
+        q.ari = {"fesem.cluster": fesem, "lia.cluster": 0.02}
+        runs += [r, q]
+    lost = summary(2, 0.9, algorithm={"name": "fesem"}, data={"partition": "clusters"})
+    lost.ari = {"graph.mixing": 0.3}  # no clustering of its own: named, not counted as a seed
+    got, notes = cells(lay, [*runs, lost])
+    assert got[("Ours", "Patho")].values == [1.0, 0.5] and got[("FeSEM", "Patho")].values == [0.8, 0.6]
+    assert notes == ["r2 (seed 2) has no clustering 'fesem.cluster' to score (it has: graph.mixing)"]
+    md = render(lay, runs)
+    # mean and sample std of (1.0, 0.5) and of (0.8, 0.6), as they are, not in %
+    assert f"| Ours | 0.750 ± {np.std([1.0, 0.5], ddof=1):.3f} [2] |" in md
+    assert f"| FeSEM | 0.700 ± {np.std([0.8, 0.6], ddof=1):.3f} [2] |" in md
+    assert "Ours: `lia.cluster`; FeSEM: `fesem.cluster`" in md
+    rec = tmp_path / "ari.csv"
+    record.write(rec, record.layout_rows(f, lay, runs))
+    back = record.read(rec)
+    assert [(r.method, r.metric, r.value) for r in back] == [
+        ("Ours", "ari:lia.cluster", 1.0), ("Ours", "ari:lia.cluster", 0.5),
+        ("FeSEM", "ari:fesem.cluster", 0.8), ("FeSEM", "ari:fesem.cluster", 0.6)]
+    assert record.render(rec, tmp_path).startswith(md)  # the page shows what analyze printed
+
+
+@pytest.mark.parametrize("extra,where", [
+    ("", "ari: mapping every row"),
+    ("ari: {Ours: lia.cluster}", "ari: mapping every row"),
+    ("ari: {Ours: lia.cluster, FeSEM: 3}", "ari: mapping every row"),
+    ("ari: {Ours: lia.cluster, FeSEM: fesem.cluster}\npaper: {Ours: {Patho: [1, 0]}}", "paper figures"),
+])
+def test_a_bad_cluster_recovery_layout_is_one_line(tmp_path, extra, where):
+    f = tmp_path / "bad.yaml"
+    f.write_text("metric: ari\ncolumns: {Patho: {data.partition: clusters}}\n"
+                 "rows: {Ours: {algorithm.name: pfedlia}, FeSEM: {algorithm.name: fesem}}\n" + extra)
+    with pytest.raises(LayoutError) as e:
+        load_layout(f)
+    assert where in str(e.value) and "\n" not in str(e.value)
+    g = tmp_path / "acc.yaml"
+    g.write_text("columns: {Patho: {data.partition: clusters}}\nrows: {Ours: {algorithm.name: pfedlia}}\n"
+                 "ari: {Ours: lia.cluster}")
+    with pytest.raises(LayoutError, match="for metric=ari only"):
+        load_layout(g)

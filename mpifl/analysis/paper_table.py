@@ -16,6 +16,15 @@ A layout file (YAML) says which runs make which cell and what the paper reported
     paper:                     # optional: row -> column -> [mean, std] in %, where the
       Oracle: {Pathological: [99.07, 0.21]}   # paper's setting is ours
 
+A table of cluster recovery instead (``metric: ari``) names, per row, the clustering
+whose ARI against the true clusters each cell holds (a key of the analysis's ``ari_*``
+columns; methods cluster in different places)::
+
+    metric: ari
+    ari:
+      pFedLIA: lia.cluster      # the server's OPTICS clusters
+      FeSEM: fesem.cluster
+
 A cell holds every finished run matching both its row and its column (seeds); a run
 matching several rows or none is reported, not silently dropped. A run still going
 (or stopped) is not averaged in: its cell says how many such runs it is waiting for
@@ -43,7 +52,7 @@ if TYPE_CHECKING:
     from mpifl.analysis.summary import Summary
     from mpifl.sweep.status import Failed
 
-METRICS = ("final_acc", "final_acc_w", "tail_acc", "tail_acc_w", "best_acc", "best_acc_w")
+METRICS = ("final_acc", "final_acc_w", "tail_acc", "tail_acc_w", "best_acc", "best_acc_w", "ari")
 
 
 class LayoutError(ConfigError):
@@ -57,6 +66,11 @@ class Layout:
     rows: dict[str, dict[str, Any]]
     columns: dict[str, dict[str, Any]]
     paper: dict[str, dict[str, tuple[float, float]]]
+    ari: dict[str, str] = field(default_factory=dict)  # metric "ari": row -> its clustering's source
+
+    def metric_of(self, row: str) -> str:
+        """The metric of a row's cells (``mpifl.analysis.summary.metric_value``)."""
+        return f"ari:{self.ari[row]}" if self.metric == "ari" else self.metric
 
 
 def load_layout(path: str | Path) -> Layout:
@@ -67,10 +81,10 @@ def load_layout(path: str | Path) -> Layout:
         raise LayoutError(str(e)) from None
     if not isinstance(raw, dict):
         raise LayoutError(f"layout {str(p)!r} must hold a mapping")
-    unknown = sorted(set(raw) - {"title", "metric", "rows", "columns", "paper"})
+    unknown = sorted(set(raw) - {"title", "metric", "rows", "columns", "paper", "ari"})
     if unknown:
         raise LayoutError(f"layout {str(p)!r}: unknown key {unknown[0]!r}; valid keys: title, metric, rows, "
-                          "columns, paper")
+                          "columns, paper, ari")
     metric = raw.get("metric", "final_acc")
     if metric not in METRICS:
         raise LayoutError(f"layout {str(p)!r}: metric={metric!r} is not allowed; one of {', '.join(METRICS)}")
@@ -92,7 +106,18 @@ def load_layout(path: str | Path) -> Layout:
             if not ok:
                 raise LayoutError(f"layout {str(p)!r}: paper.{row}.{col} must be [mean, std] of a column")
             paper.setdefault(str(row), {})[str(col)] = (float(fig[0]), float(fig[1]))
-    return Layout(str(raw.get("title", p.stem)), metric, rows, columns, paper)
+    ari = raw.get("ari") or {}
+    if metric == "ari":
+        if not isinstance(ari, dict) or set(map(str, ari)) != set(rows) \
+                or not all(isinstance(v, str) and v for v in ari.values()):
+            raise LayoutError(f"layout {str(p)!r}: metric=ari needs ari: mapping every row ({', '.join(rows)}) to "
+                              "the source of its clusters (an ari_* column of the analysis without 'ari_', "
+                              "e.g. lia.cluster)")
+        if paper:
+            raise LayoutError(f"layout {str(p)!r}: paper figures are accuracies in %; a metric=ari table has none")
+    elif ari:
+        raise LayoutError(f"layout {str(p)!r}: ari: names sources for metric=ari only (metric is {metric!r})")
+    return Layout(str(raw.get("title", p.stem)), metric, rows, columns, paper, {str(k): v for k, v in ari.items()})
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -107,7 +132,7 @@ def _match(config: dict[str, Any], want: dict[str, Any]) -> bool:
 
 @dataclass
 class Cell:
-    values: list[float]  # the metric of each finished run, in %
+    values: list[float]  # the metric of each finished run, in % (an ARI as it is)
     seeds: list[int]
     unfinished: list[str] = field(default_factory=list)  # "name (done/planned rounds)"
     failed: list[int] = field(default_factory=list)  # exit statuses of its points that ran and failed
@@ -131,6 +156,8 @@ def cells(layout: Layout, runs: list[Summary], failed: list[Failed] = ()) -> tup
     """The runs of every (row, column); and one line per run that fits no cell or several.
     ``failed``: points that ran and exited non-zero (``sweep_status.failed_points``):
     their cell says so rather than "not run", or counts them instead of as unfinished."""
+    from mpifl.analysis.summary import metric_value
+
     out: dict[tuple[str, str], Cell] = {}
     notes = []
     failed_at = {Path(f.run_dir).resolve(): f for f in failed}
@@ -148,11 +175,17 @@ def cells(layout: Layout, runs: list[Summary], failed: list[Failed] = ()) -> tup
             why = "no row" if not rows else "no column" if not cols else f"rows {rows} / columns {cols}"
             notes.append(f"{r.name} (seed {r.seed}) is in no single cell: {why}")
             continue
+        unfinished = r.rounds_planned is not None and not r.complete  # its metric is a mid-run figure
+        metric = layout.metric_of(rows[0])
+        if not unfinished and metric.startswith("ari:") and metric[4:] not in r.ari:  # a NaN would pass for a seed
+            notes.append(f"{r.name} (seed {r.seed}) has no clustering {metric[4:]!r} to score (it has: "
+                         f"{', '.join(sorted(r.ari)) or 'none'})")
+            continue
         c = out.setdefault((rows[0], cols[0]), Cell([], []))
-        if r.rounds_planned is not None and not r.complete:  # its metric is a mid-run figure
+        if unfinished:
             c.unfinished.append(f"{r.name} ({r.rounds_done}/{r.rounds_planned} rounds)")
             continue
-        c.values.append(100.0 * getattr(r, layout.metric))
+        c.values.append(metric_value(r, metric))
         c.seeds.append(r.seed)
         c.runs.append(r)
     return out, notes
@@ -186,6 +219,7 @@ def render_cells(layout: Layout, got: dict[tuple[str, str], Cell], notes: list[s
     lines = [f"### {layout.title}", "",
              "| method | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
     ours: dict[str, dict[str, float]] = {c: {} for c in cols}
+    digits = 3 if layout.metric == "ari" else 2
     for row in layout.rows:
         cells_md = []
         for col in cols:
@@ -204,14 +238,21 @@ def render_cells(layout: Layout, got: dict[tuple[str, str], Cell], notes: list[s
             waiting += f" +{_failed(cell)}" if cell.failed else ""
             mean, std = cell.stats(ddof)
             ours[col][row] = mean
-            text = f"{mean:.2f}" + (f" ± {std:.2f}" if not math.isnan(std) else "") + f" [{len(cell.values)}]"
+            text = f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if not math.isnan(std) else "") \
+                + f" [{len(cell.values)}]"
             text += waiting
             if fig and not math.isnan(mean):
                 text += f"{paper} {_verdict(mean, fig)}"
             cells_md.append(text)
         lines.append(f"| {row} | " + " | ".join(cells_md) + " |")
-    lines += ["", f"{layout.metric} in %, mean ± std over seeds ({'sample std' if ddof == 1 else f'ddof={ddof}'}); "
-              "[n]: seeds; `=`: within the paper's std of its figure, else ours minus the paper's in points."]
+    std = 'sample std' if ddof == 1 else f'ddof={ddof}'
+    if layout.metric == "ari":
+        lines += ["", f"ARI of each row's clusters against the true ones (1: recovered, 0: chance), mean ± std over "
+                  f"seeds ({std}); [n]: seeds. Sources: "
+                  + "; ".join(f"{row}: `{src}`" for row, src in layout.ari.items()) + "."]
+    else:
+        lines += ["", f"{layout.metric} in %, mean ± std over seeds ({std}); "
+                  "[n]: seeds; `=`: within the paper's std of its figure, else ours minus the paper's in points."]
     for col in cols:
         paper_means = {row: figs[col][0] for row, figs in layout.paper.items() if col in figs}
         if len(paper_means) > 1:

@@ -7,7 +7,8 @@ the paper-layout table(s); without ``--layout``, of ``table.md`` (method:
 - ``table``, ``layout``: the table's title and its layout file (relative to the
   repository where it lies in it; empty without a layout);
 - ``method``, ``setting``: the cell (the layout's row and column);
-- ``seed``, ``metric``, ``value``: the run's seed and its metric in percent,
+- ``seed``, ``metric``, ``value``: the run's seed and its metric in percent (an
+  ``ari:SOURCE`` as it is: :func:`mpifl.analysis.summary.metric_value`),
   written with every digit (``repr``), so a re-run can be compared bit for bit;
 - ``config``: the run's config keys that differ from the defaults (JSON; where a
   run's files were, ``run.name`` and ``run.out_dir``, left out): what
@@ -75,8 +76,10 @@ def _rel(path: Path) -> str:
 
 
 def _row(table: str, layout: str, method: str, setting: str, r: Summary, metric: str) -> Row:
+    from mpifl.analysis.summary import metric_value
+
     made = {k: v for k, v in r.provenance.items() if k not in _PLACE}
-    return Row(table, layout, method, setting, r.seed, metric, 100.0 * getattr(r, metric), run_config(r), made)
+    return Row(table, layout, method, setting, r.seed, metric, metric_value(r, metric), run_config(r), made)
 
 
 def layout_rows(path: Path, layout: Layout, runs: list[Summary]) -> list[Row]:
@@ -84,7 +87,7 @@ def layout_rows(path: Path, layout: Layout, runs: list[Summary]) -> list[Row]:
     from mpifl.analysis.paper_table import cells
 
     got, _ = cells(layout, runs)
-    return [_row(layout.title, _rel(path), method, setting, r, layout.metric)
+    return [_row(layout.title, _rel(path), method, setting, r, layout.metric_of(method))
             for method in layout.rows for setting in layout.columns if (method, setting) in got
             for r in sorted(got[(method, setting)].runs, key=lambda r: r.seed)]
 

@@ -57,6 +57,15 @@ class Summary:
 
 # accuracies of a Summary (fractions there), reported in percent as "<name>_pct"
 ACC = ("final_acc", "final_acc_w", "tail_acc", "tail_acc_w", "best_acc", "best_acc_w")
+
+
+def metric_value(s: Summary, metric: str) -> float:
+    """A table's value of one run: an accuracy metric (``ACC``) in percent, or
+    ``ari:SOURCE``, the ARI of the clustering ``SOURCE`` (a key of ``Summary.ari``)
+    against the true clusters, as it is (NaN where the run has no such source)."""
+    if metric.startswith("ari:"):
+        return float(s.ari.get(metric[4:], float("nan")))
+    return 100.0 * getattr(s, metric)
 PCT = "_pct"
 
 
