@@ -1,10 +1,13 @@
-"""Where FedeRiCo's weight goes in the room sweep: per cell, the last round's
-``/federico/client_weights`` split into the client itself, its group-mates and the
-other groups, and the share of its sampled ``/federico/neighbours`` in its own group
-(mean over clients and seeds). docs/reproductions/federico.md, "Where collaboration
-must pay".
+"""Where a method's weight goes in the room sweep: per cell, the last round's
+weights split into the client itself, its group-mates and the other groups, and the
+share of the clients it chose in its own group (mean over clients and seeds).
+FedeRiCo: ``/federico/client_weights`` and its sampled ``/federico/neighbours``;
+DPFL: the mixing matrix ``/graph/mixing`` (its aggregation weights over the graph)
+and ``/dpfl/collaborators``. docs/reproductions/federico.md and dpfl.md, "Where
+collaboration must pay".
 
     python bench/room_weights.py results/room-seeds
+    python bench/room_weights.py results/room-seeds --method dpfl
 """
 
 from __future__ import annotations
@@ -18,15 +21,20 @@ import numpy as np
 from mpifl.logging.h5 import open_run
 
 
-def shares(log: Path) -> tuple[float, float, float, float]:
-    """(self, group-mates, other groups, neighbours in own group) of one run's last round."""
+def shares(log: Path, method: str = "federico") -> tuple[float, float, float, float]:
+    """(self, group-mates, other groups, chosen clients in own group) of one run's last round."""
     r = open_run(log)
     cl = r.get("clients/cluster")
-    w = np.asarray(r.get("federico/client_weights")[-1], float)
-    nb = np.asarray(r.get("federico/neighbours")[-1])
+    if method == "federico":
+        w = np.asarray(r.get("federico/client_weights")[-1], float)
+        chosen = [row[row >= 0] for row in np.asarray(r.get("federico/neighbours")[-1])]
+    else:  # DPFL: a client averages the models of the collaborators its graph gives it
+        w = np.asarray(r.get("graph/mixing")[-1], float)
+        chosen = [np.flatnonzero(row) for row in np.asarray(r.get("dpfl/collaborators")[-1])]
     same = cl[:, None] == cl[None, :]
     eye = np.eye(len(cl), dtype=bool)
-    own = np.mean([np.mean(cl[row[row >= 0]] == cl[i]) for i, row in enumerate(nb)])
+    # a client that chose nobody (DPFL may leave a client alone) has no share: left out
+    own = np.nanmean([np.mean(cl[c] == cl[i]) if len(c) else np.nan for i, c in enumerate(chosen)])
     return (float(np.diag(w).mean()), float((w * (same & ~eye)).sum(1).mean()), float((w * ~same).sum(1).mean()),
             float(own))
 
@@ -34,15 +42,16 @@ def shares(log: Path) -> tuple[float, float, float, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("sweep", type=Path, help="the room-seeds sweep directory")
+    ap.add_argument("--method", choices=("federico", "dpfl"), default="federico")
     a = ap.parse_args()
-    print("| clients | samples | self | group-mates | other groups | neighbours in own group | runs |")
+    print(f"| clients | samples | self | group-mates | other groups | {'neighbours' if a.method == 'federico' else 'collaborators'} in own group | runs |")
     print("|---|---|---|---|---|---|---|")
     for n in (8, 20, 100):
         for tpc in (10, 50, 400):
-            pattern = f"runs/*federico_n_clients-{n}_train_per_client-{tpc}_seed-*/run.h5"
+            pattern = f"runs/*algorithm-{a.method}_n_clients-{n}_train_per_client-{tpc}_seed-*/run.h5"
             logs = sorted(glob.glob(str(a.sweep / pattern)))
             if logs:
-                m = np.mean([shares(Path(p)) for p in logs], axis=0)
+                m = np.mean([shares(Path(p), a.method) for p in logs], axis=0)
                 print(f"| {n} | {tpc} | {m[0]:.2f} | {m[1]:.2f} | {m[2]:.2f} | {m[3]:.2f} | {len(logs)} |")
 
 
