@@ -1,6 +1,8 @@
 """Shared helpers of the tests: launching ``python -m mpifl.main``, comparing logs, and the
 device the tests' own clients go on."""
 
+import fcntl
+import json
 import os
 import shutil
 import subprocess
@@ -37,6 +39,33 @@ def launch(args: list[str], n: int = 1, cwd: Path | None = None, timeout: float 
     return subprocess.run(cmd, cwd=cwd or REPO, capture_output=True, text=True, timeout=timeout, env=env,
                           check=False)
 
+
+
+def reference_runs(jobs: dict[str, list[str]], root: Path, n: int = 2, timeout: float = 900) -> dict[str, Path]:
+    """Finished runs of ``jobs`` (name -> arguments, without run.out_dir and run.name)
+    under ``root``: made in one launch (tests/many_jobs.py: the ranks import torch once
+    for every job) by the first test process that asks, which holds a lock on ``root``
+    meanwhile; the others wait and reuse them. Name -> run directory."""
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / ".done").exists():
+            spec = root / "jobs.json"
+            spec.write_text(json.dumps([[*args, f"run.out_dir={root}", f"run.name={name}"]
+                                        for name, args in jobs.items()]))
+            cmd = [str(MPIEXEC), "-n", str(n), sys.executable, str(REPO / "tests" / "many_jobs.py"), str(spec)]
+            res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False,
+                                 env={**os.environ, "PYTHONPATH": str(REPO)})
+            assert res.returncode == 0, res.stderr[-3000:]
+            (root / ".done").write_text("")
+    return {name: root / name for name in jobs}
+
+
+def shared_tmp(factory) -> Path:
+    """A folder every test process of this pytest session shares (under pytest-xdist the
+    workers' temporary folders have one parent, new each session)."""
+    base = factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
 def assert_same_logs(a, b) -> None:

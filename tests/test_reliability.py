@@ -7,10 +7,11 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import MPIEXEC, REPO, TIMING, assert_same_logs, launch
+from helpers import MPIEXEC, REPO, TIMING, assert_same_logs, launch, reference_runs, shared_tmp
 
 from mpifl import algorithms
 from mpifl.logging.h5 import open_run
@@ -55,11 +56,20 @@ def kill_cases() -> list[tuple[str, str]]:
     return [(name, "1:3:kill") for name in algorithms.NAMES] + VARIANTS
 
 
+def kill_args(algo: str) -> list[str]:
+    return [*BASE, f"algorithm.name={algo.split('-')[0]}", *EXTRA.get(algo, [])]
+
+
+@pytest.fixture(scope="session")
+def kill_refs(tmp_path_factory) -> dict[str, Path]:
+    """The uninterrupted run of every kill case's job on 2 ranks, all in one launch."""
+    jobs = {algo: kill_args(algo) for algo in sorted({a for a, _ in kill_cases()})}
+    return reference_runs(jobs, shared_tmp(tmp_path_factory) / "kill-refs")
+
+
 @pytest.mark.parametrize(("algo", "fault"), kill_cases())
-def test_sigkill_then_resume_is_identical(tmp_path, algo, fault):
-    args = [*BASE, f"algorithm.name={algo.split('-')[0]}", *EXTRA.get(algo, []), f"run.out_dir={tmp_path}"]
-    ref = launch([*args, "run.name=ref"], n=2)
-    assert ref.returncode == 0, ref.stderr
+def test_sigkill_then_resume_is_identical(tmp_path, kill_refs, algo, fault):
+    args = [*kill_args(algo), f"run.out_dir={tmp_path}"]
     env_kill = {**os.environ, "MPIFL_FAULT": fault, "PYTHONPATH": str(REPO)}
     cmd = [str(MPIEXEC), "-n", "2", sys.executable, "-m", "mpifl.main", *args, "run.name=cut"]
     killed = subprocess.run(cmd, cwd=REPO, env=env_kill, capture_output=True, text=True, timeout=300, check=False)
@@ -76,27 +86,33 @@ def test_sigkill_then_resume_is_identical(tmp_path, algo, fault):
         assert f"resumed after round {saved[-1] + 1}" in resumed.stdout
     else:
         assert "resumed" not in resumed.stdout
-    assert_same_logs(open_run(tmp_path / "ref"), open_run(tmp_path / "cut"))
+    assert_same_logs(open_run(kill_refs[algo]), open_run(tmp_path / "cut"))
 
 
-def _on_1_and_4_ranks(tmp_path, args: list[str]):
-    """The same run on 1 and on 4 ranks: their logs."""
-    runs = {}
-    for n in (1, 4):
-        res = launch([*args, f"run.name=n{n}"], n=n)
-        assert res.returncode == 0, res.stderr
-        runs[n] = open_run(tmp_path / f"n{n}")
-    return runs[1], runs[4]
+# the rank-count cases: every logged value (personal models' rows, optimizer states), the
+# personalised baselines' per-client results, the who-collaborates-with-whom decisions
+SAME = ["fedem", "fedproto", "knn_per", "fedprox", "fedprox_ft", "ditto", "fedrep", "fedavg_ft-best"]
+PERSONALISED = ["apfl", "perfedavg", "fedrod"]
+RANK_CASES = {**{f"same-{a}": [*BASE, f"algorithm.name={a.split('-')[0]}", *PERSONAL.get(a, []),
+                               "run.checkpoint_every=0"] for a in SAME},
+              **{f"personalised-{a}": [*BASE, f"algorithm.name={a}"] for a in PERSONALISED},
+              **{f"whom-{a}": [*BASE, f"algorithm.name={a}", *WHOM[a]] for a in WHOM}}
 
 
-@pytest.mark.parametrize("algo", ["fedem", "fedproto", "knn_per", "fedprox", "fedprox_ft", "ditto", "fedrep",
-                                  "fedavg_ft-best"])
-def test_same_seed_same_results_on_1_and_4_ranks(tmp_path, algo):
+@pytest.fixture(scope="session")
+def on_1_and_4_ranks(tmp_path_factory):
+    """Every rank-count case run on 1 and on 4 ranks (a launch for each rank count:
+    what is compared is the runs' values, not how they were launched); case -> the two logs."""
+    root = shared_tmp(tmp_path_factory)
+    one, four = (reference_runs(RANK_CASES, root / f"ranks-{n}", n=n) for n in (1, 4))
+    return lambda case: (open_run(one[case]), open_run(four[case]))
+
+
+@pytest.mark.parametrize("algo", SAME)
+def test_same_seed_same_results_on_1_and_4_ranks(on_1_and_4_ranks, algo):
     """Rank-count invariance: every logged per-client value agrees; only the
     order of floating-point sums across ranks may differ."""
-    args = [*BASE, f"algorithm.name={algo.split('-')[0]}", *PERSONAL.get(algo, []), "run.checkpoint_every=0",
-            f"run.out_dir={tmp_path}"]
-    a, b = _on_1_and_4_ranks(tmp_path, args)
+    a, b = on_1_and_4_ranks(f"same-{algo}")
     keys = set(a.keys()) - TIMING - {"clients/rank", "clients/node"}
     assert keys == set(b.keys()) - TIMING - {"clients/rank", "clients/node"} and a.n_rounds == b.n_rounds == 6
     assert any(k.startswith(f"{algo.split('-')[0]}/") for k in keys) or algo == "knn_per"
@@ -106,12 +122,11 @@ def test_same_seed_same_results_on_1_and_4_ranks(tmp_path, algo):
         np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5, equal_nan=True, err_msg=k)
 
 
-@pytest.mark.parametrize("algo", ["apfl", "perfedavg", "fedrod"])
-def test_same_seed_on_1_and_4_ranks_personalised(tmp_path, algo):
+@pytest.mark.parametrize("algo", PERSONALISED)
+def test_same_seed_on_1_and_4_ranks_personalised(on_1_and_4_ranks, algo):
     """The partition, the sampled clients and the per-client results do not depend
     on the number of ranks (sums over ranks may round differently: tolerances)."""
-    args = [*BASE, f"algorithm.name={algo}", f"run.out_dir={tmp_path}"]
-    a, b = _on_1_and_4_ranks(tmp_path, args)
+    a, b = on_1_and_4_ranks(f"personalised-{algo}")
     assert b.attrs["n_ranks"] == 4 and a.n_rounds == b.n_rounds == 6
     for t in range(6):
         assert np.array_equal(a.mixing(t), b.mixing(t))
@@ -184,14 +199,10 @@ def test_resume_on_a_different_rank_count(tmp_path):
 
 
 @pytest.mark.parametrize("algo", list(WHOM))
-def test_same_seed_on_1_and_4_ranks(tmp_path, algo):
+def test_same_seed_on_1_and_4_ranks(on_1_and_4_ranks, algo):
     """The decisions (clusters, splits, candidates, graphs' supports) are the same
     on 1 and 4 ranks; models differ only by the order of float sums."""
-    args = [*BASE, f"algorithm.name={algo}", *WHOM[algo], f"run.out_dir={tmp_path}"]
-    for n in (1, 4):
-        res = launch([*args, f"run.name=n{n}"], n=n)
-        assert res.returncode == 0, res.stderr
-    a, b = open_run(tmp_path / "n1"), open_run(tmp_path / "n4")
+    a, b = on_1_and_4_ranks(f"whom-{algo}")
     assert b.attrs["n_ranks"] == 4 and a.n_rounds == b.n_rounds == 6
     for k in sorted(set(a.keys()) - TIMING - {"clients/rank", "clients/node"}):
         x, y = a.get(k), b.get(k)
