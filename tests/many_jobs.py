@@ -9,13 +9,14 @@ the first job that does not exit 0, with its status."""
 
 import json
 import sys
+from pathlib import Path
 
 from mpifl.comm import exit_all
 from mpifl.main import main
 
 if __name__ == "__main__":
     code = 0
-    for argv in json.loads(open(sys.argv[1]).read()):
+    for argv in json.loads(Path(sys.argv[1]).read_text()):
         code = main(argv)
         if code:
             print(f"many_jobs: {argv} exited {code}", file=sys.stderr)
