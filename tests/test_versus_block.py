@@ -101,3 +101,28 @@ def test_a_layout_tables_rows_against_one_row_column_by_column(tmp_path):
     for col in ("Dir(0.1)", "Patho(3)"):
         mean, lo, hi = _interval([a - b for a, b in zip(vals[("DPFL (B=inf)", col)], vals[("Local Only", col)])])
         assert f"{mean:+.2f} [{lo:+.2f}, {hi:+.2f}] (3)" in row
+
+
+def test_the_means_are_the_records_per_seed_values(root):
+    """``generated:means``: each method's mean ± sample std over its seeds, per x."""
+    page = "<!-- generated:means data/r.csv x=data.train_per_client method=fedx,local -->\n<!-- /generated -->\n"
+    fresh = docs.render(page, root)
+    rows = [line for line in fresh.splitlines() if line.startswith("| fedx |") or line.startswith("| local |")]
+    assert [r.split(" |")[0] for r in rows] == ["| fedx", "| local"]  # in the order the block names them
+    for row, m in zip(rows, ("fedx", "local")):
+        for t in (10, 50):
+            v = np.asarray(VALUES[(m, 8, t)])
+            assert f"{v.mean():.2f} ± {v.std(ddof=1):.2f} [4]" in row
+    assert "| oracle |" not in fresh and "provenance: commit aaaaaaa (16)" in fresh
+    assert docs.render(fresh, root) == fresh
+
+
+@pytest.mark.parametrize("arg, says", [
+    ("data/r.csv", "needs x=KEY"),
+    ("data/r.csv x=data.train_per_client versus=local", "(not versus)"),
+    ("data/r.csv x=data.train_per_client method=fedavg", "has no method fedavg"),
+])
+def test_a_bad_means_block_is_one_line(root, arg, says):
+    with pytest.raises(ValueError) as e:
+        docs.render(f"<!-- generated:means {arg} -->\n<!-- /generated -->\n", root)
+    assert says in str(e.value) and "\n" not in str(e.value)

@@ -169,17 +169,12 @@ def render(path: str | Path, root: Path = REPO) -> str:
     return "\n".join(out)
 
 
-def render_versus(path: str | Path, root: Path = REPO, *, x: str, versus: str, y: str | None = None,
-                  ceiling: str | None = None, methods: tuple[str, ...] = (), metric: str = "final_acc") -> str:
-    """The paired comparison ``mpifl.analyze --x X --versus V [--y Y] [--ceiling C]``
-    prints, made from the record's per-seed values (method: the record's method, the
-    ``algorithm.name`` or a layout's row; x and y: the runs' config values, defaults
-    where a run left them; ``x="setting"``: a layout's columns, in the record's order),
-    with the record's provenance line: with ``y`` or ``ceiling`` analyze's own table
-    (``versus.md``), else a grid of methods by x."""
+def _curves(path: str | Path, root: Path, x: str, y: str | None, metric: str) -> tuple[list[Row], list[str], list]:
+    """The record's rows of ``metric``, a layout's columns (for ``x="setting"``) and one
+    curve per (method, y) over x, in the record's row order: what the paired and the
+    mean tables are both made of."""
     from mpifl.analysis import curves as cv
     from mpifl.analysis.summary import defaults
-    from mpifl.run.provenance import table_line
 
     rows = [r for r in read(root / path) if r.metric == metric]
     if not rows:
@@ -193,8 +188,6 @@ def render_versus(path: str | Path, root: Path = REPO, *, x: str, versus: str, y
         return float(v)
 
     columns = list(dict.fromkeys(r.setting for r in rows))  # x="setting": a layout's columns, by position
-    if x == "setting" and (y is not None or ceiling is not None):
-        raise RecordError(f"record {str(path)!r}: x=setting takes neither y nor ceiling")
     by: dict[tuple[str, float | None], dict[float, list[Row]]] = {}
     for r in rows:
         xv = float(columns.index(r.setting)) if x == "setting" else value(r, x)
@@ -207,6 +200,29 @@ def render_versus(path: str | Path, root: Path = REPO, *, x: str, versus: str, y
             rs = sorted(points[xv], key=lambda r: r.seed)
             c.add(xv, [r.seed for r in rs], [r.value / 100.0 for r in rs])  # the record: percent; curves: fractions
         cs.append(c)
+    return rows, columns, cs
+
+
+def _provenance(rows: list[Row]) -> str:
+    from mpifl.run.provenance import table_line
+
+    line, warnings = table_line([r.provenance for r in rows])
+    return line + "\n" + "".join(f"\nwarning: the table mixes {w}\n" for w in warnings)
+
+
+def render_versus(path: str | Path, root: Path = REPO, *, x: str, versus: str, y: str | None = None,
+                  ceiling: str | None = None, methods: tuple[str, ...] = (), metric: str = "final_acc") -> str:
+    """The paired comparison ``mpifl.analyze --x X --versus V [--y Y] [--ceiling C]``
+    prints, made from the record's per-seed values (method: the record's method, the
+    ``algorithm.name`` or a layout's row; x and y: the runs' config values, defaults
+    where a run left them; ``x="setting"``: a layout's columns, in the record's order),
+    with the record's provenance line: with ``y`` or ``ceiling`` analyze's own table
+    (``versus.md``), else a grid of methods by x."""
+    from mpifl.analysis import curves as cv
+
+    if x == "setting" and (y is not None or ceiling is not None):
+        raise RecordError(f"record {str(path)!r}: x=setting takes neither y nor ceiling")
+    rows, columns, cs = _curves(path, root, x, y, metric)
     try:
         cross = cv.crossovers(["algorithm.name"], cs, versus, list(methods), ceiling)
     except cv.CurveError as e:
@@ -214,5 +230,22 @@ def render_versus(path: str | Path, root: Path = REPO, *, x: str, versus: str, y
     table = (cv.versus_markdown(x, cross, y, ceiling, metric) if y or ceiling
              else cv.versus_grid(x, cross, metric, labels=dict(enumerate(columns)) if x == "setting" else None))
     used = {versus, ceiling, *methods} if methods else {r.method for r in rows}
-    line, warnings = table_line([r.provenance for r in rows if r.method in used])
-    return table + "\n" + line + "\n" + "".join(f"\nwarning: the table mixes {w}\n" for w in warnings)
+    return table + "\n" + _provenance([r for r in rows if r.method in used])
+
+
+def render_means(path: str | Path, root: Path = REPO, *, x: str, methods: tuple[str, ...] = (),
+                 metric: str = "final_acc") -> str:
+    """Each method's mean ± sample std over seeds at every x, as ``mpifl.analyze --x X``
+    prints it (``curves.md``), made from the record's per-seed values, with the
+    provenance line of the rows shown."""
+    from mpifl.analysis import curves as cv
+
+    rows, _, cs = _curves(path, root, x, None, metric)
+    if methods:
+        missing = [m for m in methods if m not in {c.method[0] for c in cs}]
+        if missing:
+            raise RecordError(f"record {str(path)!r} has no method {', '.join(missing)}; it has "
+                              f"{', '.join(dict.fromkeys(c.method[0] for c in cs))}")
+        cs = [c for m in methods for c in cs if c.method[0] == m]
+    shown = {c.method[0] for c in cs}
+    return cv.markdown(x, metric, cs, ddof=1) + "\n" + _provenance([r for r in rows if r.method in shown])

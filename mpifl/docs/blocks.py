@@ -2,13 +2,16 @@
 
     python -m mpifl.docs --check    # exit 1 naming every stale block, count or quote
     python -m mpifl.docs --write    # refresh them in place
+    python -m mpifl.docs --typed    # the reproduction pages' tables no record stands behind
 
 A block is the text between ``<!-- generated:NAME -->`` and ``<!-- /generated -->``
 in one of :data:`FILES`; :data:`BLOCKS` maps NAME to the function that renders it.
 Adding a block is adding a function and an entry; adding an algorithm changes
 nothing here (its module carries what its table row says). The counts and quoted
 results of every page (configs, runs, tests, another page's numbers) and the
-README's python examples are checked too (:mod:`mpifl.docs.counts`).
+README's python examples are checked too (:mod:`mpifl.docs.counts`), and every
+table of a reproduction page is rendered from a record or says why it is typed
+(:mod:`mpifl.docs.typed`).
 
 A block with an argument, ``<!-- generated:record docs/reproductions/data/X.csv -->``,
 is rendered by :data:`ARG_BLOCKS` from that file: a reproduction page's table from
@@ -16,7 +19,9 @@ its per-seed record (:mod:`mpifl.analysis.record`), so the page's numbers are th
 ``<!-- generated:versus FILE x=KEY versus=NAME [y=KEY2] [ceiling=NAME] [method=A,B]
 [metric=M] -->`` renders the paired comparison of ``mpifl.analyze --x --versus`` from
 such a record; ``x=setting`` compares the rows of a layout's table column by column
-(``versus="Local Training"``: quoted where a name holds spaces).
+(``versus="Local Training"``: quoted where a name holds spaces). ``<!-- generated:means
+FILE x=KEY [method=A,B] [metric=M] -->`` renders each method's mean ± std over seeds at
+every x, as ``mpifl.analyze --x`` prints it.
 """
 
 from __future__ import annotations
@@ -116,8 +121,27 @@ def versus_table(root: Path, arg: str) -> str:
     return render_versus(path, root, methods=methods, **opts).rstrip("\n")
 
 
+MEANS_OPTIONS = ("x", "method", "metric")
+
+
+def means_table(root: Path, arg: str) -> str:
+    """``FILE x=KEY [method=A,B] [metric=M]``: each method's mean ± std over seeds at
+    every x of a record (:func:`mpifl.analysis.record.render_means`)."""
+    from mpifl.analysis.record import render_means
+
+    path, *rest = shlex.split(arg)
+    opts = dict(o.split("=", 1) if "=" in o else (o, "") for o in rest)
+    bad = [k for k in opts if k not in MEANS_OPTIONS]
+    if bad or not opts.get("x"):
+        raise ValueError(f"generated:means {arg!r}: needs x=KEY; takes {', '.join(MEANS_OPTIONS)}"
+                         + (f" (not {', '.join(bad)})" if bad else ""))
+    methods = tuple(m for m in opts.pop("method", "").split(",") if m)
+    return render_means(path, root, methods=methods, **opts).rstrip("\n")
+
+
 BLOCKS: dict[str, Callable[[Path], str]] = {"algorithms": algorithm_table, "config": config_reference}
-ARG_BLOCKS: dict[str, Callable[[Path, str], str]] = {"record": record_table, "versus": versus_table}
+ARG_BLOCKS: dict[str, Callable[[Path, str], str]] = {"record": record_table, "versus": versus_table,
+                                                     "means": means_table}
 
 
 def render(text: str, root: Path = ROOT) -> str:
@@ -156,9 +180,20 @@ def main(argv: list[str] | None = None) -> int:
                                  "of " + ", ".join(FILES) + " (<!-- generated:NAME --> ... <!-- /generated -->).")
     ap.add_argument("--write", action="store_true", help="refresh the blocks in place")
     ap.add_argument("--check", action="store_true", help="exit 1 if any block is stale (the default)")
+    ap.add_argument("--typed", action="store_true", help="list the reproduction pages' tables that no record "
+                    "stands behind, with the reason each gives (<!-- typed: WHY -->)")
     args = ap.parse_args(argv)
     from mpifl.docs import counts as doccounts
+    from mpifl.docs import typed
     from mpifl.docs.sync import documents
+
+    if args.typed:
+        found = typed.typed()
+        for t in found:
+            print(f"{t.page}:{t.line} ({t.heading}): {t.why or 'UNDECLARED'}")
+        print(f"mpifl.docs: {len(found)} typed table(s) on the reproduction pages, "
+              f"{sum(t.why is None for t in found)} undeclared")
+        return 0
 
     if args.write:
         for path in documents():
@@ -172,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print(f"mpifl.docs: stale generated blocks: {', '.join(bad)}; run python -m mpifl.docs --write",
               file=sys.stderr)
-    drift = doccounts.problems(tests=True)
+    drift = doccounts.problems(tests=True) + typed.undeclared()
     for line in drift:
         print(f"mpifl.docs: {line}", file=sys.stderr)
     return 1 if bad or drift else 0
