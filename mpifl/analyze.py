@@ -46,7 +46,9 @@ name each group by its keys and values (``algorithm.name=oracle, train.lr=0.1``)
 
 ``--record FILE``: the per-seed values behind the table(s), one CSV row per
 run and metric with the run's config and provenance (``mpifl/analysis/record.py``): what
-``python -m mpifl.reproduce`` re-runs and the docs render their tables from.
+``python -m mpifl.reproduce`` re-runs and the docs render their tables from;
+``--record-rounds 10,30,60`` adds each run's mean validation accuracy at those rounds
+(``val_acc@R``: whether the curves had flattened, from a record too).
 
 ``--x KEY [--versus NAME [--ceiling NAME]] [--y KEY2] [--method NAME] [--metric
 M]``: curves of a summary metric over a swept numeric key per method; against a
@@ -123,12 +125,13 @@ def _papers(chosen: list[tuple[Path, Any]], runs: list[Summary], paths: list[str
 
 
 def _record(record: Path, chosen: list[tuple[Path, Any]], runs: list[Summary], groups: list, keys: list[str],
-            echo) -> None:
-    """The per-seed values behind the layout tables (else behind table.md) to ``record``."""
+            echo, rounds: tuple[int, ...] = ()) -> None:
+    """The per-seed values behind the layout tables (else behind table.md) to ``record``;
+    ``rounds``: with table.md, each run's mean validation accuracy at those rounds too."""
     from mpifl.analysis import record as rec
 
     rows = [x for f, layout in chosen for x in rec.layout_rows(f, layout, runs)] if chosen \
-        else rec.table_rows(groups, keys, ACC)
+        else rec.table_rows(groups, keys, ACC + tuple(f"val_acc@{r}" for r in rounds))
     rec.write(record, rows)
     echo(f"wrote the record of {len(rows)} per-seed value(s) to {record}")
 
@@ -136,11 +139,13 @@ def _record(record: Path, chosen: list[tuple[Path, Any]], runs: list[Summary], g
 def analyze(paths: list[str | Path], out: Path, heatmaps: str = "first", rounds: list[int] | None = None,
             ddof: int = 1, echo=print, window: int = WINDOW, layouts: list[Path] = (),
             check: Callable[[list[Summary], list[str]], None] | None = None,
-            record: Path | None = None) -> dict[str, Any]:
+            record: Path | None = None, record_rounds: tuple[int, ...] = ()) -> dict[str, Any]:
     """Read the logs, write tables and figures under ``out``; returns what was made.
     ``layouts``: paper-layout files (``mpifl.analysis.paper_table``), each rendered to
     ``<out>/<layout name>.md``. ``record``: write the per-seed values behind the
-    layout tables (else behind ``table.md``) there (:mod:`mpifl.analysis.record`).
+    layout tables (else behind ``table.md``) there (:mod:`mpifl.analysis.record`);
+    ``record_rounds``: each run's mean validation accuracy at those rounds (from 1)
+    joins ``table.md``'s record as ``val_acc@R``.
     ``check(runs, keys)`` runs before anything is
     written, so a request the runs cannot answer costs no figures."""
     from mpifl.analysis.paper_table import load_layout
@@ -176,7 +181,7 @@ def analyze(paths: list[str | Path], out: Path, heatmaps: str = "first", rounds:
                 echo(f"no heatmaps of {r.path}: corrupt: {e}")
     papers = _papers(chosen_layouts, runs, paths, out, ddof, echo)
     if record is not None:
-        _record(record, chosen_layouts, runs, groups, keys, echo)
+        _record(record, chosen_layouts, runs, groups, keys, echo, tuple(record_rounds))
     incomplete = [r for r in runs if not r.complete]
     echo(f"{len(runs)} run(s) in {len(groups)} group(s); grouped by: {', '.join(keys)}")
     for r in incomplete:
@@ -233,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--record", type=Path, metavar="FILE", help="also write the per-seed values behind the "
                     "table(s) to this CSV (mpifl/analysis/record.py), for python -m mpifl.reproduce and the docs' "
                     "tables")
+    ap.add_argument("--record-rounds", type=_int_list, metavar="R,R", default=[],
+                    help="with --record and no --layout: also each run's mean validation accuracy at these "
+                         "rounds, numbered from 1 (metric val_acc@R), e.g. 10,30,60")
     c = ap.add_argument_group("curves over a swept key (mpifl/analysis/curves.py)")
     c.add_argument("--x", metavar="KEY", help="per method, the metric's mean ± std over seeds against this config "
                                               "key (a PNG, a CSV and a Markdown table)")
@@ -252,6 +260,10 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
     if (a.versus or a.method or a.y) and not a.x:
         ap.error("--versus, --method and --y need --x KEY")
+    if a.record_rounds and (not a.record or a.layout):
+        ap.error("--record-rounds needs --record FILE and no --layout")
+    if any(r < 0 for r in a.record_rounds):
+        ap.error(f"--record-rounds {a.record_rounds}: rounds numbered from 1, not from the end")
     if a.ceiling and not a.versus:
         ap.error("--ceiling needs --versus NAME")
     if a.method and not a.versus:
@@ -270,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     made = not out.exists()  # a folder this call makes holds only what it wrote: removed if it fails
     try:
         res = analyze(a.paths, out, a.heatmaps, a.rounds, a.ddof, window=max(1, a.window), layouts=a.layout,
-                      check=check, record=a.record)
+                      check=check, record=a.record, record_rounds=tuple(a.record_rounds))
         if a.x:
             report(res["runs"], a.x, Grouping(res["keys"], setting, NOT_APPLICABLE), out, a.metric, a.versus,
                    a.method, a.ddof, ceiling=a.ceiling, y=a.y)

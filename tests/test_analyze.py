@@ -3,6 +3,7 @@ progress and killed) and on hand-written logs holding the seed algorithms' extra
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -180,9 +181,9 @@ N, R, C = 6, 4, 3
 CLUSTER = np.array([2, 0, 1, 0, 2, 1])  # not sorted: heatmaps must order them
 
 
-def _write_log(path: Path, dense_max: int = 1024, extras: bool = True) -> Writer:
+def _write_log(path: Path, dense_max: int = 1024, extras: bool = True, planned: int = R + 2) -> Writer:
     path.parent.mkdir(parents=True, exist_ok=True)
-    cfg = _cfg(run={"rounds": R + 2, "name": path.parent.name}, algorithm={"name": "oracle"})
+    cfg = _cfg(run={"rounds": planned, "name": path.parent.name}, algorithm={"name": "oracle"})
     clients = {"cluster": CLUSTER, "n_test": np.array([10, 20, 10, 20, 10, 30])}
     w = Writer(path, {"algorithm": "oracle", "seed": 0, "n_clients": N, "config_yaml": cfg.to_yaml()}, clients, N,
                dense_max=dense_max)
@@ -405,6 +406,37 @@ def test_heatmap_rounds_are_numbered_from_one_and_the_missing_ones_warned_about(
     assert plots._rounds([2, 3, -1], logged, "run x", said.append) == [0, 2]
     assert len(said) == 1 and "--rounds 3" in said[0] and "3 of them logged" in said[0]
     assert plots._rounds(None, np.arange(30), "run x", said.append) == [0, 15, 29]
+
+
+def test_a_rounds_value_is_the_mean_over_clients_at_that_round_or_nan(tmp_path):
+    """``val_acc@R`` / ``test_acc@R`` (a record's per-round rows): round R numbered
+    from 1; NaN at a round not evaluated or not logged."""
+    _write_log(tmp_path / "a" / "run.h5")
+    s = sm.summarize(tmp_path / "a" / "run.h5")
+    assert sm.metric_value(s, "val_acc@3") == pytest.approx(100 * (3 * 0.9 + 3 * 0.5) / 6)
+    assert sm.metric_value(s, "val_acc@1") == pytest.approx(50.0)
+    assert sm.metric_value(s, "test_acc@4") == pytest.approx(100 * 0.1 * 4)
+    assert math.isnan(sm.metric_value(s, "val_acc@2"))  # round 2 was not evaluated
+    assert math.isnan(sm.metric_value(s, f"val_acc@{R + 1}"))  # nor logged
+
+
+def test_a_record_with_rounds_holds_them_per_run(tmp_path):
+    from mpifl.analysis import record
+
+    _write_log(tmp_path / "a" / "run.h5", planned=R)  # a record holds finished runs
+    an.analyze([tmp_path / "a"], tmp_path / "out", heatmaps="none", echo=lambda *a, **k: None,
+               record=tmp_path / "r.csv", record_rounds=(1, 3))
+    got = {r.metric: r.value for r in record.read(tmp_path / "r.csv")}
+    assert got["val_acc@1"] == pytest.approx(50.0) and got["val_acc@3"] == pytest.approx(70.0)
+    assert "final_acc" in got and "val_acc@2" not in got
+
+
+@pytest.mark.parametrize("argv, says", [(["x", "--record-rounds", "10"], "needs --record FILE"),
+                                        (["x", "--record", "r.csv", "--record-rounds", "-1"], "not from the end")])
+def test_record_rounds_without_a_record_or_from_the_end_is_refused(capsys, argv, says):
+    with pytest.raises(SystemExit):
+        an.main(argv)
+    assert says in capsys.readouterr().err
 
 
 def test_rounds_zero_is_refused_on_the_command_line(capsys):

@@ -126,3 +126,22 @@ def test_a_bad_means_block_is_one_line(root, arg, says):
     with pytest.raises(ValueError) as e:
         docs.render(f"<!-- generated:means {arg} -->\n<!-- /generated -->\n", root)
     assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_rounds_table_is_the_mean_over_seeds_at_each_round(tmp_path):
+    """``generated:rounds``: rows val_acc@R of a record (``analyze --record-rounds``)."""
+    vals = {("local", 10): [30.0, 32.0, 31.0], ("local", 60): [38.0, 38.5, 37.0],
+            ("oracle", 10): [40.0, 44.0, 45.0], ("oracle", 60): [48.0, 49.0, 50.5]}
+    rows = [record.Row("table", "", m, "data.n_clients=8", s, f"val_acc@{r}", v, {"algorithm.name": m}, PROV)
+            for (m, r), vs in vals.items() for s, v in zip((0, 1, 2), vs)]
+    record.write(tmp_path / "r.csv", rows)
+    page = "<!-- generated:rounds r.csv rounds=10,60 method=oracle,local -->\n<!-- /generated -->\n"
+    fresh = docs.render(page, tmp_path)
+    lines = [line for line in fresh.splitlines() if line.startswith("| oracle") or line.startswith("| local")]
+    assert lines == [f"| {m} | data.n_clients=8 | 3 | {np.mean(vals[(m, 10)]):.2f} | {np.mean(vals[(m, 60)]):.2f} |"
+                     for m in ("oracle", "local")]
+    assert "provenance: commit aaaaaaa (6)" in fresh  # each run once, not once per round
+    with pytest.raises(ValueError, match="no row of metric val_acc@30"):
+        docs.render(page.replace("rounds=10,60", "rounds=10,30"), tmp_path)
+    with pytest.raises(ValueError, match=r"needs rounds=R,R"):
+        docs.render(page.replace("rounds=10,60", "rounds=0"), tmp_path)

@@ -249,3 +249,38 @@ def render_means(path: str | Path, root: Path = REPO, *, x: str, methods: tuple[
         cs = [c for m in methods for c in cs if c.method[0] == m]
     shown = {c.method[0] for c in cs}
     return cv.markdown(x, metric, cs, ddof=1) + "\n" + _provenance([r for r in rows if r.method in shown])
+
+
+def render_rounds(path: str | Path, root: Path = REPO, *, rounds: tuple[int, ...], metric: str = "val_acc",
+                  methods: tuple[str, ...] = ()) -> str:
+    """Per method and setting, the mean over seeds of ``METRIC@R`` at each of ``rounds``
+    (rows ``val_acc@R`` of ``mpifl.analyze --record-rounds``), with the seeds counted
+    and the provenance line of the rows shown: whether the curves had flattened."""
+    import numpy as np
+
+    rows = read(root / path)
+    want = [f"{metric}@{r}" for r in rounds]
+    have = {r.metric for r in rows}
+    missing = [w for w in want if w not in have]
+    if missing:
+        raise RecordError(f"record {str(path)!r} has no row of metric {', '.join(missing)} "
+                          f"(python -m mpifl.analyze ... --record FILE --record-rounds "
+                          f"{','.join(str(r) for r in rounds)})")
+    order = list(dict.fromkeys(r.method for r in rows))
+    if methods:
+        bad = [m for m in methods if m not in order]
+        if bad:
+            raise RecordError(f"record {str(path)!r} has no method {', '.join(bad)}; it has {', '.join(order)}")
+        order = list(methods)
+    shown = [r for r in rows if r.method in order and r.metric in want]
+    by: dict[tuple[str, str], dict[str, list[Row]]] = {}
+    for r in shown:
+        by.setdefault((r.method, r.setting), {}).setdefault(r.metric, []).append(r)
+    out = ["| method | setting | seeds | " + " | ".join(f"round {r}" for r in rounds) + " |",
+           "|---|---|---|" + "---|" * len(rounds)]
+    for (method, setting), per in sorted(by.items(), key=lambda kv: order.index(kv[0][0])):
+        seeds = sorted({r.seed for rs in per.values() for r in rs})
+        cells = [f"{np.mean([r.value for r in per[w]]):.2f}" if w in per else "–" for w in want]
+        out.append(f"| {method} | {setting} | {len(seeds)} | " + " | ".join(cells) + " |")
+    out += ["", f"{metric} in %, mean over clients at each round (numbered from 1), then over seeds."]
+    return "\n".join(out) + "\n\n" + _provenance([r for r in shown if r.metric == want[0]])  # a run once

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,7 @@ class Summary:
     group: tuple = ()
     rounds: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # 0-based round of each curve row
     provenance: dict[str, Any] = field(default_factory=dict)  # mpifl.run.provenance's facts; {} in an older log
+    val_curve: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [logged rows] mean val acc, as curve
 
     @property
     def complete(self) -> bool:
@@ -59,12 +61,23 @@ class Summary:
 ACC = ("final_acc", "final_acc_w", "tail_acc", "tail_acc_w", "best_acc", "best_acc_w")
 
 
+# a per-round metric: "val_acc@60" is the mean over clients of round 60's validation accuracy
+AT_ROUND = re.compile(r"(val_acc|test_acc)@([1-9][0-9]*)")
+
+
 def metric_value(s: Summary, metric: str) -> float:
-    """A table's value of one run: an accuracy metric (``ACC``) in percent, or
-    ``ari:SOURCE``, the ARI of the clustering ``SOURCE`` (a key of ``Summary.ari``)
-    against the true clusters, as it is (NaN where the run has no such source)."""
+    """A table's value of one run: an accuracy metric (``ACC``) in percent;
+    ``val_acc@R`` or ``test_acc@R``, the mean over clients at round R (numbered from
+    1), in percent (NaN where that round was not evaluated); or ``ari:SOURCE``, the
+    ARI of the clustering ``SOURCE`` (a key of ``Summary.ari``) against the true
+    clusters, as it is (NaN where the run has no such source)."""
     if metric.startswith("ari:"):
         return float(s.ari.get(metric[4:], float("nan")))
+    m = AT_ROUND.fullmatch(metric)
+    if m:
+        curve = s.val_curve if m.group(1) == "val_acc" else s.curve
+        row = np.flatnonzero(s.rounds == int(m.group(2)) - 1)
+        return 100.0 * float(curve[row[0]]) if len(row) and len(curve) > row[0] else float("nan")
     return 100.0 * getattr(s, metric)
 PCT = "_pct"
 
@@ -334,11 +347,12 @@ def _summarize(run: Run, window: int, ari: bool, points: dict[str, dict] | None)
         final_round = int(run.rounds[last])
         client_tail = nanmean(test[evaluated[-window:]], axis=0)
         best = best_val(val, test)
-        curve = nanmean(test, axis=1)
+        curve, val_curve = nanmean(test, axis=1), nanmean(val, axis=1)
     else:
         final_round, client_final = -1, np.full(len(n_test), np.nan)
         client_tail = client_final
         best, curve = client_final, np.full(n_rounds, np.nan)
+        val_curve = curve
     name = str(cfg.get("run.name") or run.path.parent.name)
     return Summary(
         path=run.path, name=name, config=cfg, seed=int(run.attrs.get("seed", cfg.get("run.seed", 0))),
@@ -348,7 +362,7 @@ def _summarize(run: Run, window: int, ari: bool, points: dict[str, dict] | None)
         best_acc=float(nanmean(best)), best_acc_w=_wmean(best, n_test),
         client_final=client_final, curve=curve, ari=cluster_recovery(run, len(n_test), window) if ari else {},
         rounds=np.asarray(run.rounds, np.int64) if n_rounds else np.zeros(0, np.int64),
-        provenance=provenance.read(run.attrs),
+        provenance=provenance.read(run.attrs), val_curve=val_curve,
     )
 
 

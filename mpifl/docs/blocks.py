@@ -21,7 +21,9 @@ its per-seed record (:mod:`mpifl.analysis.record`), so the page's numbers are th
 such a record; ``x=setting`` compares the rows of a layout's table column by column
 (``versus="Local Training"``: quoted where a name holds spaces). ``<!-- generated:means
 FILE x=KEY [method=A,B] [metric=M] -->`` renders each method's mean ± std over seeds at
-every x, as ``mpifl.analyze --x`` prints it.
+every x, as ``mpifl.analyze --x`` prints it; ``<!-- generated:rounds FILE rounds=R,R
+[method=A,B] -->`` the mean validation accuracy at those rounds per method and
+setting (a record written with ``--record-rounds``).
 """
 
 from __future__ import annotations
@@ -139,9 +141,31 @@ def means_table(root: Path, arg: str) -> str:
     return render_means(path, root, methods=methods, **opts).rstrip("\n")
 
 
+ROUNDS_OPTIONS = ("rounds", "method", "metric")
+
+
+def rounds_table(root: Path, arg: str) -> str:
+    """``FILE rounds=R,R [method=A,B] [metric=val_acc]``: per method and setting, the
+    mean over seeds at those rounds (:func:`mpifl.analysis.record.render_rounds`)."""
+    from mpifl.analysis.record import render_rounds
+
+    path, *rest = shlex.split(arg)
+    opts = dict(o.split("=", 1) if "=" in o else (o, "") for o in rest)
+    bad = [k for k in opts if k not in ROUNDS_OPTIONS]
+    try:
+        rounds = tuple(int(r) for r in opts.pop("rounds", "").split(",") if r)
+    except ValueError:
+        rounds = ()
+    if bad or not rounds or min(rounds) < 1:
+        raise ValueError(f"generated:rounds {arg!r}: needs rounds=R,R (numbers from 1); takes "
+                         f"{', '.join(ROUNDS_OPTIONS)}" + (f" (not {', '.join(bad)})" if bad else ""))
+    methods = tuple(m for m in opts.pop("method", "").split(",") if m)
+    return render_rounds(path, root, rounds=rounds, methods=methods, **opts).rstrip("\n")
+
+
 BLOCKS: dict[str, Callable[[Path], str]] = {"algorithms": algorithm_table, "config": config_reference}
 ARG_BLOCKS: dict[str, Callable[[Path, str], str]] = {"record": record_table, "versus": versus_table,
-                                                     "means": means_table}
+                                                     "means": means_table, "rounds": rounds_table}
 
 
 def render(text: str, root: Path = ROOT) -> str:
