@@ -4,6 +4,7 @@ paired by seed, and a bad block is one line."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -145,3 +146,21 @@ def test_the_rounds_table_is_the_mean_over_seeds_at_each_round(tmp_path):
         docs.render(page.replace("rounds=10,60", "rounds=10,30"), tmp_path)
     with pytest.raises(ValueError, match=r"needs rounds=R,R"):
         docs.render(page.replace("rounds=10,60", "rounds=0"), tmp_path)
+
+
+def test_two_records_join_with_their_shared_controls_once(root):
+    """``FILE=a.csv,b.csv``: a method's record beside another's, both holding Local."""
+    rows = record.read(root / "data" / "r.csv")
+    record.write(root / "data" / "a.csv", [r for r in rows if r.method in ("local", "fedx")])
+    record.write(root / "data" / "b.csv", [r for r in rows if r.method in ("local", "oracle")])
+    one = docs.render("<!-- generated:versus data/r.csv x=data.train_per_client versus=oracle method=fedx -->\n"
+                      "<!-- /generated -->\n", root)
+    joined = one.replace("data/r.csv", "data/a.csv,data/b.csv")
+    # the same table below the block's first line: Local's seeds counted once, not twice
+    assert docs.render(joined, root).split("\n", 1)[1] == one.split("\n", 1)[1]
+    assert "(4)" in one and "(8)" not in one
+    moved = [dataclasses.replace(r, value=r.value + 1.0) if r.method == "local" else r
+             for r in record.read(root / "data" / "b.csv")]
+    record.write(root / "data" / "b.csv", moved)
+    with pytest.raises(ValueError, match="disagree on local"):
+        docs.render(joined, root)

@@ -139,6 +139,22 @@ def read(path: str | Path) -> list[Row]:
         raise RecordError(f"record {str(p)!r} holds a row mpifl cannot read ({e})") from None
 
 
+def read_joined(paths: str, root: Path = REPO) -> list[Row]:
+    """The rows of one record, or of several named with commas (``a.csv,b.csv``: a seed
+    method's record beside the baselines', both holding the same controls). A value
+    both hold (the same method, setting, seed and metric) is kept once, and must be
+    equal in both: two records of different runs of one point are refused."""
+    out: dict[tuple[str, str, str, int, str], Row] = {}
+    for path in paths.split(","):
+        for r in read(root / path):
+            key = (r.table, r.method, r.setting, r.seed, r.metric)
+            old = out.setdefault(key, r)
+            if old is not r and repr(old.value) != repr(r.value):
+                raise RecordError(f"records {paths!r} disagree on {r.method} ({r.setting}) seed {r.seed} "
+                                  f"{r.metric}: {old.value!r} and {r.value!r}; join records of the same runs")
+    return list(out.values())
+
+
 def cells(rows: list[Row]) -> dict[tuple[str, str, str], list[Row]]:
     """Rows by cell (table, method, setting), in the record's order."""
     out: dict[tuple[str, str, str], list[Row]] = {}
@@ -176,7 +192,7 @@ def _curves(path: str | Path, root: Path, x: str, y: str | None, metric: str) ->
     from mpifl.analysis import curves as cv
     from mpifl.analysis.summary import defaults
 
-    rows = [r for r in read(root / path) if r.metric == metric]
+    rows = [r for r in read_joined(str(path), root) if r.metric == metric]
     if not rows:
         raise RecordError(f"record {str(path)!r} has no row of metric {metric!r}")
     d = defaults()

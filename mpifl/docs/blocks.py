@@ -19,7 +19,8 @@ its per-seed record (:mod:`mpifl.analysis.record`), so the page's numbers are th
 ``<!-- generated:versus FILE x=KEY versus=NAME [y=KEY2] [ceiling=NAME] [method=A,B]
 [metric=M] -->`` renders the paired comparison of ``mpifl.analyze --x --versus`` from
 such a record; ``x=setting`` compares the rows of a layout's table column by column
-(``versus="Local Training"``: quoted where a name holds spaces). ``<!-- generated:means
+(``versus="Local Training"``: quoted where a name holds spaces); ``FILE`` may name
+several records joined by commas (a seed method's beside the baselines'). ``<!-- generated:means
 FILE x=KEY [method=A,B] [metric=M] -->`` renders each method's mean ± std over seeds at
 every x, as ``mpifl.analyze --x`` prints it; ``<!-- generated:rounds FILE rounds=R,R
 [method=A,B] -->`` the mean validation accuracy at those rounds per method and
