@@ -4,12 +4,16 @@ share of the clients it chose in its own group (mean over clients and seeds).
 FedeRiCo: ``/federico/client_weights`` and its sampled ``/federico/neighbours``;
 DPFL: the mixing matrix ``/graph/mixing`` (its aggregation weights over the graph)
 and ``/dpfl/collaborators``; FedC2I: ``/graph/mixing``, its client-level influence
-vectors a_i (it weighs every client, so it has no chosen set).
-docs/reproductions/federico.md, dpfl.md and fedc2i.md, "Where collaboration must pay".
+vectors a_i (it weighs every client, so it has no chosen set); FedFomo (a baseline):
+``/graph/mixing`` (row i: its weights w_i over the M candidates it downloaded, or e_i where
+none helped) and ``/fedfomo/candidates``.
+docs/reproductions/federico.md, dpfl.md and fedc2i.md, "Where collaboration must pay";
+docs/reproductions/room.md, "The baselines".
 
     python bench/room_weights.py results/room-seeds
     python bench/room_weights.py results/room-seeds --method dpfl
     python bench/room_weights.py results/room-seeds --method fedc2i
+    python bench/room_weights.py results/room-baselines --method fedfomo
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ def shares(log: Path, method: str = "federico") -> tuple[float, float, float, fl
     elif method == "dpfl":  # a client averages the models of the collaborators its graph gives it
         w = np.asarray(r.get("graph/mixing")[-1], float)
         chosen = [np.flatnonzero(row) for row in np.asarray(r.get("dpfl/collaborators")[-1])]
+    elif method == "fedfomo":  # its weights over the M models it downloaded this round
+        w = np.asarray(r.get("graph/mixing")[-1], float)
+        chosen = [row[row >= 0] for row in np.asarray(r.get("fedfomo/candidates")[-1])]
     else:  # FedC2I: every client weighed by its influence a_i[j]; no set is chosen
         w = np.asarray(r.get("graph/mixing")[-1], float)
         chosen = []
@@ -47,10 +54,10 @@ def shares(log: Path, method: str = "federico") -> tuple[float, float, float, fl
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("sweep", type=Path, help="the room-seeds sweep directory")
-    ap.add_argument("--method", choices=("federico", "dpfl", "fedc2i"), default="federico")
+    ap.add_argument("sweep", type=Path, help="the room-seeds (or room-baselines) sweep directory")
+    ap.add_argument("--method", choices=("federico", "dpfl", "fedc2i", "fedfomo"), default="federico")
     a = ap.parse_args()
-    chosen = {"federico": "neighbours", "dpfl": "collaborators"}.get(a.method, "chosen")
+    chosen = {"federico": "neighbours", "dpfl": "collaborators", "fedfomo": "candidates"}.get(a.method, "chosen")
     print(f"| clients | samples | self | group-mates | other groups | {chosen} in own group | runs |")
     print("|---|---|---|---|---|---|---|")
     for n in (8, 20, 100):
