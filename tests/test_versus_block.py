@@ -144,8 +144,9 @@ def test_the_rounds_table_is_the_mean_over_seeds_at_each_round(tmp_path):
     assert "provenance: commit aaaaaaa (6)" in fresh  # each run once, not once per round
     with pytest.raises(ValueError, match="no row of metric val_acc@30"):
         docs.render(page.replace("rounds=10,60", "rounds=10,30"), tmp_path)
-    with pytest.raises(ValueError, match=r"needs rounds=R,R"):
-        docs.render(page.replace("rounds=10,60", "rounds=0"), tmp_path)
+    for bad in ("rounds=0", "rounds=", "rounds=10,x"):
+        with pytest.raises(ValueError, match=r"needs rounds=R,R"):
+            docs.render(page.replace("rounds=10,60", bad), tmp_path)
 
 
 def test_two_records_join_with_their_shared_controls_once(root):

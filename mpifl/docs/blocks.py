@@ -106,7 +106,17 @@ def record_table(root: Path, path: str) -> str:
     return render(path, root).rstrip("\n")
 
 
-VERSUS_OPTIONS = ("x", "versus", "y", "ceiling", "method", "metric")
+def _options(block: str, arg: str, takes: tuple[str, ...], needs: str, ok) -> tuple[str, dict[str, str], tuple]:
+    """A record block's argument ``FILE key=value ...``: the file, its options (``method=A,B``
+    split into a tuple, returned apart) or one line naming the block, what it needs and
+    what it takes. ``ok(opts)``: whether the required options are there and valid."""
+    path, *rest = shlex.split(arg)  # a layout's row names hold spaces: versus="Local Training"
+    opts = dict(o.split("=", 1) if "=" in o else (o, "") for o in rest)
+    bad = [k for k in opts if k not in takes]
+    if bad or not ok(opts):
+        raise ValueError(f"generated:{block} {arg!r}: needs {needs}; takes {', '.join(takes)}"
+                         + (f" (not {', '.join(bad)})" if bad else ""))
+    return path, opts, tuple(m for m in opts.pop("method", "").split(",") if m)
 
 
 def versus_table(root: Path, arg: str) -> str:
@@ -114,17 +124,9 @@ def versus_table(root: Path, arg: str) -> str:
     paired comparison of a record (:func:`mpifl.analysis.record.render_versus`)."""
     from mpifl.analysis.record import render_versus
 
-    path, *rest = shlex.split(arg)  # a layout's row names hold spaces: versus="Local Training"
-    opts = dict(o.split("=", 1) if "=" in o else (o, "") for o in rest)
-    bad = [k for k in opts if k not in VERSUS_OPTIONS]
-    if bad or not opts.get("x") or not opts.get("versus"):
-        raise ValueError(f"generated:versus {arg!r}: needs x=KEY and versus=NAME; takes "
-                         f"{', '.join(VERSUS_OPTIONS)}" + (f" (not {', '.join(bad)})" if bad else ""))
-    methods = tuple(m for m in opts.pop("method", "").split(",") if m)
+    path, opts, methods = _options("versus", arg, ("x", "versus", "y", "ceiling", "method", "metric"),
+                                   "x=KEY and versus=NAME", lambda o: o.get("x") and o.get("versus"))
     return render_versus(path, root, methods=methods, **opts).rstrip("\n")
-
-
-MEANS_OPTIONS = ("x", "method", "metric")
 
 
 def means_table(root: Path, arg: str) -> str:
@@ -132,17 +134,12 @@ def means_table(root: Path, arg: str) -> str:
     every x of a record (:func:`mpifl.analysis.record.render_means`)."""
     from mpifl.analysis.record import render_means
 
-    path, *rest = shlex.split(arg)
-    opts = dict(o.split("=", 1) if "=" in o else (o, "") for o in rest)
-    bad = [k for k in opts if k not in MEANS_OPTIONS]
-    if bad or not opts.get("x"):
-        raise ValueError(f"generated:means {arg!r}: needs x=KEY; takes {', '.join(MEANS_OPTIONS)}"
-                         + (f" (not {', '.join(bad)})" if bad else ""))
-    methods = tuple(m for m in opts.pop("method", "").split(",") if m)
+    path, opts, methods = _options("means", arg, ("x", "method", "metric"), "x=KEY", lambda o: o.get("x"))
     return render_means(path, root, methods=methods, **opts).rstrip("\n")
 
 
-ROUNDS_OPTIONS = ("rounds", "method", "metric")
+def _rounds(text: str) -> tuple[int, ...]:
+    return tuple(int(r) for r in text.split(",")) if text.replace(",", "").isdigit() else ()
 
 
 def rounds_table(root: Path, arg: str) -> str:
@@ -150,18 +147,9 @@ def rounds_table(root: Path, arg: str) -> str:
     mean over seeds at those rounds (:func:`mpifl.analysis.record.render_rounds`)."""
     from mpifl.analysis.record import render_rounds
 
-    path, *rest = shlex.split(arg)
-    opts = dict(o.split("=", 1) if "=" in o else (o, "") for o in rest)
-    bad = [k for k in opts if k not in ROUNDS_OPTIONS]
-    try:
-        rounds = tuple(int(r) for r in opts.pop("rounds", "").split(",") if r)
-    except ValueError:
-        rounds = ()
-    if bad or not rounds or min(rounds) < 1:
-        raise ValueError(f"generated:rounds {arg!r}: needs rounds=R,R (numbers from 1); takes "
-                         f"{', '.join(ROUNDS_OPTIONS)}" + (f" (not {', '.join(bad)})" if bad else ""))
-    methods = tuple(m for m in opts.pop("method", "").split(",") if m)
-    return render_rounds(path, root, rounds=rounds, methods=methods, **opts).rstrip("\n")
+    path, opts, methods = _options("rounds", arg, ("rounds", "method", "metric"), "rounds=R,R (numbers from 1)",
+                                   lambda o: bool(_rounds(o.get("rounds", ""))) and all(_rounds(o["rounds"])))
+    return render_rounds(path, root, rounds=_rounds(opts.pop("rounds")), methods=methods, **opts).rstrip("\n")
 
 
 BLOCKS: dict[str, Callable[[Path], str]] = {"algorithms": algorithm_table, "config": config_reference}
