@@ -219,6 +219,15 @@ def _curves(path: str | Path, root: Path, x: str, y: str | None, metric: str) ->
     return rows, columns, cs
 
 
+def _chosen(path: str | Path, have: list[str], methods: tuple[str, ...]) -> list[str]:
+    """The methods a block shows, in its order: ``methods`` (each must be in the
+    record), else every one the record has, in the record's order."""
+    bad = [m for m in methods if m not in have]
+    if bad:
+        raise RecordError(f"record {str(path)!r} has no method {', '.join(bad)}; it has {', '.join(have)}")
+    return list(methods) or have
+
+
 def _provenance(rows: list[Row]) -> str:
     from mpifl.run.provenance import table_line
 
@@ -257,12 +266,7 @@ def render_means(path: str | Path, root: Path = REPO, *, x: str, methods: tuple[
     from mpifl.analysis import curves as cv
 
     rows, _, cs = _curves(path, root, x, None, metric)
-    if methods:
-        missing = [m for m in methods if m not in {c.method[0] for c in cs}]
-        if missing:
-            raise RecordError(f"record {str(path)!r} has no method {', '.join(missing)}; it has "
-                              f"{', '.join(dict.fromkeys(c.method[0] for c in cs))}")
-        cs = [c for m in methods for c in cs if c.method[0] == m]
+    cs = [c for m in _chosen(path, [c.method[0] for c in cs], methods) for c in cs if c.method[0] == m]
     shown = {c.method[0] for c in cs}
     return cv.markdown(x, metric, cs, ddof=1) + "\n" + _provenance([r for r in rows if r.method in shown])
 
@@ -274,7 +278,7 @@ def render_rounds(path: str | Path, root: Path = REPO, *, rounds: tuple[int, ...
     and the provenance line of the rows shown: whether the curves had flattened."""
     import numpy as np
 
-    rows = read(root / path)
+    rows = read_joined(str(path), root)
     want = [f"{metric}@{r}" for r in rounds]
     have = {r.metric for r in rows}
     missing = [w for w in want if w not in have]
@@ -282,12 +286,7 @@ def render_rounds(path: str | Path, root: Path = REPO, *, rounds: tuple[int, ...
         raise RecordError(f"record {str(path)!r} has no row of metric {', '.join(missing)} "
                           f"(python -m mpifl.analyze ... --record FILE --record-rounds "
                           f"{','.join(str(r) for r in rounds)})")
-    order = list(dict.fromkeys(r.method for r in rows))
-    if methods:
-        bad = [m for m in methods if m not in order]
-        if bad:
-            raise RecordError(f"record {str(path)!r} has no method {', '.join(bad)}; it has {', '.join(order)}")
-        order = list(methods)
+    order = _chosen(path, list(dict.fromkeys(r.method for r in rows)), methods)
     shown = [r for r in rows if r.method in order and r.metric in want]
     by: dict[tuple[str, str], dict[str, list[Row]]] = {}
     for r in shown:
