@@ -1,5 +1,5 @@
 """Run a record's points again and say how well they agree:
-``python -m mpifl.reproduce RECORD [--cells K] [--parallel P] [--out DIR]``.
+``python -m mpifl.reproduce RECORD [--cells K] [--parallel P] [--out DIR] [--versus NAME]``.
 
 RECORD is a per-seed record (:mod:`mpifl.analysis.record`, ``mpifl.analyze --record``).
 Every run behind its cells (all, or the first K cells in the record's order) is
@@ -13,6 +13,12 @@ Then, per cell:
   (re-run minus record, one per seed: :func:`mpifl.analysis.stats.paired_interval`)
   contains 0: the re-run agrees up to the float noise of its seeds;
 - ``differs``: the interval excludes 0 (or there is one seed, or a run failed).
+
+With ``--versus NAME`` (a method of the record), every other method minus NAME,
+paired by seed in each setting, on the record and on the re-run, with the verdict
+of each (``above``/``below`` where the 95% interval excludes 0, else ``level``, as
+``analyze --versus``): a verdict the re-run moves is one its seeds do not separate
+from this re-run's float noise. It does not change the exit status.
 
 Last, whether this re-run's provenance matches the record's: commit, CPU
 capability, versions. Same commit, versions and CPU capability promise
@@ -108,6 +114,33 @@ def judge(rows: list[Row], new: dict[int, float]) -> tuple[str, str]:
     return ("within" if low <= 0.0 <= high else "differs"), text
 
 
+def versus_lines(values: dict[tuple[str, str, int], tuple[float, float]], name: str) -> list[str]:
+    """Each method minus ``name`` per setting, paired by seed, on the record and the
+    re-run (``values[(method, setting, seed)] = (recorded, re-made)``), and a closing
+    count of the verdicts the re-run keeps."""
+    from mpifl.analysis.stats import paired_interval, verdict
+
+    out, moved, n = [], [], 0
+    for method, setting in dict.fromkeys((m, s) for m, s, _ in values):
+        seeds = sorted(k for m, s, k in values if m == method and s == setting and (name, s, k) in values)
+        if method == name or not seeds:
+            continue
+        texts, verdicts = [], []
+        for i in (0, 1):  # the record's values, then the re-run's
+            mean, low, high, _ = paired_interval([values[(method, setting, k)][i] - values[(name, setting, k)][i]
+                                                  for k in seeds])
+            verdicts.append(verdict(low, high))
+            texts.append(f"{mean:+.2f} [{low:+.2f}, {high:+.2f}] {verdicts[-1]}")
+        n += 1
+        if verdicts[0] != verdicts[1]:
+            moved.append(f"{method} / {setting}")
+        out.append(f"versus   {method} - {name} / {setting}: record {texts[0]}; re-run {texts[1]}"
+                   + ("  (moved)" if verdicts[0] != verdicts[1] else ""))
+    out.append(f"mpifl.reproduce: versus {name}: {n - len(moved)} of {n} verdict(s) the same on the re-run"
+               + (f"; moved: {', '.join(moved)}" if moved else ""))
+    return out
+
+
 def _facts(p: dict[str, Any]) -> dict[str, str]:
     from mpifl.run.provenance import brief, commit_text
 
@@ -138,7 +171,7 @@ def compare_provenance(recorded: list[dict[str, Any]], made: list[dict[str, Any]
 
 
 def reproduce(record: Path, n_cells: int | None = None, parallel: int = 1, out: Path = Path("reproduce"),
-              echo=print, run_points: Callable[[Any, int], None] = _local) -> int:
+              echo=print, run_points: Callable[[Any, int], None] = _local, versus: str | None = None) -> int:
     """The whole command; returns its exit status. ``run_points``: how the runs are
     made (:func:`rerun`; the tests' runs stay in their process)."""
     from mpifl.analysis.summary import metric_value, summarize
@@ -147,6 +180,9 @@ def reproduce(record: Path, n_cells: int | None = None, parallel: int = 1, out: 
     if not rows:
         raise RecordError(f"record {str(record)!r} holds no rows")
     chosen, runs = plan(rows, n_cells)
+    methods = list(dict.fromkeys(method for _, method, _ in chosen))
+    if versus is not None and versus not in methods:  # before any run is made
+        raise RecordError(f"--versus {versus!r}: no such method in the chosen cells (they hold: {', '.join(methods)})")
     echo(f"mpifl.reproduce: {len(chosen)} cell(s) of {record}, {len(runs)} run(s), {parallel} at a time, under "
          f"{out / SWEEP_NAME}")
     logs = rerun(runs, out, parallel, record, run_points)
@@ -157,15 +193,20 @@ def reproduce(record: Path, n_cells: int | None = None, parallel: int = 1, out: 
         except Exception as e:  # noqa: BLE001 - a run that failed or left no readable log: its cells differ
             echo(f"mpifl.reproduce: no result from {log}: {e}")
     counts = dict.fromkeys(VERDICTS, 0)
+    values = {}  # (method, setting, seed): (recorded, re-made), for --versus
     for (_, method, setting), rs in chosen.items():
         new = {}
         for r in rs:
             s = summaries.get(_key(r.config))
             if s is not None and s.complete:
                 new[r.seed] = metric_value(s, r.metric)
+                values[(method, setting, r.seed)] = (r.value, new[r.seed])
         verdict, detail = judge(rs, new)
         counts[verdict] += 1
         echo(f"{verdict:8s} {method} / {setting} ({rs[0].metric}): {detail}")
+    if versus is not None:
+        for line in versus_lines(values, versus):
+            echo(line)
     recorded = [r.provenance for rs in chosen.values() for r in rs]
     for line in compare_provenance(recorded, [s.provenance for s in summaries.values()]):
         echo(line)
@@ -182,13 +223,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parallel", type=int, default=1, metavar="P", help="runs at once (default 1)")
     ap.add_argument("--out", type=Path, default=Path("reproduce"), metavar="DIR",
                     help="where the runs go: DIR/reproduce/runs/ (default ./reproduce)")
+    ap.add_argument("--versus", metavar="NAME", help="also every method minus NAME, paired by seed, on the record and "
+                    "the re-run: which verdicts the re-run keeps")
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
     if a.cells is not None and a.cells < 1:
         ap.error(f"--cells {a.cells}: at least 1")
     if a.parallel < 1:
         ap.error(f"--parallel {a.parallel}: at least 1")
     try:
-        return reproduce(a.record, a.cells, a.parallel, a.out)
+        return reproduce(a.record, a.cells, a.parallel, a.out, versus=a.versus)
     except (RecordError, ConfigError) as e:
         print(f"mpifl.reproduce: error: {e}", file=sys.stderr)
         return 2

@@ -119,3 +119,32 @@ def test_the_command_remakes_a_cell_on_warm_workers_bit_for_bit(made, tmp_path):
     assert "bitwise  Local / synthetic (final_acc): 3 seed(s) equal bit for bit" in res.stdout
     assert "0 differs (of 1 cell(s))" in res.stdout
     assert len(list((tmp_path / "reproduce" / "runs").iterdir())) == 3  # the first cell's runs only
+
+
+def test_versus_shows_which_verdicts_the_rerun_keeps(made):
+    root, _, _ = made
+    said = []
+    assert reproduce.reproduce(root / "tiny.csv", out=root / "again", echo=said.append, run_points=in_process,
+                               versus="Local") == 0
+    lines = [line for line in said if line.startswith("versus ")]
+    assert len(lines) == 1 and lines[0].startswith("versus   FedAvg - Local / synthetic: record ")
+    assert "(moved)" not in lines[0]
+    assert "mpifl.reproduce: versus Local: 1 of 1 verdict(s) the same on the re-run" in said
+    # Local's recorded values far above the re-made ones: FedAvg is below Local on the record, not on the re-run
+    rows = [dataclasses.replace(r, value=r.value + (50.0 + r.seed if r.method == "Local" else 0.0))
+            for r in record.read(root / "tiny.csv")]
+    record.write(root / "local-up.csv", rows)
+    said.clear()
+    assert reproduce.reproduce(root / "local-up.csv", out=root / "again", echo=said.append, run_points=in_process,
+                               versus="Local") == 1  # Local's cell differs: the exit status is the cells'
+    (line,) = [x for x in said if x.startswith("versus ")]
+    assert " below; re-run " in line and line.endswith("(moved)") and "record -5" in line, line
+    assert "mpifl.reproduce: versus Local: 0 of 1 verdict(s) the same on the re-run; moved: FedAvg / synthetic" in said
+
+
+def test_versus_a_method_the_record_lacks_is_refused_before_any_run(made, capsys):
+    root, _, _ = made
+    assert reproduce.main([str(root / "tiny.csv"), "--versus", "Oracle", "--out", str(root / "none")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "mpifl.reproduce: error: --versus 'Oracle': no such method in the chosen cells (they hold: Local, " \
+        "FedAvg)" and not (root / "none").exists()
