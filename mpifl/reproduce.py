@@ -120,22 +120,26 @@ def versus_lines(values: dict[tuple[str, str, int], tuple[float, float]], name: 
     count of the verdicts the re-run keeps."""
     from mpifl.analysis.stats import paired_interval, verdict
 
+    by: dict[tuple[str, str], dict[int, tuple[float, float]]] = {}
+    for (method, setting, seed), pair in values.items():
+        by.setdefault((method, setting), {})[seed] = pair
     out, moved, n = [], [], 0
-    for method, setting in dict.fromkeys((m, s) for m, s, _ in values):
-        seeds = sorted(k for m, s, k in values if m == method and s == setting and (name, s, k) in values)
+    for (method, setting), cell in by.items():
+        ref = by.get((name, setting), {})
+        seeds = sorted(cell.keys() & ref.keys())
         if method == name or not seeds:
             continue
         texts, verdicts = [], []
         for i in (0, 1):  # the record's values, then the re-run's
-            mean, low, high, _ = paired_interval([values[(method, setting, k)][i] - values[(name, setting, k)][i]
-                                                  for k in seeds])
+            mean, low, high, _ = paired_interval([cell[k][i] - ref[k][i] for k in seeds])
             verdicts.append(verdict(low, high))
             texts.append(f"{mean:+.2f} [{low:+.2f}, {high:+.2f}] {verdicts[-1]}")
         n += 1
-        if verdicts[0] != verdicts[1]:
+        kept = verdicts[0] == verdicts[1]
+        if not kept:
             moved.append(f"{method} / {setting}")
         out.append(f"versus   {method} - {name} / {setting}: record {texts[0]}; re-run {texts[1]}"
-                   + ("  (moved)" if verdicts[0] != verdicts[1] else ""))
+                   + ("" if kept else "  (moved)"))
     out.append(f"mpifl.reproduce: versus {name}: {n - len(moved)} of {n} verdict(s) the same on the re-run"
                + (f"; moved: {', '.join(moved)}" if moved else ""))
     return out
