@@ -12,8 +12,9 @@ convolution's bias in another layout: 20-25% of a training step of
 ``cnn_dpfl`` at 27 clients on one thread (bench/README.md, Performance III).
 The operations are vmap's own, in its order (but for a ReLU moved after the
 max-pooling that follows it, which keeps the bits: :func:`_pool_before_relu`), so
-the results keep their bits (tests/test_train_grouped.py compares them with vmap's). :class:`GroupedConv` is
-the engine (:class:`~mpifl.train.engine.Engine`) that runs them.
+the results keep their bits (tests/test_train_grouped.py compares them with
+vmap's). :class:`GroupedConv` is the engine (:class:`~mpifl.train.engine.Engine`)
+that runs them.
 """
 
 from __future__ import annotations
