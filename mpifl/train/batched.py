@@ -23,16 +23,27 @@ if TYPE_CHECKING:
 # Parameter bytes per chunk of clients trained together on the CPU (chunks):
 # 2 to 8 MiB ran alike at 128 digits-MLP clients, 1 MiB 25% slower (bench/README.md).
 CHUNK_BYTES = 4 << 20
+# A conv net's work and memory are in its activations, and its grouped kernels run
+# the better the more clients a call holds: at 64 clients LeNet (2.3 MB a client)
+# ran at 39% of the matrix product in chunks of 1, 74% in 2, 81% in 4 and 80% in 8;
+# cnn_dpfl (150 kB) at 16-20% in chunks of 8-16, 22% in 32 and 24% in 64
+# (bench/README.md, Performance IV).
+CONV_CHUNK_BYTES = 16 << 20
 
 
 def chunks(c: ClientsView, m: int) -> list[tuple[int, int]]:
     """Client ranges trained together. On the CPU about ``CHUNK_BYTES`` of
     parameters: their forward, backward and update, and all of a call's steps,
     then share the cache instead of streaming every row from memory three times
-    a step; a GPU takes all rows in one go."""
+    a step; a GPU takes all rows in one go. A conv net's chunks hold
+    ``CONV_CHUNK_BYTES`` and never one client, which the grouped path would run
+    beside a zero one (:func:`~mpifl.train.grouped.grouped_forward`), twice the work."""
     if not c.batched or c.device.type != "cpu":
         return [(0, m)]
-    k = max(1, CHUNK_BYTES // (4 * c.P))
+    if c.convnet is not None:
+        k = max(2, CONV_CHUNK_BYTES // (4 * c.P))
+    else:
+        k = max(1, CHUNK_BYTES // (4 * c.P))
     return [(a, min(m, a + k)) for a in range(0, m, k)]
 
 

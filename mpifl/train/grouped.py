@@ -4,17 +4,22 @@ clients' channels, the forward written out and its backward left to autograd.
 
 The convolutional part runs in the ``[batch, client x channel, H, W]`` layout that
 a grouped convolution reads and writes, in which ReLU and pooling act on
-channels alike; only the flattened features turn to ``[client, batch, features]``
-for the linear layers' ``bmm``. ``torch.func.vmap`` computes the same grouped
-convolutions but moves its batch dimension around every layer (a copy before
-each pooling, its indices and its backward on a strided tensor) and adds each
-convolution's bias in another layout: 20-25% of a training step of
-``cnn_dpfl`` at 27 clients on one thread (bench/README.md, Performance III).
-The operations are vmap's own, in its order (but for a ReLU moved after the
-max-pooling that follows it, which keeps the bits: :func:`_pool_before_relu`), so
-the results keep their bits (tests/test_train_grouped.py compares them with
-vmap's). :class:`GroupedConv` is the engine (:class:`~mpifl.train.engine.Engine`)
-that runs them.
+channels alike, stored channels-last on the CPU (:func:`_layout`); only the
+flattened features turn to ``[client, batch, features]`` for the linear layers'
+``bmm``. ``torch.func.vmap`` computes the same function but moves its batch
+dimension around every layer (a copy before each pooling, its indices and its
+backward on a strided tensor): 20-25% of a training step of ``cnn_dpfl`` at 27
+clients on one thread (bench/README.md, Performance III); channels-last took
+another quarter off cnn_dpfl's step and half off LeNet's (Performance IV).
+
+The results are vmap's up to the order of the kernels' sums (float32 rounding;
+tests/test_train_grouped.py). What must not move is a client's bits when other
+clients share its call (another rank count puts other clients beside it): the
+convolutions' bias gradients are therefore summed by :func:`column_sums`, in an
+order fixed by the batch alone, and a lone client runs beside a zero one
+(:func:`grouped_forward`); the tests check every width from 1 to 30 clients on
+one and two threads. :class:`GroupedConv` is the engine
+(:class:`~mpifl.train.engine.Engine`) that runs them.
 """
 
 from __future__ import annotations
@@ -73,8 +78,7 @@ def _pool_before_relu(ops: list[Op]) -> list[Op]:
     to its first maximal entry, where it is not both pass zero. After the pooling
     the ReLU and its backward touch a quarter of the entries (2x2 windows), which
     was 9% of a LeNet step in ReLU's backward alone (bench/README.md,
-    Performance IV); tests/test_train_grouped.py checks the bits against vmap's
-    modules, which keep the modules' order."""
+    Performance IV); tests/test_train_grouped.py checks pooling with ties."""
     out = list(ops)
     for i in range(len(out) - 1):
         if out[i][0] == "relu" and out[i + 1][0] == "pool":
@@ -100,28 +104,69 @@ def grouped_forward(ops: list[Op], p: dict[str, torch.Tensor], x: torch.Tensor) 
 
 def _forward(ops: list[Op], p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     m, b = x.shape[:2]
-    h = x.transpose(0, 1).reshape(b, m * x.shape[2], *x.shape[3:])
+    fmt = _layout(x.device)
+    h = x.transpose(0, 1).reshape(b, m * x.shape[2], *x.shape[3:]).contiguous(memory_format=fmt)
     for op in ops:
         kind = op[0]
         if kind == "conv":
             mod: nn.Conv2d = op[3]
             wt = p[op[1]]
-            h = F.conv2d(h, wt.reshape(-1, *wt.shape[2:]), None, mod.stride, mod.padding, mod.dilation, m)
-            if op[2]:  # vmap's rule adds the bias apart from the convolution, and so do we (same bits)
-                h = h + p[op[2]].reshape(1, -1, 1, 1)
+            bias = p[op[2]].reshape(-1) if op[2] else None
+            # the bias rides in the convolution's forward; its gradient is ours
+            # (:class:`_BiasGrad`): the kernels' own sums run in an order that depends
+            # on how many clients share the call
+            h = F.conv2d(h, wt.reshape(-1, *wt.shape[2:]), None if bias is None else bias.detach(),
+                         mod.stride, mod.padding, mod.dilation, m)
+            if bias is not None and bias.requires_grad:
+                h = _BiasGrad.apply(h, bias)
         elif kind == "pool":
-            h = _max_pool(h, op[1])
+            h = F.max_pool2d(h, *op[1])
         elif kind == "relu":
             h = F.relu(h)
         elif kind == "flatten":
-            # contiguous, as vmap hands it on: bmm of a strided batch may take
-            # another kernel, with other bits (a 45-wide layer did)
-            h = h.reshape(b, m, -1).transpose(0, 1).contiguous()
+            # [m, b, C*H*W] in the modules' (C, H, W) order, contiguous: bmm of a
+            # strided batch may take another kernel, with other bits
+            h = h.unflatten(1, (m, -1)).transpose(0, 1).reshape(m, b, -1).contiguous()
         else:  # linear on [m, b, in]
             h = torch.bmm(h, p[op[1]].transpose(1, 2))
-            if op[2]:  # vmap's linear adds the bias apart too (baddbmm's sum differs in the last bit)
+            if op[2]:  # apart, as vmap's linear adds it (its gradient: a sum over the batch, per client)
                 h = h + p[op[2]].unsqueeze(1)
     return h
+
+
+def _layout(device: torch.device) -> torch.memory_format:
+    """The convolutions' layout: channels-last on the CPU, where oneDNN's grouped
+    kernels, the pooling and ReLU all run on it without a copy between layers
+    (bench/README.md, Performance IV), torch's default elsewhere."""
+    return torch.channels_last if device.type == "cpu" else torch.contiguous_format
+
+
+def column_sums(g: torch.Tensor) -> torch.Tensor:
+    """Sums over the rows of ``g [R, K]`` by halving: each step adds the second half
+    of the rows to the first (an odd row left over joins the first row). Only
+    elementwise additions, in an order fixed by R alone: column k's sum has the
+    same bits whatever K is, on any number of threads, where torch's reductions
+    (and oneDNN's bias gradient) choose their order by the tensor's width."""
+    while g.shape[0] > 1:
+        n = g.shape[0] // 2
+        s = g[:n] + g[n:2 * n]
+        if g.shape[0] % 2:
+            s[0] += g[2 * n]
+        g = s
+    return g[0]
+
+
+class _BiasGrad(torch.autograd.Function):
+    """Identity on a convolution's output ``h [N, m*C, H, W]``; passes back the
+    gradient of the bias ``[m*C]`` (added in the forward) as :func:`column_sums`."""
+
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:  # noqa: ANN001 - autograd's ctx
+        return h.view_as(h)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ANN001
+        return g, column_sums(g.permute(0, 2, 3, 1).reshape(-1, g.shape[1]))
 
 
 def shared_forward(ops: list[Op], p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
