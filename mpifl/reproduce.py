@@ -6,7 +6,8 @@ Every run behind its cells (all, or the first K cells in the record's order) is
 made again from the config the record holds, one rank each, ``P`` at a time on
 warm workers (``mpifl.sweep --local``'s machinery; the runs go to
 ``DIR/reproduce/runs/``, and a run already complete there is not made again).
-Then, per cell:
+Then, per cell and metric (a record made without a layout holds several metrics
+of each run, each judged apart):
 
 - ``bitwise``: every seed's value is the recorded one, bit for bit;
 - ``within``: not bitwise, but the 95% t-interval of the paired differences
@@ -15,7 +16,8 @@ Then, per cell:
 - ``differs``: the interval excludes 0 (or there is one seed, or a run failed).
 
 With ``--versus NAME`` (a method of the record), every other method minus NAME,
-paired by seed in each setting, on the record and on the re-run, with the verdict
+paired by seed in each setting (on the cell's first metric), on the record and on
+the re-run, with the verdict
 of each (``above``/``below`` where the 95% interval excludes 0, else ``level``, as
 ``analyze --versus``): a verdict the re-run moves is one its seeds do not separate
 from this re-run's float noise. It does not change the exit status.
@@ -197,25 +199,33 @@ def reproduce(record: Path, n_cells: int | None = None, parallel: int = 1, out: 
         except Exception as e:  # noqa: BLE001 - a run that failed or left no readable log: its cells differ
             echo(f"mpifl.reproduce: no result from {log}: {e}")
     counts = dict.fromkeys(VERDICTS, 0)
-    values = {}  # (method, setting, seed): (recorded, re-made), for --versus
+    values = {}  # (method, setting, seed): (recorded, re-made) of the cell's first metric, for --versus
+    n_judged = 0
     for (_, method, setting), rs in chosen.items():
-        new = {}
-        for r in rs:
-            s = summaries.get(_key(r.config))
-            if s is not None and s.complete:
-                new[r.seed] = metric_value(s, r.metric)
-                values[(method, setting, r.seed)] = (r.value, new[r.seed])
-        verdict, detail = judge(rs, new)
-        counts[verdict] += 1
-        echo(f"{verdict:8s} {method} / {setting} ({rs[0].metric}): {detail}")
+        by_metric: dict[str, list[Row]] = {}
+        for r in rs:  # a record without a layout holds several metrics per run: each is judged apart
+            by_metric.setdefault(r.metric, []).append(r)
+        for k, (metric, mrs) in enumerate(by_metric.items()):
+            new = {}
+            for r in mrs:
+                s = summaries.get(_key(r.config))
+                if s is not None and s.complete:
+                    new[r.seed] = metric_value(s, metric)
+                    if k == 0:
+                        values[(method, setting, r.seed)] = (r.value, new[r.seed])
+            verdict, detail = judge(mrs, new)
+            counts[verdict] += 1
+            n_judged += 1
+            echo(f"{verdict:8s} {method} / {setting} ({metric}): {detail}")
     if versus is not None:
         for line in versus_lines(values, versus):
             echo(line)
     recorded = [r.provenance for rs in chosen.values() for r in rs]
     for line in compare_provenance(recorded, [s.provenance for s in summaries.values()]):
         echo(line)
+    of = f"{len(chosen)} cell(s)" if n_judged == len(chosen) else f"{n_judged} cell metrics in {len(chosen)} cell(s)"
     echo(f"mpifl.reproduce: {counts['bitwise']} bitwise, {counts['within']} within, {counts['differs']} differs "
-         f"(of {len(chosen)} cell(s))")
+         f"(of {of})")
     return 1 if counts["differs"] else 0
 
 

@@ -148,3 +148,21 @@ def test_versus_a_method_the_record_lacks_is_refused_before_any_run(made, capsys
     err = capsys.readouterr().err.strip()
     assert err == "mpifl.reproduce: error: --versus 'Oracle': no such method in the chosen cells (they hold: Local, " \
         "FedAvg)" and not (root / "none").exists()
+
+
+def test_a_record_of_several_metrics_is_judged_metric_by_metric(made):
+    """analyze --record without a layout writes every metric of a run (final, tail and
+    best accuracy, plain and weighted): each is compared with the re-run's own value
+    of that metric, not with another metric's."""
+    root, _, _ = made
+    an.analyze([root / "runs"], root / "analysis-all", heatmaps="none", echo=lambda *a, **k: None,
+               record=root / "all.csv")
+    rows = record.read(root / "all.csv")
+    metrics = list(dict.fromkeys(r.metric for r in rows))
+    assert len(metrics) > 1 and len({r.value for r in rows if r.seed == 0 and r.method == rows[0].method}) > 1
+    said = []
+    assert reproduce.reproduce(root / "all.csv", out=root / "again", echo=said.append, run_points=in_process) == 0
+    verdicts = [line for line in said if line.startswith(reproduce.VERDICTS)]
+    assert len(verdicts) == 2 * len(metrics) and all(v.startswith("bitwise") for v in verdicts), verdicts
+    assert {v.split("(")[1].split(")")[0] for v in verdicts} == set(metrics)
+    assert said[-1].endswith(f"(of {2 * len(metrics)} cell metrics in 2 cell(s))")
