@@ -258,3 +258,51 @@ def test_a_clients_conv_training_does_not_depend_on_the_clients_sharing_its_rank
             assert loss == ref[0] and torch.equal(params, ref[1]) and tl == ref[2][0] and ta == ref[2][1], ids
     finally:
         torch.set_num_threads(before)
+
+
+def test_conv_chunks_hold_two_clients_at_least_and_keep_the_bits(monkeypatch):
+    """A conv net's chunk is never one client (the grouped path would run it beside a
+    zero one); chunks of two train every client to the bits of one chunk of all."""
+    from mpifl.train import batched
+
+    a, b = make_conv("on"), make_conv("on")
+    if a.device.type != "cpu":
+        pytest.skip("chunks are the CPU's: a GPU trains every client at once")
+    local = np.arange(5)
+    monkeypatch.setattr(batched, "CONV_CHUNK_BYTES", 1)
+    assert batched.chunks(a, 5) == [(0, 2), (2, 4), (4, 5)]
+    la = a.train(local, 2, 0)
+    monkeypatch.setattr(batched, "CONV_CHUNK_BYTES", 1 << 30)
+    assert batched.chunks(b, 5) == [(0, 5)]
+    assert np.array_equal(la, b.train(local, 2, 0)) and torch.equal(a.params, b.params)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_one_channel_convolutions_run_depthwise_to_the_grouped_kernels_bits(monkeypatch, threads):
+    """cnn_dpfl's first layer, and a one-channel layer inside a net (its input
+    gradient wanted): the depthwise forward gives the grouped convolution's bits, and
+    the results stay vmap's up to rounding."""
+    from mpifl.train import grouped
+
+    torch.manual_seed(2)
+    inner = nn.Sequential(nn.Conv2d(1, 1, 3), nn.ReLU(), nn.Conv2d(1, 6, 3, padding=1), nn.MaxPool2d(2), nn.ReLU(),
+                          nn.Flatten(), nn.Linear(6 * 13 * 13, 10))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for model in (models.cnn_dpfl((1, 28, 28), 10), inner):
+            ops = grouped_convnet(model)
+            m = 5
+            p = {k: torch.randn(m, *v.shape) * 0.1 for k, v in model.named_parameters()}
+            x, y, w = torch.randn(m, 7, 1, 28, 28), torch.randint(0, 10, (m, 7)), torch.ones(m, 7)
+            fast = _run(ops, p, x, y, w)
+            monkeypatch.setattr(grouped, "DEPTHWISE_MAX_OUT", 0)
+            plain = _run(ops, p, x, y, w)
+            monkeypatch.undo()
+            assert all(torch.equal(a, b) for a, b in zip(fast, plain))
+            leaves = {k: v.clone().requires_grad_(True) for k, v in p.items()}
+            ref = vmap(lambda q, xi, yi, wi: cross_entropy(functional_call(model, q, (xi,)), yi, wi))(leaves, x, y, w)
+            ref_g = torch.autograd.grad(ref.sum(), list(leaves.values()))
+            assert all(_close(a, b) for a, b in zip(fast[2:], ref_g))
+    finally:
+        torch.set_num_threads(before)
