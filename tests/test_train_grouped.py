@@ -277,32 +277,41 @@ def test_conv_chunks_hold_two_clients_at_least_and_keep_the_bits(monkeypatch):
     assert np.array_equal(la, b.train(local, 2, 0)) and torch.equal(a.params, b.params)
 
 
+def _inner_one_channel_net(in_shape, n_classes):
+    """A one-channel convolution inside a net (its input gradient wanted) after one on the input."""
+    return nn.Sequential(nn.Conv2d(1, 1, 3), nn.ReLU(), nn.Conv2d(1, 3, 3, padding=1), nn.MaxPool2d(2), nn.ReLU(),
+                         nn.Flatten(), nn.Linear(3 * 13 * 13, n_classes))
+
+
 @pytest.mark.parametrize("threads", [1, 2])
-def test_one_channel_convolutions_run_depthwise_to_the_grouped_kernels_bits(monkeypatch, threads):
-    """cnn_dpfl's first layer, and a one-channel layer inside a net (its input
-    gradient wanted): the depthwise forward gives the grouped convolution's bits, and
-    the results stay vmap's up to rounding."""
+@pytest.mark.parametrize("make,n_depthwise", [(models.cnn_dpfl, 1), (_inner_one_channel_net, 2)],
+                         ids=["cnn_dpfl", "inner"])
+def test_one_channel_convolutions_run_depthwise_to_the_grouped_kernels_bits(monkeypatch, threads, make, n_depthwise):
+    """The depthwise forward gives the grouped convolution's bits, and the results
+    stay vmap's up to rounding."""
     from mpifl.train import grouped
 
     torch.manual_seed(2)
-    inner = nn.Sequential(nn.Conv2d(1, 1, 3), nn.ReLU(), nn.Conv2d(1, 6, 3, padding=1), nn.MaxPool2d(2), nn.ReLU(),
-                          nn.Flatten(), nn.Linear(6 * 13 * 13, 10))
+    model = make((1, 28, 28), 10)
+    ops = grouped_convnet(model)
+    m = 5
+    p = {k: torch.randn(m, *v.shape) * 0.1 for k, v in model.named_parameters()}
+    x, y, w = torch.randn(m, 7, 1, 28, 28), torch.randint(0, 10, (m, 7)), torch.ones(m, 7)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        for model in (models.cnn_dpfl((1, 28, 28), 10), inner):
-            ops = grouped_convnet(model)
-            m = 5
-            p = {k: torch.randn(m, *v.shape) * 0.1 for k, v in model.named_parameters()}
-            x, y, w = torch.randn(m, 7, 1, 28, 28), torch.randint(0, 10, (m, 7)), torch.ones(m, 7)
-            fast = _run(ops, p, x, y, w)
-            monkeypatch.setattr(grouped, "DEPTHWISE_MAX_OUT", 0)
-            plain = _run(ops, p, x, y, w)
-            monkeypatch.undo()
-            assert all(torch.equal(a, b) for a, b in zip(fast, plain))
-            leaves = {k: v.clone().requires_grad_(True) for k, v in p.items()}
-            ref = vmap(lambda q, xi, yi, wi: cross_entropy(functional_call(model, q, (xi,)), yi, wi))(leaves, x, y, w)
-            ref_g = torch.autograd.grad(ref.sum(), list(leaves.values()))
-            assert all(_close(a, b) for a, b in zip(fast[2:], ref_g))
+        calls = []
+        apply = grouped._DepthwiseForward.apply
+        monkeypatch.setattr(grouped._DepthwiseForward, "apply", lambda *a: calls.append(1) or apply(*a))
+        fast = _run(ops, p, x, y, w)
+        assert len(calls) == 2 * n_depthwise  # the loss's forward and the logits'
+        monkeypatch.setattr(grouped, "DEPTHWISE_MAX_OUT", 0)
+        plain = _run(ops, p, x, y, w)
+        assert len(calls) == 2 * n_depthwise
     finally:
         torch.set_num_threads(before)
+    assert all(torch.equal(a, b) for a, b in zip(fast, plain))
+    leaves = {k: v.clone().requires_grad_(True) for k, v in p.items()}
+    ref = vmap(lambda q, xi, yi, wi: cross_entropy(functional_call(model, q, (xi,)), yi, wi))(leaves, x, y, w)
+    ref_g = torch.autograd.grad(ref.sum(), list(leaves.values()))
+    assert all(_close(a, b) for a, b in zip(fast[2:], ref_g))

@@ -160,8 +160,10 @@ def column_sums(g: torch.Tensor) -> torch.Tensor:
 
 
 # Output channels per client up to which a one-channel convolution's forward runs
-# depthwise (:class:`_DepthwiseForward`); see bench/README.md, Performance IV.
-DEPTHWISE_MAX_OUT = 8
+# depthwise (:class:`_DepthwiseForward`): at 16 and 64 clients (5x5 on 28x28, batch
+# 16, 2 threads) 2.4-2.8x the grouped kernel's speed at 2 outputs, 1.6x at 4, 0.9-1.1x
+# at 6, 0.7-0.9x at 8 (bench/README.md, Performance IV).
+DEPTHWISE_MAX_OUT = 4
 
 
 class _DepthwiseForward(torch.autograd.Function):
@@ -169,8 +171,8 @@ class _DepthwiseForward(torch.autograd.Function):
     one-channel images) whose forward runs as a depthwise convolution of each
     client's channel repeated once per output channel: oneDNN's depthwise kernel
     vectorises over channels where the grouped one loops over groups of 1 x c_out,
-    and with the repeat it is faster for a few output channels (cnn_dpfl's 4: 1.05
-    against 1.70 ms at 64 clients). Each output is the same sum in the same order,
+    and with the repeat it is faster for a few output channels (cnn_dpfl's 4: 1.03
+    against 1.61 ms at 64 clients). Each output is the same sum in the same order,
     to the bit (tests/test_train_grouped.py). The backward is the grouped
     convolution's own."""
 
