@@ -166,6 +166,17 @@ def column_sums(g: torch.Tensor) -> torch.Tensor:
 DEPTHWISE_MAX_OUT = 4
 
 
+def repeated_depthwise(h: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stride: tuple, padding: tuple,
+                       dilation: tuple, m: int) -> torch.Tensor:
+    """The grouped convolution of ``h [N, m, H, W]`` (one channel a group) with ``w
+    [m * c, 1, k, k]``, computed as the depthwise convolution of each channel repeated
+    c times (channels-last; :class:`_DepthwiseForward`)."""
+    n, _, hh, ww = h.shape
+    c = w.shape[0] // m
+    rep = h.permute(0, 2, 3, 1)[..., None].expand(n, hh, ww, m, c).reshape(n, hh, ww, m * c).permute(0, 3, 1, 2)
+    return F.conv2d(rep, w, bias, stride, padding, dilation, m * c)
+
+
 class _DepthwiseForward(torch.autograd.Function):
     """A grouped convolution of one input channel per client (a first layer on
     one-channel images) whose forward runs as a depthwise convolution of each
@@ -181,10 +192,7 @@ class _DepthwiseForward(torch.autograd.Function):
                 stride: tuple, padding: tuple, dilation: tuple, m: int) -> torch.Tensor:
         ctx.save_for_backward(h, w)
         ctx.conv = (stride, padding, dilation, m)
-        n, _, hh, ww = h.shape
-        c = w.shape[0] // m
-        rep = h.permute(0, 2, 3, 1)[..., None].expand(n, hh, ww, m, c).reshape(n, hh, ww, m * c).permute(0, 3, 1, 2)
-        return F.conv2d(rep, w, bias, stride, padding, dilation, m * c)
+        return repeated_depthwise(h, w, bias, stride, padding, dilation, m)
 
     @staticmethod
     def backward(ctx, g: torch.Tensor) -> tuple:  # noqa: ANN001
@@ -213,13 +221,25 @@ class _BiasGrad(torch.autograd.Function):
 def shared_forward(ops: list[Op], p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     """``[B, C]`` logits of one conv net (per-parameter tensors ``p``) on ``x [B, ...]``:
     the calls its modules make, to their bits, with the pooling of
-    :func:`_max_pool` and without ``functional_call``'s swap of the parameters."""
+    :func:`_max_pool` and without ``functional_call``'s swap of the parameters; but a
+    one-channel convolution of up to ``DEPTHWISE_MAX_OUT`` outputs runs as in
+    training (:func:`repeated_depthwise`, the modules' result up to rounding): 12
+    against 39 ms for cnn_dpfl's first layer on 2,100 samples on one thread, a third
+    of a FedAvg round's evaluation (bench/README.md, Performance IV)."""
     h = x
-    for op in ops:
+    for i, op in enumerate(ops):
         kind = op[0]
         if kind == "conv":
             mod: nn.Conv2d = op[3]
-            h = F.conv2d(h, p[op[1]], p[op[2]] if op[2] else None, mod.stride, mod.padding, mod.dilation)
+            wt, bias = p[op[1]], p[op[2]] if op[2] else None
+            if wt.shape[1] == 1 and wt.shape[0] <= DEPTHWISE_MAX_OUT and h.device.type == "cpu":
+                # as in training (:class:`_DepthwiseForward`), to the ungrouped kernel's bits;
+                # channels-last, which the pooling's kernel reads without a copy
+                h = repeated_depthwise(h, wt, bias, mod.stride, mod.padding, mod.dilation, 1)
+                if i + 1 == len(ops) or ops[i + 1][0] != "pool":
+                    h = h.contiguous()
+            else:
+                h = F.conv2d(h, wt, bias, mod.stride, mod.padding, mod.dilation)
         elif kind == "pool":
             h = _max_pool(h, op[1])
         elif kind == "relu":
