@@ -225,9 +225,9 @@ def shared_forward(ops: list[Op], p: dict[str, torch.Tensor], x: torch.Tensor) -
     the calls its modules make, to their bits, with the pooling of
     :func:`_max_pool` and without ``functional_call``'s swap of the parameters; but a
     one-channel convolution of up to ``DEPTHWISE_MAX_OUT`` outputs runs as in
-    training (:func:`repeated_depthwise`, the modules' result up to rounding): 12
-    against 39 ms for cnn_dpfl's first layer on 2,100 samples on one thread, a third
-    of a FedAvg round's evaluation (bench/README.md, Performance IV)."""
+    training (:func:`repeated_depthwise`, the modules' result up to rounding):
+    cnn_dpfl's evaluation of 2,800 samples on one thread took 38-50 ms against 81-102
+    (bench/README.md, Performance IV)."""
     h = x
     for i, op in enumerate(ops):
         kind = op[0]
@@ -235,8 +235,8 @@ def shared_forward(ops: list[Op], p: dict[str, torch.Tensor], x: torch.Tensor) -
             mod: nn.Conv2d = op[3]
             wt, bias = p[op[1]], p[op[2]] if op[2] else None
             if wt.shape[1] == 1 and wt.shape[0] <= DEPTHWISE_MAX_OUT and h.device.type == "cpu":
-                # as in training (:class:`_DepthwiseForward`), to the ungrouped kernel's bits;
-                # channels-last, which the pooling's kernel reads without a copy
+                # as in training (:class:`_DepthwiseForward`); its channels-last output
+                # is what the pooling's kernel reads without a copy
                 h = repeated_depthwise(h, wt, bias, mod.stride, mod.padding, mod.dilation, 1)
                 if i + 1 == len(ops) or ops[i + 1][0] != "pool":
                     h = h.contiguous()
