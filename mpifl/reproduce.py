@@ -200,7 +200,6 @@ def reproduce(record: Path, n_cells: int | None = None, parallel: int = 1, out: 
             echo(f"mpifl.reproduce: no result from {log}: {e}")
     counts = dict.fromkeys(VERDICTS, 0)
     values = {}  # (method, setting, seed): (recorded, re-made) of the cell's first metric, for --versus
-    n_judged = 0
     for (_, method, setting), rs in chosen.items():
         by_metric: dict[str, list[Row]] = {}
         for r in rs:  # a record without a layout holds several metrics per run: each is judged apart
@@ -215,7 +214,6 @@ def reproduce(record: Path, n_cells: int | None = None, parallel: int = 1, out: 
                         values[(method, setting, r.seed)] = (r.value, new[r.seed])
             verdict, detail = judge(mrs, new)
             counts[verdict] += 1
-            n_judged += 1
             echo(f"{verdict:8s} {method} / {setting} ({metric}): {detail}")
     if versus is not None:
         for line in versus_lines(values, versus):
@@ -223,6 +221,7 @@ def reproduce(record: Path, n_cells: int | None = None, parallel: int = 1, out: 
     recorded = [r.provenance for rs in chosen.values() for r in rs]
     for line in compare_provenance(recorded, [s.provenance for s in summaries.values()]):
         echo(line)
+    n_judged = sum(counts.values())
     of = f"{len(chosen)} cell(s)" if n_judged == len(chosen) else f"{n_judged} cell metrics in {len(chosen)} cell(s)"
     echo(f"mpifl.reproduce: {counts['bitwise']} bitwise, {counts['within']} within, {counts['differs']} differs "
          f"(of {of})")

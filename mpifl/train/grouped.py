@@ -104,8 +104,7 @@ def grouped_forward(ops: list[Op], p: dict[str, torch.Tensor], x: torch.Tensor) 
 
 def _forward(ops: list[Op], p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     m, b = x.shape[:2]
-    fmt = _layout(x.device)
-    h = x.transpose(0, 1).reshape(b, m * x.shape[2], *x.shape[3:]).contiguous(memory_format=fmt)
+    h = x.transpose(0, 1).reshape(b, m * x.shape[2], *x.shape[3:]).contiguous(memory_format=_layout(x.device))
     for op in ops:
         kind = op[0]
         if kind == "conv":
@@ -116,7 +115,7 @@ def _forward(ops: list[Op], p: dict[str, torch.Tensor], x: torch.Tensor) -> torc
             # (:class:`_BiasGrad`): the kernels' own sums run in an order that depends
             # on how many clients share the call
             args = (None if bias is None else bias.detach(), mod.stride, mod.padding, mod.dilation, m)
-            if wt.shape[2] == 1 and wt.shape[1] <= DEPTHWISE_MAX_OUT and fmt == torch.channels_last:
+            if _runs_depthwise(wt.shape[2], wt.shape[1], x.device):
                 h = _DepthwiseForward.apply(h, wt.reshape(-1, *wt.shape[2:]), *args)
             else:
                 h = F.conv2d(h, wt.reshape(-1, *wt.shape[2:]), *args)
@@ -164,6 +163,13 @@ def column_sums(g: torch.Tensor) -> torch.Tensor:
 # 16, 2 threads) 2.4-2.8x the grouped kernel's speed at 2 outputs, 1.6x at 4, 0.9-1.1x
 # at 6, 0.7-0.9x at 8 (bench/README.md, Performance IV).
 DEPTHWISE_MAX_OUT = 4
+
+
+def _runs_depthwise(c_in: int, c_out: int, device: torch.device) -> bool:
+    """Whether a convolution of ``c_in`` -> ``c_out`` channels (a client's, or the one
+    model's) runs its forward by :func:`repeated_depthwise`: one input channel, a few
+    outputs, on the CPU (channels-last)."""
+    return c_in == 1 and c_out <= DEPTHWISE_MAX_OUT and _layout(device) == torch.channels_last
 
 
 def repeated_depthwise(h: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stride: tuple, padding: tuple,
@@ -234,7 +240,7 @@ def shared_forward(ops: list[Op], p: dict[str, torch.Tensor], x: torch.Tensor) -
         if kind == "conv":
             mod: nn.Conv2d = op[3]
             wt, bias = p[op[1]], p[op[2]] if op[2] else None
-            if wt.shape[1] == 1 and wt.shape[0] <= DEPTHWISE_MAX_OUT and h.device.type == "cpu":
+            if _runs_depthwise(wt.shape[1], wt.shape[0], h.device):
                 # as in training (:class:`_DepthwiseForward`); its channels-last output
                 # is what the pooling's kernel reads without a copy
                 h = repeated_depthwise(h, wt, bias, mod.stride, mod.padding, mod.dilation, 1)
