@@ -180,6 +180,52 @@ def test_one_shared_model_evaluates_as_its_modules_do(net, threads):
         torch.set_num_threads(before)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_one_models_samples_folded_into_channels_keep_the_lone_models_bits(threads):
+    """Evaluation of one model folds samples into the channels of its one-channel
+    first convolution (:func:`_folded_depthwise`): every sample's logits are those of
+    that model's own depthwise convolution (the repeat of one client), zero-filled
+    last image or not."""
+    from mpifl.train import grouped
+
+    torch.manual_seed(4)
+    model = models.cnn_dpfl((1, 28, 28), 10)
+    ops = grouped_convnet(model)
+    one = {k: v.detach() * 2 for k, v in model.named_parameters()}
+    mod, pool = ops[0][3], ops[1][1]
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.no_grad():
+            for n in (1, 15, 16, 17, 130):
+                x = torch.randn(n, 1, 28, 28)
+                lone = grouped.repeated_depthwise(x.contiguous(memory_format=torch.channels_last), one["0.weight"],
+                                                  one["0.bias"], mod.stride, mod.padding, mod.dilation, 1)
+                ref = _max_pool(lone, pool)
+                got = grouped._folded_depthwise(x, one["0.weight"], one["0.bias"], mod, pool)
+                assert got.is_contiguous() and torch.equal(got, ref), n
+                assert torch.equal(grouped._folded_depthwise(x, one["0.weight"], one["0.bias"], mod, None), lone)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_one_models_evaluation_skips_the_padding_and_keeps_the_bits():
+    """Clients of unequal splits: one model's loss and accuracy per client, its
+    padding never evaluated, are those of the padded batch."""
+    from mpifl.train.evaluation import shared_logits, split_index
+    from mpifl.train.loss import loss_acc
+    from mpifl.train.plan import gather
+
+    c = _hosted_clients(list(range(6)), "cnn_dpfl")
+    row = c.params[1]
+    idx = split_index(c, np.arange(6), "test")
+    x, y, w = gather(c, idx)
+    assert (w == 0).any()  # padding there is
+    loss, acc = loss_acc(shared_logits(c, row, x, np.arange(6)), y, w)
+    got = c.evaluate("test", row)
+    assert np.array_equal(got[0], loss) and np.array_equal(got[1], acc)
+
+
 @pytest.mark.parametrize("pool", [nn.MaxPool2d(2), nn.MaxPool2d(3, 2, 1), nn.MaxPool2d(2, ceil_mode=True),
                                   nn.MaxPool2d(3, 1, 1, dilation=2)], ids=["2", "3s2p1", "ceil", "dilated"])
 def test_pooling_keeps_torchs_values_and_gradients_with_ties(pool):
@@ -241,7 +287,7 @@ def test_clients_train_and_evaluate_as_the_vmap_path_does(opt):
     assert all(_close(u, v) for u, v in zip(ga[2:], gb[2:]))
 
 
-def _hosted_with(ids: list[int], net: str, batched: str):
+def _hosted_clients(ids: list[int], net: str, batched: str = "on"):
     """Clients ``ids`` of 6 Dirichlet-split clients of 28x28 Gaussian blobs (unequal
     sizes: a client's last steps of an epoch may have no company), on one rank."""
     from mpifl import config
@@ -255,9 +301,14 @@ def _hosted_with(ids: list[int], net: str, batched: str):
     data = build(cfg.data, 0, np.asarray(ids))
     data.x = data.x.reshape(-1, 1, 28, 28)
     data.in_shape = (1, 28, 28)
-    c = Clients(models.build(cfg.model, data.in_shape, data.n_classes, 0), data, cfg.train, torch.device("cpu"), 0)
+    return Clients(models.build(cfg.model, data.in_shape, data.n_classes, 0), data, cfg.train, torch.device("cpu"), 0)
+
+
+def _hosted_with(ids: list[int], net: str, batched: str):
+    """:func:`_hosted_clients` trained two epochs: client 0's loss, row and test metrics."""
+    c = _hosted_clients(ids, net, batched)
     loss = c.train(np.arange(len(ids)), 2, 0)[0]
-    return data.sizes, loss, c.params[0].clone(), [v[0] for v in c.evaluate("test")]
+    return c.sizes, loss, c.params[0].clone(), [v[0] for v in c.evaluate("test")]
 
 
 @pytest.mark.slow

@@ -3,7 +3,7 @@ clients with padded batches; no side effect on training state."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -53,13 +53,17 @@ def shared_logits(c: ClientsView, row: torch.Tensor, x: torch.Tensor, local: np.
     ``x [m, b, ...]`` (a BatchNorm model with each client's own statistics)."""
     if c.layout.B:
         return c.logits(row.expand(len(local), -1).contiguous(), x, local)
-    flat = x.reshape(-1, *x.shape[2:])
+    return _shared_flat(c, row, x.reshape(-1, *x.shape[2:])).reshape(*x.shape[:2], -1)
+
+
+def _shared_flat(c: ClientsView, row: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+    """``[n, C]`` outputs of one model ``row [P]`` without BatchNorm on ``flat [n, ...]``."""
     if c.stacked is not None:
-        return mlp.shared_forward(c.stacked, c.layout.unflatten(row), flat).reshape(*x.shape[:2], -1)
+        return mlp.shared_forward(c.stacked, c.layout.unflatten(row), flat)
     if c.convnet is not None:
-        return grouped.shared_forward(c.convnet, c.layout.unflatten(row), flat).reshape(*x.shape[:2], -1)
+        return grouped.shared_forward(c.convnet, c.layout.unflatten(row), flat)
     c.model.eval()
-    return c.functional.logits(row, flat).reshape(*x.shape[:2], -1)
+    return c.functional.logits(row, flat)
 
 
 @torch.no_grad()
@@ -88,6 +92,24 @@ def evaluate(c: ClientsView, split: str, params: torch.Tensor | None = None,
     for a in range(0, len(local), step):
         sl = slice(a, a + step)
         x, y, w = gather(c, idx_all[sl])
-        out = shared_logits(c, params, x, local[sl]) if params.dim() == 1 else c.logits(params[sl], x, local[sl])
+        if params.dim() == 1:
+            out = shared_logits(c, params, x, local[sl]) if c.layout.B \
+                else _valid_only(lambda flat: _shared_flat(c, params, flat), x, w)
+        else:
+            out = c.logits(params[sl], x, local[sl])
         loss[sl], acc[sl] = loss_acc(out, y, w)
     return loss, acc
+
+
+def _valid_only(forward: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``forward`` (one model's ``[n, ...] -> [n, C]``) of the samples of ``x [m, b, ...]``
+    where ``w > 0``, the padding's logits zero: the clients' splits differ in size
+    (a clustered partition's by a sixth and more), and a sample's logits do not
+    depend on the samples beside it (tests/test_train_grouped.py; a batch of a few
+    samples may take other GEMM kernels). Padding has weight 0 in the loss and
+    accuracy, so they keep their bits."""
+    valid = w > 0
+    v = forward(x[valid])
+    out = v.new_zeros(*valid.shape, v.shape[-1])
+    out[valid] = v
+    return out

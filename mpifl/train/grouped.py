@@ -231,21 +231,23 @@ def shared_forward(ops: list[Op], p: dict[str, torch.Tensor], x: torch.Tensor) -
     the calls its modules make, to their bits, with the pooling of
     :func:`_max_pool` and without ``functional_call``'s swap of the parameters; but a
     one-channel convolution of up to ``DEPTHWISE_MAX_OUT`` outputs runs as in
-    training (:func:`repeated_depthwise`, the modules' result up to rounding):
-    cnn_dpfl's evaluation of 2,800 samples on one thread took 38-50 ms against 81-102
+    training, samples in the place of clients (:func:`_folded_depthwise`; the
+    modules' result up to rounding): cnn_dpfl's evaluation of 850 samples on one
+    thread took 9.8 ms as one model's depthwise convolution, 15.7 in its modules
     (bench/README.md, Performance IV)."""
     h = x
+    skip = False
     for i, op in enumerate(ops):
+        if skip:  # a pooling :func:`_folded_depthwise` ran
+            skip = False
+            continue
         kind = op[0]
         if kind == "conv":
             mod: nn.Conv2d = op[3]
             wt, bias = p[op[1]], p[op[2]] if op[2] else None
             if _runs_depthwise(wt.shape[1], wt.shape[0], h.device):
-                # as in training (:class:`_DepthwiseForward`); its channels-last output
-                # is what the pooling's kernel reads without a copy
-                h = repeated_depthwise(h, wt, bias, mod.stride, mod.padding, mod.dilation, 1)
-                if i + 1 == len(ops) or ops[i + 1][0] != "pool":
-                    h = h.contiguous()
+                skip = i + 1 < len(ops) and ops[i + 1][0] == "pool"
+                h = _folded_depthwise(h, wt, bias, mod, ops[i + 1][1] if skip else None)
             else:
                 h = F.conv2d(h, wt, bias, mod.stride, mod.padding, mod.dilation)
         elif kind == "pool":
@@ -257,6 +259,38 @@ def shared_forward(ops: list[Op], p: dict[str, torch.Tensor], x: torch.Tensor) -
         else:
             h = F.linear(h, p[op[1]], p[op[2]] if op[2] else None)
     return h
+
+
+# Channels of the depthwise convolution :func:`_folded_depthwise` makes of one
+# model's samples: oneDNN's depthwise kernel vectorises over channels, and a lone
+# model's 4 (cnn_dpfl) fill a quarter of an AVX-512 register
+FOLD_CHANNELS = 64
+
+
+def _folded_depthwise(h: torch.Tensor, wt: torch.Tensor, bias: torch.Tensor | None, mod: nn.Conv2d,
+                      pool: tuple | None) -> torch.Tensor:
+    """One model's one-channel convolution (and the max-pooling ``pool`` after it) on
+    ``h [N, 1, H, W]``, NCHW ``[N, c, H', W']`` out: k samples side by side as the
+    channels of one image, each convolved as a client of :func:`repeated_depthwise`
+    with the model's filters, so the kernel runs on k x c channels. A sample's
+    outputs are the same sums in the same order whatever stands beside it (the
+    depthwise kernel's bits do not depend on the channel count:
+    tests/test_train_grouped.py), so its logits are those of the sample alone; the
+    last image is filled up with zero samples, computed and dropped."""
+    n, c = h.shape[0], wt.shape[0]
+    k = max(1, FOLD_CHANNELS // c)
+    if n % k:
+        h = torch.cat([h, h.new_zeros(k - n % k, *h.shape[1:])])
+    folded = h.reshape(-1, k, *h.shape[2:]).contiguous(memory_format=torch.channels_last)
+    out = repeated_depthwise(folded, wt.repeat(k, 1, 1, 1), None if bias is None else bias.repeat(k), mod.stride,
+                             mod.padding, mod.dilation, k)
+    if pool is not None:
+        out = F.max_pool2d(out, *pool)  # channels-last in and out: every channel alike
+    nb, _, oh, ow = out.shape
+    out = out.permute(0, 2, 3, 1).reshape(nb, oh, ow, k, c).permute(0, 3, 4, 1, 2).reshape(nb * k, c, oh, ow)
+    # with one image the reshape may stay a strided view, which the next layer's
+    # kernels would read in another order
+    return out[:n].contiguous()
 
 
 def pool_args(mp: nn.MaxPool2d) -> tuple:
