@@ -11,6 +11,7 @@ from mpifl.comm.machine import (
     exchange_timing,
     exit_all,
     faithful_cuda,
+    keep_freed_memory,
     node_local_rank,
     node_of_ranks,
     pick_device,
@@ -22,5 +23,5 @@ from mpifl.comm.machine import (
 )
 
 __all__ = ["F32", "BufferPool", "Comm", "Placement", "agree", "cores_for_rank", "exchange_timing", "exit_all",
-           "faithful_cuda", "node_local_rank", "node_of_ranks", "pick_device", "report_crash", "set_threads", "solo",
-           "versions", "world"]
+           "faithful_cuda", "keep_freed_memory", "node_local_rank", "node_of_ranks", "pick_device", "report_crash",
+           "set_threads", "solo", "versions", "world"]

@@ -19,7 +19,7 @@ import numpy as np
 
 from mpifl import algorithms, models
 from mpifl.algorithms.base import Algorithm, Context, evaluates
-from mpifl.comm import Comm, agree, node_local_rank, node_of_ranks, pick_device, set_threads
+from mpifl.comm import Comm, agree, keep_freed_memory, node_local_rank, node_of_ranks, pick_device, set_threads
 from mpifl.config import Config
 from mpifl.data import build as build_data
 from mpifl.errors import RERUN, UNWRITABLE, ConfigError, StorageError
@@ -68,6 +68,7 @@ def setup(cfg: Config, mpi_comm) -> Setup:
         comm = Comm(cfg.data.n_clients, mpi_comm)
         nodes = node_of_ranks(mpi_comm)
         threads = set_threads(mpi_comm, cfg.run.threads)
+        keep_freed_memory()
         device = pick_device(cfg.run.device, mpi_comm)
         data = build_data(cfg.data, cfg.run.seed, comm.local_ids)
         model = models.build(cfg.model, data.in_shape, data.n_classes, cfg.run.seed)

@@ -1,12 +1,13 @@
 """Per-rank setup: thread budget, device choice, setup errors seen together."""
 
 import os
+import platform
 
 import numpy as np
 import pytest
 import torch
 
-from mpifl.comm import agree, cores_for_rank, node_local_rank, node_of_ranks, pick_device
+from mpifl.comm import agree, cores_for_rank, keep_freed_memory, node_local_rank, node_of_ranks, pick_device
 from mpifl.errors import ConfigError
 
 
@@ -60,6 +61,18 @@ def test_threads_split_the_node_among_its_ranks(mpi, monkeypatch):
 def test_slurm_cpus_per_task_wins(mpi, monkeypatch):
     monkeypatch.setenv("SLURM_CPUS_PER_TASK", "3")
     assert cores_for_rank(mpi) == 3
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc parameters")
+def test_freed_memory_stays_in_the_heap_unless_the_user_tuned_malloc(monkeypatch):
+    for k in [k for k in os.environ if k.startswith("MALLOC_") or k == "GLIBC_TUNABLES"]:
+        monkeypatch.delenv(k)
+    assert keep_freed_memory()
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "2")
+    assert not keep_freed_memory()
+    monkeypatch.delenv("MALLOC_ARENA_MAX")
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=0")
+    assert not keep_freed_memory()
 
 
 def test_device_is_cpu_without_gpu(mpi):
