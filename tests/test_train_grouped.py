@@ -115,6 +115,15 @@ def test_a_clients_bits_do_not_depend_on_how_many_share_the_call(net, shape, m, 
         torch.set_num_threads(before)
 
 
+def test_linear_weight_gradients_come_in_the_weights_own_layout():
+    """The optimizer adds each gradient block to the rows' ``[m, out, in]`` view: a
+    transposed block (autograd's ``bmm`` backward) made it walk across the rows."""
+    model, p, x, y, w = _case("cnn_dpfl", 3)
+    got = _run(grouped_convnet(model), p, x, y, w)[2:]
+    linear = [g for v, g in zip(p.values(), got) if v.dim() == 3]  # [m, out, in]
+    assert len(linear) == 3 and all(g.is_contiguous() for g in linear)
+
+
 def test_column_sums_have_the_same_bits_at_every_width():
     torch.manual_seed(0)
     g = torch.randn(1001, 37)
