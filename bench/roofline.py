@@ -10,7 +10,8 @@ The machine's rate is ``torch.mm`` of two 2048 x 2048 float32 matrices (best of
 batch (every matrix product and convolution, forward and backward, the input
 needing no gradient), over the batch; its rate is that work times the samples
 ``Clients.train`` went through in one local epoch of every client, over the
-call's best time. Padding, the optimizer step, the loss, ReLU and pooling are
+call's best time, with glibc's malloc keeping freed blocks as a run has it
+(``mpifl.comm.keep_freed_memory``). Padding, the optimizer step, the loss, ReLU and pooling are
 not counted as work: they are what the path spends beside the FLOPs. Data:
 Gaussian blobs (bench/gpu.py's ``make``: 30 training samples a client, batch 16)
 in each shape the model takes, ``1x28x28`` and ``3x32x32``.
@@ -40,6 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu import make  # noqa: E402 - bench/ is not a package
 
 from mpifl import models  # noqa: E402
+from mpifl.comm import keep_freed_memory  # noqa: E402
 from mpifl.config.sections import ModelConfig  # noqa: E402
 
 SHAPES = {"1x28x28": (1, 28, 28), "3x32x32": (3, 32, 32)}
@@ -137,9 +139,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--kernels", action="store_true", help="each convolution's kernels apart (see above)")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
+    kept = keep_freed_memory()  # as a run does (mpifl.run.runtime)
     peak = matmul_rate(max(a.repeats, 5))
     print(json.dumps({"matmul_gflops": peak, "threads": a.threads,
-                      "cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__}),
+                      "cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
+                      "malloc_keeps_freed": kept}),
           flush=True)
     if a.kernels:
         rows = [r for name in a.models if name != "mlp" for shape in a.shapes for n in a.clients

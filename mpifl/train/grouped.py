@@ -106,33 +106,40 @@ def _forward(ops: list[Op], p: dict[str, torch.Tensor], x: torch.Tensor) -> torc
     m, b = x.shape[:2]
     h = x.transpose(0, 1).reshape(b, m * x.shape[2], *x.shape[3:]).contiguous(memory_format=_layout(x.device))
     for op in ops:
-        kind = op[0]
-        if kind == "conv":
-            mod: nn.Conv2d = op[3]
-            wt = p[op[1]]
-            bias = p[op[2]].reshape(-1) if op[2] else None
-            # the bias rides in the convolution's forward; its gradient is ours
-            # (:class:`_BiasGrad`): the kernels' own sums run in an order that depends
-            # on how many clients share the call
-            args = (None if bias is None else bias.detach(), mod.stride, mod.padding, mod.dilation, m)
-            if _runs_depthwise(wt.shape[2], wt.shape[1], x.device):
-                h = _DepthwiseForward.apply(h, wt.reshape(-1, *wt.shape[2:]), *args)
-            else:
-                h = F.conv2d(h, wt.reshape(-1, *wt.shape[2:]), *args)
-            if bias is not None and bias.requires_grad:
-                h = _BiasGrad.apply(h, bias)
-        elif kind == "pool":
-            h = F.max_pool2d(h, *op[1])
-        elif kind == "relu":
-            h = F.relu(h)
-        elif kind == "flatten":
-            # [m, b, C*H*W] in the modules' (C, H, W) order, contiguous: bmm of a
-            # strided batch may take another kernel, with other bits
-            h = h.unflatten(1, (m, -1)).transpose(0, 1).reshape(m, b, -1).contiguous()
-        else:  # linear on [m, b, in]
-            h = _Linear.apply(h, p[op[1]])
-            if op[2]:  # apart, as vmap's linear adds it (its gradient: a sum over the batch, per client)
-                h = h + p[op[2]].unsqueeze(1)
+        h = layer(op, p, h, m)
+    return h
+
+
+def layer(op: Op, p: dict[str, torch.Tensor], h: torch.Tensor, m: int) -> torch.Tensor:
+    """One layer of :func:`_forward` for ``m`` clients: ``h`` is ``[b, m x channels,
+    H, W]`` before the flatten, ``[m, b, features]`` after it."""
+    kind = op[0]
+    if kind == "conv":
+        mod: nn.Conv2d = op[3]
+        wt = p[op[1]]
+        bias = p[op[2]].reshape(-1) if op[2] else None
+        # the bias rides in the convolution's forward; its gradient is ours
+        # (:class:`_BiasGrad`): the kernels' own sums run in an order that depends
+        # on how many clients share the call
+        args = (None if bias is None else bias.detach(), mod.stride, mod.padding, mod.dilation, m)
+        if _runs_depthwise(wt.shape[2], wt.shape[1], h.device):
+            h = _DepthwiseForward.apply(h, wt.reshape(-1, *wt.shape[2:]), *args)
+        else:
+            h = F.conv2d(h, wt.reshape(-1, *wt.shape[2:]), *args)
+        if bias is not None and bias.requires_grad:
+            h = _BiasGrad.apply(h, bias)
+        return h
+    if kind == "pool":
+        return F.max_pool2d(h, *op[1])
+    if kind == "relu":
+        return F.relu(h)
+    if kind == "flatten":
+        # [m, b, C*H*W] in the modules' (C, H, W) order, contiguous: bmm of a
+        # strided batch may take another kernel, with other bits
+        return h.unflatten(1, (m, -1)).transpose(0, 1).reshape(m, h.shape[0], -1).contiguous()
+    h = _Linear.apply(h, p[op[1]])  # linear on [m, b, in]
+    if op[2]:  # apart, as vmap's linear adds it (its gradient: a sum over the batch, per client)
+        h = h + p[op[2]].unsqueeze(1)
     return h
 
 
