@@ -12,7 +12,9 @@ first batch of an epoch; glibc's malloc keeps freed blocks as a run has it
 calls after one warm-up: ``forward`` (the loss on per-parameter leaves),
 ``forward+backward`` (and the gradients), ``+update`` (and ``Optimizer.step_`` on a
 copy of the rows), each layer's forward (no gradient kept), and with ``--eval N``
-one model on N samples: ``shared_forward`` and the plain module.
+one model on N samples: ``shared_forward`` and the plain module; with ``--compile``
+the forward and backward of ``torch.compile(grouped_loss)`` (the time to compile
+apart).
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--eval", type=int, default=0, help="also one model on this many samples")
+    ap.add_argument("--compile", action="store_true", help="also forward+backward of torch.compile(grouped_loss)")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     kept = keep_freed_memory()
@@ -87,12 +90,12 @@ def main(argv: list[str] | None = None) -> None:
     x, y, w = c.batch(c.plan(local, 1, 0).idx[:, 0])
     rows = c.params[local].clone()
 
-    def forward():
+    def forward(loss_of=G.grouped_loss):
         leaves = {k: v.detach().requires_grad_(True) for k, v in c.layout.parts(rows).items()}
-        return leaves, G.grouped_loss(c.convnet, leaves, x, y, w)
+        return leaves, loss_of(c.convnet, leaves, x, y, w)
 
-    def backward():
-        leaves, loss = forward()
+    def backward(loss_of=G.grouped_loss):
+        leaves, loss = forward(loss_of)
         return torch.autograd.grad(loss.sum(), list(leaves.values()))
 
     def update():
@@ -101,6 +104,12 @@ def main(argv: list[str] | None = None) -> None:
     res = {"model": a.model, "clients": a.clients, "batch": a.batch, "threads": a.threads,
            "malloc_keeps_freed": kept, "forward_ms": median_ms(forward, a.repeats),
            "forward_backward_ms": median_ms(backward, a.repeats), "step_ms": median_ms(update, a.repeats)}
+    if a.compile:  # inductor's C++ kernels for everything but the convolutions and matmuls
+        t0 = time.perf_counter()
+        compiled = torch.compile(G.grouped_loss, dynamic=False)
+        backward(compiled)
+        res["compile_s"] = time.perf_counter() - t0
+        res["compiled_forward_backward_ms"] = median_ms(lambda: backward(compiled), a.repeats)
     with torch.no_grad():
         res["layers_ms"] = layer_times(c.convnet, c.layout.parts(rows), x, a.repeats)
         if a.eval:
