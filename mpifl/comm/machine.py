@@ -108,7 +108,7 @@ def keep_freed_memory() -> bool:
     system at once. A training step allocates and frees megabytes of activations
     (cnn_dpfl at 50 clients: a 6 MB repeat, 2-5 MB per layer), and memory handed
     back comes again as fresh pages, each faulted in and zeroed on first touch: a
-    cnn_dpfl round of 50 clients a rank ran 0.176-0.193 s by default, 0.166-0.172
+    cnn_dpfl round of 50 clients a rank ran 0.176-0.208 s by default, 0.166-0.176
     s with these (bench/README.md, Performance IV). No result changes: where blocks
     come from is not what is computed. A process's resident memory then stays near
     its peak, as a job's does anyway. Not done where the user set glibc's malloc

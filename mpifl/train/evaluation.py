@@ -1,5 +1,6 @@
 """Evaluation: each client's loss and accuracy on its own split, in chunks of
-clients with padded batches; no side effect on training state."""
+clients with padded batches (one model shared by all: its real samples only); no
+side effect on training state."""
 
 from __future__ import annotations
 

@@ -262,8 +262,8 @@ def shared_forward(ops: list[Op], p: dict[str, torch.Tensor], x: torch.Tensor) -
     one-channel convolution of up to ``DEPTHWISE_MAX_OUT`` outputs runs as in
     training, samples in the place of clients (:func:`_folded_depthwise`; the
     modules' result up to rounding): cnn_dpfl's evaluation of 850 samples on one
-    thread took 9.8 ms as one model's depthwise convolution, 15.7 in its modules
-    (bench/README.md, Performance IV)."""
+    thread took 5.9 ms so, 9.5 as one model's depthwise convolution, 16.3 in its
+    modules (bench/README.md, Performance IV)."""
     h = x
     skip = False
     for i, op in enumerate(ops):
