@@ -247,3 +247,27 @@ def test_a_damaged_pending_round_is_named_and_a_resume_goes_on(tmp_path):
     w2 = Writer(path, {"algorithm": "x", "n_ranks": 1}, {}, N, keep_rounds=3)
     w2.close()
     assert not side.exists() and open_run(path).rounds.tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize("flush_s", [0.0, 1e9])
+def test_rounds_done_reads_one_snapshot_of_a_live_log(tmp_path, monkeypatch, flush_s):
+    """A live writer's log changes between two opens (a flush moves rounds from
+    run.h5.rounds into run.h5): a count from one open indexed into the next made a
+    sweep driver probing another driver's point die of an IndexError."""
+    from mpifl.logging import h5
+
+    path = tmp_path / "run.h5"
+    w = Writer(path, {"algorithm": "x"}, {"cluster": np.zeros(N, np.int64)}, N, flush_s=flush_s)
+    for t in range(3):
+        w.write_round(2 * t, {"wall_s": 1.0}, {"metrics/test_acc": np.full(N, t, np.float32)})
+    run = open_run(path)
+    opens = []
+    real = h5.Run._file
+
+    def counted(self):
+        opens.append(1)
+        return real(self)
+
+    monkeypatch.setattr(h5.Run, "_file", counted)
+    assert run.rounds_done == 5 and len(opens) == 1
+    w.close()
