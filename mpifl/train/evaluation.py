@@ -49,11 +49,16 @@ def split_batches(c: ClientsView, split: str, local: np.ndarray | None = None
 
 
 @torch.no_grad()
-def shared_logits(c: ClientsView, row: torch.Tensor, x: torch.Tensor, local: np.ndarray) -> torch.Tensor:
+def shared_logits(c: ClientsView, row: torch.Tensor, x: torch.Tensor, local: np.ndarray,
+                  w: torch.Tensor | None = None) -> torch.Tensor:
     """``[m, b, C]`` outputs of one model ``row [P]`` on the listed clients' inputs
-    ``x [m, b, ...]`` (a BatchNorm model with each client's own statistics)."""
+    ``x [m, b, ...]`` (a BatchNorm model with each client's own statistics). With
+    the samples' weights ``w [m, b]``, padding (``w == 0``) is not evaluated and its
+    logits are 0 (:func:`_valid_only`)."""
     if c.layout.B:
         return c.logits(row.expand(len(local), -1).contiguous(), x, local)
+    if w is not None:
+        return _valid_only(lambda flat: _shared_flat(c, row, flat), x, w)
     return _shared_flat(c, row, x.reshape(-1, *x.shape[2:])).reshape(*x.shape[:2], -1)
 
 
@@ -93,11 +98,7 @@ def evaluate(c: ClientsView, split: str, params: torch.Tensor | None = None,
     for a in range(0, len(local), step):
         sl = slice(a, a + step)
         x, y, w = gather(c, idx_all[sl])
-        if params.dim() == 1:
-            out = shared_logits(c, params, x, local[sl]) if c.layout.B \
-                else _valid_only(lambda flat: _shared_flat(c, params, flat), x, w)
-        else:
-            out = c.logits(params[sl], x, local[sl])
+        out = shared_logits(c, params, x, local[sl], w) if params.dim() == 1 else c.logits(params[sl], x, local[sl])
         loss[sl], acc[sl] = loss_acc(out, y, w)
     return loss, acc
 
