@@ -61,11 +61,10 @@ def clients(model: str, n: int, batch: int) -> Clients:
 
 
 def layer_times(ops: list, p: dict, x: torch.Tensor, repeats: int) -> dict[str, float]:
-    """Each layer of the grouped forward (``grouped.layer``) alone on its input."""
-    m, b = x.shape[:2]
-    h = x.transpose(0, 1).reshape(b, m * x.shape[2], *x.shape[3:])
-    out = {"input": median_ms(lambda: h.contiguous(memory_format=G._layout(x.device)), repeats)}
-    h = h.contiguous(memory_format=G._layout(x.device))
+    """Each layer of the grouped forward (``grouped.layer``, which also turns the
+    clients' samples into a grouped convolution's layout where a layer needs it)
+    alone on its input."""
+    m, h, out = x.shape[0], x, {}
     for i, op in enumerate(ops):
         out[f"{i}:{op[0]}"] = median_ms(lambda h=h, op=op: G.layer(op, p, h, m), repeats)
         h = G.layer(op, p, h, m)

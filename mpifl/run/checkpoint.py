@@ -323,6 +323,7 @@ def save(rd: RunDir, ctx, state: Any, t: int, die_before_publish: bool = False, 
             return
         meta = {"round": t, "config": ctx.cfg.to_dict(), "n_ranks": comm.size,
                 "train_path": "batched" if ctx.clients.batched else "per_client",
+                "conv_kernel": ctx.clients.conv_kernel if ctx.clients.batched else None,
                 "starts": torch.as_tensor(np.asarray(comm.placement.starts, np.int64)),
                 "algo": {k: _encode(getattr(state, k), k) for k in glob}}
         files = {META: _save(meta, tmp / META, kept)}
@@ -427,6 +428,8 @@ def load(path: Path, ctx, state: Any) -> int:
         # other way this time; the two agree to float tolerance only, and a resumed
         # run continues the bits of the run it resumes
         c.batched = meta["train_path"] == "batched"
+    if c.batched:  # train.fused_conv=auto may build here and not there, or the other way
+        c.keep_conv_kernel(meta.get("conv_kernel"))
     for k in glob:
         if k in meta["algo"]:  # a field added to State since the checkpoint keeps init's value
             setattr(state, k, _decode(meta["algo"][k], getattr(state, k), c.device))

@@ -20,9 +20,9 @@ from torch import nn
 
 from mpifl.data import FederatedData
 from mpifl.models import has_batchnorm
-from mpifl.train import batched, evaluation, loop
+from mpifl.train import batched, evaluation, fused, grouped, loop
 from mpifl.train.engine import Engine
-from mpifl.train.grouped import GroupedConv, grouped_convnet
+from mpifl.train.grouped import GroupedConv, fuse, grouped_convnet
 from mpifl.train.layout import Layout
 from mpifl.train.mlp import StackedMLP, stacked_mlp
 from mpifl.train.objective import Objective, Step
@@ -70,6 +70,7 @@ class Clients:
         self.bn = has_batchnorm(model)
         self.stacked = stacked_mlp(model) if self.layout.B == 0 else None
         self.convnet = grouped_convnet(model) if self.layout.B == 0 else None
+        self.conv_kernel = self._conv_kernel(cfg, data.in_shape) if self.convnet is not None else None
         # Which path trains: "on" / "off" as asked. Under "auto" a plain MLP is batched
         # (stacked bmm: 6-10x the loop in bench/README.md, at every size measured);
         # any other model is timed on both paths at the start of a run
@@ -85,6 +86,41 @@ class Clients:
             self._engines["stacked"] = StackedMLP(self.model, self.layout, self.stacked, device)
         if self.convnet is not None:
             self._engines["grouped"] = GroupedConv(self.model, self.layout, self.convnet)
+
+    def _conv_kernel(self, cfg: TrainConfig, in_shape: tuple[int, ...]) -> str:
+        """``"fused"`` where the conv net's first layer runs by :mod:`mpifl.train.fused`
+        on the batched path (``train.fused_conv`` allows it, it fits, the kernel
+        builds), else ``"torch"``."""
+        want = cfg.fused_conv
+        on_cpu = self.device.type == "cpu" and cfg.batched != "off"
+        head = fuse(self.convnet, tuple(in_shape)) if want != "off" and on_cpu else None
+        if head is None:
+            return "torch"
+        try:
+            fused.kernels()
+        except fused.FusedUnavailable as e:
+            if want == "on":
+                from mpifl.errors import ConfigError
+
+                raise ConfigError(f"train.fused_conv=on but its kernel does not build here ({e}); allowed: "
+                                  "auto (torch's kernels where it does not build), off", "train.fused_conv") from None
+            return "torch"
+        self.convnet = head
+        return "fused"
+
+    def keep_conv_kernel(self, kernel: str | None) -> None:
+        """Take the conv kernel a checkpoint's run took (a resume continues its bits):
+        torch's where it took theirs; where it took the fused one and this process
+        cannot, stop."""
+        if kernel is None or kernel == self.conv_kernel or self.convnet is None:
+            return
+        if kernel == "torch":
+            self.convnet = grouped.unfused(self.convnet)
+        else:
+            raise RuntimeError(f"the checkpoint's run took the fused conv kernel (train.fused_conv), which this run "
+                               f"cannot ({self.conv_kernel}): resume where it builds")
+        self.conv_kernel = kernel
+        self._engines["grouped"] = GroupedConv(self.model, self.layout, self.convnet)
 
     @property
     def engine(self) -> Engine:

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from mpifl.train import fused
 from mpifl.train.layout import Layout
 from mpifl.train.loss import cross_entropy
 from mpifl.train.rowmodel import autograd_blocks
@@ -70,6 +71,46 @@ def grouped_convnet(model: nn.Module) -> list[Op] | None:
     return _pool_before_relu(ops)
 
 
+def fuse(ops: list[Op], in_shape: tuple[int, ...]) -> list[Op] | None:
+    """``ops`` with every convolution that a max-pooling and ReLU follow, where
+    :mod:`mpifl.train.fused`'s kernel computes them (:func:`~mpifl.train.fused.fits`
+    on its input's shape), as one layer ``("fused", conv, pool, relu)``; None where
+    none fits."""
+    out: list[Op] = []
+    shape = torch.Size([1, *in_shape])
+    i = 0
+    while i < len(ops):
+        op = ops[i]
+        if op[0] == "flatten":
+            return out + ops[i:] if any(o[0] == "fused" for o in out) else None
+        if [o[0] for o in ops[i:i + 3]] == ["conv", "pool", "relu"] and fused.fits(op[3], ops[i + 1][1], shape[1:]):
+            out.append(("fused", *ops[i:i + 3]))
+            step = ops[i:i + 3]
+            i += 3
+        else:
+            out.append(op)
+            step = [op]
+            i += 1
+        for o in step:  # the next layer's input shape
+            shape = _shape_after(o, shape)
+    return None
+
+
+def _shape_after(op: Op, shape: torch.Size) -> torch.Size:
+    with torch.no_grad():
+        h = torch.zeros(shape)
+        if op[0] == "conv":
+            mod: nn.Conv2d = op[3]
+            w = mod.weight.new_zeros(mod.weight.shape)
+            return F.conv2d(h, w, None, mod.stride, mod.padding, mod.dilation).shape
+        return F.max_pool2d(h, *op[1]).shape if op[0] == "pool" else shape
+
+
+def unfused(ops: list[Op]) -> list[Op]:
+    """``ops`` with each fused layer (:func:`fuse`) as its three layers again."""
+    return [part for op in ops for part in (op[1:] if op[0] == "fused" else [op])]
+
+
 def _pool_before_relu(ops: list[Op]) -> list[Op]:
     """``ops`` with every ReLU that a max-pooling follows moved after it.
 
@@ -103,17 +144,36 @@ def grouped_forward(ops: list[Op], p: dict[str, torch.Tensor], x: torch.Tensor) 
 
 
 def _forward(ops: list[Op], p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-    m, b = x.shape[:2]
-    h = x.transpose(0, 1).reshape(b, m * x.shape[2], *x.shape[3:]).contiguous(memory_format=_layout(x.device))
+    h = x
     for op in ops:
-        h = layer(op, p, h, m)
+        h = layer(op, p, h, x.shape[0])
     return h
 
 
+def _grouped(h: torch.Tensor, m: int) -> torch.Tensor:
+    """The clients' samples ``[m, b, C, H, W]`` as ``[b, m x C, H, W]`` (a grouped
+    convolution's layout, :func:`_layout`); that layout as it is."""
+    if h.dim() == 4:
+        return h
+    b = h.shape[1]
+    return h.transpose(0, 1).reshape(b, m * h.shape[2], *h.shape[3:]).contiguous(memory_format=_layout(h.device))
+
+
 def layer(op: Op, p: dict[str, torch.Tensor], h: torch.Tensor, m: int) -> torch.Tensor:
-    """One layer of :func:`_forward` for ``m`` clients: ``h`` is ``[b, m x channels,
-    H, W]`` before the flatten, ``[m, b, features]`` after it."""
+    """One layer of :func:`_forward` for ``m`` clients. Before the flatten ``h`` is the
+    clients' samples ``[m, b, channels, H, W]`` (the input, and what a fused layer,
+    :func:`fuse`, reads and writes) or ``[b, m x channels, H, W]`` (what torch's
+    grouped convolutions and pooling read and write), each turned into the other
+    where a layer needs it; after the flatten ``[m, b, features]``."""
     kind = op[0]
+    if kind == "fused":
+        if h.dim() == 4:
+            h = h.unflatten(1, (m, -1)).transpose(0, 1).contiguous()
+        conv = op[1]
+        bias = p[conv[2]] if conv[2] else h.new_zeros(m, conv[3].out_channels)
+        return fused.ConvPoolReLU.apply(h, p[conv[1]], bias)
+    if kind in ("conv", "pool"):
+        h = _grouped(h, m)
     if kind == "conv":
         mod: nn.Conv2d = op[3]
         wt = p[op[1]]
@@ -134,6 +194,8 @@ def layer(op: Op, p: dict[str, torch.Tensor], h: torch.Tensor, m: int) -> torch.
     if kind == "relu":
         return F.relu(h)
     if kind == "flatten":
+        if h.dim() == 5:  # already in the modules' (C, H, W) order, contiguous
+            return h.reshape(m, h.shape[1], -1)
         # [m, b, C*H*W] in the modules' (C, H, W) order, contiguous: bmm of a
         # strided batch may take another kernel, with other bits
         return h.unflatten(1, (m, -1)).transpose(0, 1).reshape(m, h.shape[0], -1).contiguous()
@@ -263,7 +325,9 @@ def shared_forward(ops: list[Op], p: dict[str, torch.Tensor], x: torch.Tensor) -
     training, samples in the place of clients (:func:`_folded_depthwise`; the
     modules' result up to rounding): cnn_dpfl's evaluation of 850 samples on one
     thread took 5.9 ms so, 9.5 as one model's depthwise convolution, 16.3 in its
-    modules (bench/README.md, Performance IV)."""
+    modules (bench/README.md, Performance IV). A fused layer (:func:`fuse`) runs
+    as its three layers."""
+    ops = unfused(ops)
     h = x
     skip = False
     for i, op in enumerate(ops):

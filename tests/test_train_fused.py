@@ -1,0 +1,162 @@
+"""The fused first layer (mpifl.train.fused): torch's convolution, max-pooling and
+ReLU to the bit where every sum is exact, up to rounding elsewhere, and a client's
+bits whatever clients share its call."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from test_clients import make_conv
+from torch import nn
+
+from mpifl import models
+from mpifl.errors import ConfigError
+from mpifl.train import fused
+from mpifl.train.grouped import _forward, fuse, grouped_convnet, grouped_loss, pool_args, unfused
+
+pytestmark = pytest.mark.skipif(isinstance(fused._build(), str), reason="the fused kernel does not build here")
+
+
+def _reference(x, w, b, g):
+    """Per client, torch's modules: relu(max_pool(conv(x) + b)), and the input,
+    weight and bias gradients of <out, g>."""
+    res = []
+    for i in range(x.shape[0]):
+        xi, wi, bi = (v[i].clone().requires_grad_(True) for v in (x, w, b))
+        out = F.relu(F.max_pool2d(F.conv2d(xi, wi, bi), 2))
+        res.append([out.detach(), *torch.autograd.grad((out * g[i]).sum(), [xi, wi, bi])])
+    return [torch.stack(r) for r in zip(*res)]
+
+
+def _fused(x, w, b, g, need_x=True):
+    xl, wl, bl = x.clone().requires_grad_(need_x), w.clone().requires_grad_(True), b.clone().requires_grad_(True)
+    out = fused.ConvPoolReLU.apply(xl, wl, bl)
+    grads = torch.autograd.grad((out * g).sum(), [xl, wl, bl] if need_x else [wl, bl])
+    return [out.detach(), *([] if need_x else [None]), *grads]
+
+
+CASES = [(1, 4, 5, 28), (4, 12, 5, 12), (1, 8, 3, 10), (3, 6, 5, 32), (6, 16, 5, 14), (1, 1, 5, 13), (3, 2, 3, 34)]
+
+
+@pytest.mark.parametrize("ci,c,k,hw", CASES)
+def test_exact_sums_give_torchs_bits_ties_included(ci, c, k, hw):
+    """Small integers make every sum exact in float32, in any order: the kernel's
+    outputs and gradients must then be torch's exactly, and its pooling must pass
+    each window's gradient to the same (first) of several equal maxima."""
+    gen = torch.Generator().manual_seed(ci * 100 + c * 10 + k)
+    m, b = 3, 4
+
+    def ints(*shape):
+        return torch.randint(-2, 3, shape, generator=gen).float()
+
+    x, w, bias = ints(m, b, ci, hw, hw), ints(m, c, ci, k, k), ints(m, c)
+    ph = (hw - k + 1) // 2
+    g = ints(m, b, c, ph, ph)
+    got, ref = _fused(x, w, bias, g), _reference(x, w, bias, g)
+    assert (ref[0] == 0).float().mean() < 0.9, "a case where the ReLU passes too little to test the gradients"
+    for name, a, r in zip(["out", "dx", "dw", "db"], got, ref):
+        assert torch.equal(a, r), (name, (a - r).abs().max().item())
+    for a, r in zip(_fused(x, w, bias, g, need_x=False)[2:], ref[2:]):  # a first layer's: no input gradient
+        assert torch.equal(a, r)
+
+
+@pytest.mark.parametrize("ci,c,k,hw", CASES[:2])
+def test_random_floats_agree_with_torch_up_to_rounding(ci, c, k, hw):
+    torch.manual_seed(0)
+    m, b = 5, 7
+    x, w, bias = torch.randn(m, b, ci, hw, hw), torch.randn(m, c, ci, k, k) * 0.2, torch.randn(m, c) * 0.1
+    ph = (hw - k + 1) // 2
+    g = torch.randn(m, b, c, ph, ph)
+    for name, a, r in zip(["out", "dx", "dw", "db"], _fused(x, w, bias, g), _reference(x, w, bias, g)):
+        assert (a - r).abs().max() <= 1e-5 * r.abs().max(), name
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_clients_bits_do_not_depend_on_its_company_or_the_threads(threads):
+    torch.manual_seed(2)
+    m, b = 9, 6
+    x, w, bias = torch.randn(m, b, 4, 12, 12), torch.randn(m, 12, 4, 5, 5) * 0.2, torch.randn(m, 12) * 0.1
+    g = torch.randn(m, b, 12, 4, 4)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        full = _fused(x, w, bias, g)
+        for k in (1, 2, 5):
+            part = _fused(x[m - k:], w[m - k:], bias[m - k:], g[m - k:])
+            assert all(torch.equal(a, c[m - k:]) for a, c in zip(part, full)), k
+        torch.set_num_threads(3 - threads)
+        other = _fused(x, w, bias, g)
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(a, c) for a, c in zip(other, full))
+
+
+def test_which_layers_fit():
+    pool = pool_args(nn.MaxPool2d(2))
+    assert fused.fits(nn.Conv2d(1, 4, 5), pool, (1, 28, 28))
+    assert fused.fits(nn.Conv2d(3, 6, 5), pool, (3, 32, 32))
+    assert fused.fits(nn.Conv2d(4, 12, 5), pool, (4, 12, 12))
+    assert not fused.fits(nn.Conv2d(1, 64, 5), pool, (1, 28, 28))  # LeNet's: too many outputs
+    assert not fused.fits(nn.Conv2d(1, 4, 5, padding=1), pool, (1, 28, 28))
+    assert not fused.fits(nn.Conv2d(1, 4, 5), pool_args(nn.MaxPool2d(3)), (1, 28, 28))
+    assert not fused.fits(nn.Conv2d(1, 4, 5), pool, (1, 64, 64))  # wider than four vectors
+    assert not fused.fits(nn.Conv2d(7, 4, 5), pool, (7, 28, 28))  # 35 patch rows
+    assert not fused.fits(nn.Conv2d(1, 17, 5), pool, (1, 28, 28))
+    assert not fused.fits(nn.Conv2d(1, 4, 9), pool, (1, 28, 28))  # a patch row wider than a vector
+    ops = grouped_convnet(models.cnn_dpfl((1, 28, 28), 10))
+    head = fuse(ops, (1, 28, 28))
+    assert head is not None and [op[0] for op in head[:3]] == ["fused", "fused", "flatten"] and unfused(head) == ops
+    assert [op[0] for op in fuse(grouped_convnet(models.cnn_dpfl((3, 32, 32), 10)), (3, 32, 32))[:2]] == ["fused"] * 2
+    assert fuse(grouped_convnet(models.lenet((1, 28, 28), 10)), (1, 28, 28)) is None
+
+
+def test_the_fused_net_computes_the_torch_nets_function():
+    torch.manual_seed(3)
+    model = models.cnn_dpfl((1, 28, 28), 10)
+    ops = grouped_convnet(model)
+    head = fuse(ops, (1, 28, 28))
+    m = 4
+    p = {k: torch.randn(m, *v.shape) * 0.1 for k, v in model.named_parameters()}
+    x, y, w = torch.randn(m, 6, 1, 28, 28), torch.randint(0, 10, (m, 6)), torch.ones(m, 6)
+    res = []
+    for o in (ops, head):
+        leaves = {k: v.clone().requires_grad_(True) for k, v in p.items()}
+        loss = grouped_loss(o, leaves, x, y, w)
+        res.append([loss.detach(), *torch.autograd.grad(loss.sum(), list(leaves.values()))])
+        with torch.no_grad():
+            res[-1].append(_forward(o, p, x))
+    for a, r in zip(res[1], res[0]):
+        assert (a - r).abs().max() <= 1e-5 * r.abs().max() + 1e-7
+
+
+def _clients(batched="on", fused_conv="auto"):
+    return make_conv(batched, **{"train.fused_conv": fused_conv})  # 1 -> 4 channels, 3x3, pooled: it fits
+
+
+def test_clients_take_the_kernel_where_it_fits_and_builds(monkeypatch):
+    assert _clients().conv_kernel == "fused"
+    assert _clients(fused_conv="off").conv_kernel == "torch"
+    assert _clients(batched="off").conv_kernel == "torch"  # the loop has no grouped layer to fuse
+    assert make_conv("on", bn=True).conv_kernel is None  # BatchNorm: no grouped path at all
+    monkeypatch.setattr(fused, "_build", lambda: "CalledProcessError: no compiler")
+    assert _clients().conv_kernel == "torch"
+    with pytest.raises(ConfigError, match=r"train\.fused_conv=on .*no compiler"):
+        _clients(fused_conv="on")
+
+
+def _trained(c) -> torch.Tensor:
+    local = np.arange(c.n)
+    for t in range(2):
+        c.train(local, 1, t)
+    return c.params.clone()
+
+
+def test_a_resume_keeps_the_kernel_its_run_took(monkeypatch):
+    fused_run, torch_run = _trained(_clients()), _trained(_clients(fused_conv="off"))
+    assert not torch.equal(fused_run, torch_run)  # other sums: the check below can tell the kernels apart
+    resumed = _clients()
+    resumed.keep_conv_kernel("torch")
+    assert resumed.conv_kernel == "torch" and torch.equal(_trained(resumed), torch_run)
+    monkeypatch.setattr(fused, "_build", lambda: "CalledProcessError: no compiler")
+    with pytest.raises(RuntimeError, match="took the fused conv kernel"):
+        _clients().keep_conv_kernel("fused")
