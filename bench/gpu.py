@@ -58,13 +58,13 @@ def sync(device: torch.device) -> None:
 
 
 def make(model: str, n: int, batched: str, device: torch.device, samples: int,
-         shape: tuple[int, ...] = (1, 28, 28)) -> Clients:
+         shape: tuple[int, ...] = (1, 28, 28), over: tuple[str, ...] = ()) -> Clients:
     """``n`` clients of Gaussian blobs (``samples`` each, 60% train, batch 16) with
-    ``shape``-sized inputs (flat for the MLP)."""
+    ``shape``-sized inputs (flat for the MLP); ``over``: more ``key=value`` overrides."""
     cfg = config.load(None, ["data.name=synthetic", "data.partition=iid", f"data.n_clients={n}",
                              f"data.n_samples={samples * n}", f"data.synthetic_dim={int(np.prod(shape))}",
                              f"model.name={model}", f"train.batched={batched}", "train.batch_size=16",
-                             "train.lr=0.05"])
+                             "train.lr=0.05", *over])
     data = build(cfg.data, 0, np.arange(n))
     if model in models.IMAGE_MODELS:
         data.x = data.x.reshape(-1, *shape)

@@ -22,6 +22,10 @@ forward, weight gradient and input gradient timed apart in torch's default
 (NCHW) layout and channels-last, each as a fraction of the matrix product: the
 ceiling a path made of torch's convolution kernels can reach.
 
+``--fused-conv off``: every conv net on torch's kernels (``train.fused_conv=off``;
+by default cnn_dpfl's layers run in mpifl/train/fused.py's kernel, the table's
+"conv kernel" column).
+
 Prints one JSON line per (model, shape, clients) and a Markdown table.
 """
 
@@ -72,8 +76,8 @@ def flops_per_sample(name: str, shape: tuple[int, ...], batch: int = 16) -> floa
     return fc.get_total_flops() / batch
 
 
-def measure(name: str, shape: tuple[int, ...], n: int, repeats: int) -> dict:
-    c = make(name, n, "on", torch.device("cpu"), 50, shape)
+def measure(name: str, shape: tuple[int, ...], n: int, repeats: int, fused_conv: str = "auto") -> dict:
+    c = make(name, n, "on", torch.device("cpu"), 50, shape, (f"train.fused_conv={fused_conv}",))
     local = np.arange(n)
     samples = int(c.data.sizes[:n, 0].sum())
     r = iter(range(1, 10 ** 6))
@@ -81,7 +85,7 @@ def measure(name: str, shape: tuple[int, ...], n: int, repeats: int) -> dict:
     work = flops_per_sample(name, shape) * samples
     return {"model": name, "shape": "x".join(map(str, shape)), "clients": n, "samples": samples,
             "mflop_per_sample": work / samples / 1e6, "s_per_epoch": t, "gflops": work / t / 1e9,
-            "client_epochs_s": n / t}
+            "client_epochs_s": n / t, "conv_kernel": c.conv_kernel or ""}
 
 
 def conv_layers(name: str, shape: tuple[int, ...]) -> list[tuple[torch.nn.Conv2d, tuple[int, ...]]]:
@@ -137,6 +141,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--kernels", action="store_true", help="each convolution's kernels apart (see above)")
+    ap.add_argument("--fused-conv", default="auto", choices=["auto", "off"],
+                    help="train.fused_conv: off = torch's kernels for every conv net (mpifl/train/fused.py)")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     kept = keep_freed_memory()  # as a run does (mpifl.run.runtime)
@@ -159,16 +165,17 @@ def main(argv: list[str] | None = None) -> None:
     for name in a.models:
         for shape in a.shapes:
             for n in a.clients:
-                row = measure(name, SHAPES[shape], n, a.repeats)
+                row = measure(name, SHAPES[shape], n, a.repeats, a.fused_conv)
                 row["of_matmul"] = row["gflops"] / peak
                 print(json.dumps(row), flush=True)
                 rows.append(row)
     peak_after = matmul_rate(max(a.repeats, 5))
     print(f"\nmatmul 2048^2, {a.threads} threads: {peak:.1f} GFLOP/s (again at the end: {peak_after:.1f})\n")
-    print("| model | input | clients | MFLOP/sample | s/epoch | GFLOP/s | of matmul | client-epochs/s |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| model | conv kernel | input | clients | MFLOP/sample | s/epoch | GFLOP/s | of matmul | client-epochs/s |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['model']} | {r['shape']} | {r['clients']} | {r['mflop_per_sample']:.2f} | "
+        print(f"| {r['model']} | {r['conv_kernel'] or '-'} | {r['shape']} | {r['clients']} | "
+              f"{r['mflop_per_sample']:.2f} | "
               f"{r['s_per_epoch']:.3f} | {r['gflops']:.1f} | {100 * r['of_matmul']:.0f}% | "
               f"{r['client_epochs_s']:.0f} |")
 

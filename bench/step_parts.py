@@ -5,6 +5,7 @@ Performance IV (bench/README.md), not a test.
 
     python bench/step_parts.py --model cnn_dpfl --clients 50 --batch 10 --threads 1
     python bench/step_parts.py --model lenet --clients 64 --batch 16 --threads 2 --eval 850
+    python bench/step_parts.py --model cnn_dpfl --clients 64 --batch 16 --threads 2 --fused-conv off
 
 Data: Gaussian blobs in 1x28x28 (``make`` of bench/gpu.py's kind), the clients'
 first batch of an epoch; glibc's malloc keeps freed blocks as a run has it
@@ -49,11 +50,11 @@ def median_ms(fn, repeats: int) -> float:
     return 1e3 * float(np.median(took))
 
 
-def clients(model: str, n: int, batch: int) -> Clients:
+def clients(model: str, n: int, batch: int, fused_conv: str = "auto") -> Clients:
     cfg = config.load(None, ["data.name=synthetic", "data.partition=iid", f"data.n_clients={n}",
                              f"data.n_samples={87 * n}", f"data.synthetic_dim={int(np.prod(SHAPE))}",
                              f"model.name={model}", "train.batched=on", f"train.batch_size={batch}",
-                             "train.lr=0.05"])
+                             "train.lr=0.05", f"train.fused_conv={fused_conv}"])
     data = build(cfg.data, 0, np.arange(n))
     data.x = data.x.reshape(-1, *SHAPE)
     data.in_shape = SHAPE
@@ -80,10 +81,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--eval", type=int, default=0, help="also one model on this many samples")
     ap.add_argument("--compile", action="store_true", help="also forward+backward of torch.compile(grouped_loss)")
+    ap.add_argument("--fused-conv", default="auto", choices=["auto", "off"], help="train.fused_conv")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     kept = keep_freed_memory()
-    c = clients(a.model, a.clients, a.batch)
+    c = clients(a.model, a.clients, a.batch, a.fused_conv)
     assert c.convnet is not None, f"{a.model} does not take the grouped conv path"
     local = np.arange(a.clients)
     x, y, w = c.batch(c.plan(local, 1, 0).idx[:, 0])
@@ -100,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     def update():
         c.opt.step_(slice(0, a.clients), rows, list(backward()))
 
-    res = {"model": a.model, "clients": a.clients, "batch": a.batch, "threads": a.threads,
+    res = {"model": a.model, "conv_kernel": c.conv_kernel, "clients": a.clients, "batch": a.batch, "threads": a.threads,
            "malloc_keeps_freed": kept, "forward_ms": median_ms(forward, a.repeats),
            "forward_backward_ms": median_ms(backward, a.repeats), "step_ms": median_ms(update, a.repeats)}
     if a.compile:  # inductor's C++ kernels for everything but the convolutions and matmuls

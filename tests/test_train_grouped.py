@@ -13,6 +13,7 @@ from mpifl import models
 from mpifl.train.grouped import (
     _max_pool,
     column_sums,
+    fuse,
     grouped_convnet,
     grouped_forward,
     grouped_loss,
@@ -30,7 +31,17 @@ def _padded_net(in_shape, n_classes):
                          nn.Flatten(), nn.Linear(5 * 3 * 3, 7), nn.ReLU(), nn.Linear(7, n_classes, bias=False))
 
 
-NETS = {"cnn_dpfl": models.cnn_dpfl, "lenet": models.lenet, "cnn2": models.cnn2, "padded": _padded_net}
+NETS = {"cnn_dpfl": models.cnn_dpfl, "lenet": models.lenet, "cnn2": models.cnn2, "padded": _padded_net,
+        "cnn_dpfl-fused": models.cnn_dpfl}
+
+
+def _ops(net: str, model: nn.Module, in_shape: tuple[int, ...]):
+    """The grouped path's layers; "-fused": its convolutions in mpifl.train.fused's kernel."""
+    ops = grouped_convnet(model)
+    if net.endswith("-fused"):
+        ops = fuse(ops, in_shape)
+        assert ops is not None and ops[0][0] == "fused"
+    return ops
 
 
 def _case(net: str, m: int, seed: int = 0):
@@ -67,7 +78,7 @@ def test_logits_loss_and_gradients_are_vmaps_up_to_rounding(net, m):
     """The same function as the modules under vmap: channels-last kernels and the
     bias gradients' own sums change only the order of additions."""
     model, p, x, y, w = _case(net, m)
-    ops = grouped_convnet(model)
+    ops = _ops(net, model, x.shape[2:])
     assert ops is not None
     for b in (None, torch.randn(m, 10)):
         leaves = {k: v.clone().requires_grad_(True) for k, v in p.items()}
@@ -86,6 +97,7 @@ def test_logits_loss_and_gradients_are_vmaps_up_to_rounding(net, m):
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("net,shape,m", [("cnn_dpfl", (1, 28, 28), 30), ("cnn_dpfl", (3, 32, 32), 12),
+                                         ("cnn_dpfl-fused", (1, 28, 28), 30), ("cnn_dpfl-fused", (3, 32, 32), 12),
                                          ("lenet", (1, 28, 28), 9), ("padded-wide", (3, 32, 32), 8)])
 def test_a_clients_bits_do_not_depend_on_how_many_share_the_call(net, shape, m, threads):
     """Logits, loss and gradients of the last k clients alone are those they get
@@ -99,7 +111,7 @@ def test_a_clients_bits_do_not_depend_on_how_many_share_the_call(net, shape, m, 
         model = nn.Sequential(*list(_padded_net(shape, 10))[:7], nn.Linear(45, 64), nn.ReLU(), nn.Linear(64, 10))
     else:
         model = NETS[net](shape, 10)
-    ops = grouped_convnet(model)
+    ops = _ops(net, model, shape)
     p = {k: torch.randn(m, *v.shape) * 0.1 for k, v in model.named_parameters()}
     x, y, w = torch.randn(m, 6, *shape), torch.randint(0, 10, (m, 6)), torch.ones(m, 6)
     w[-1, 4:] = 0
@@ -141,7 +153,7 @@ def test_one_client_computes_what_it_computes_among_others(net):
     of 2 or 3: not torch's ungrouped convolution, whose weight gradients differ in
     the last bits."""
     model, p, x, y, w = _case(net, 3)
-    ops = grouped_convnet(model)
+    ops = _ops(net, model, x.shape[2:])
 
     def first(m: int):
         leaves = {k: v[:m].clone().requires_grad_(True) for k, v in p.items()}
@@ -175,13 +187,13 @@ def test_one_shared_model_evaluates_as_its_modules_do(net, threads):
     model = NETS[net](in_shape, 10)
     one = {k: v.detach() * 3 for k, v in model.named_parameters()}
     flat = torch.randn(600 if net != "cnn2" else 200, *in_shape)
-    ops = grouped_convnet(model)
+    ops = _ops(net, model, in_shape)  # a fused layer runs as its three
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         with torch.no_grad():
             got, ref = shared_forward(ops, one, flat), functional_call(model, one, (flat,))
-            assert torch.equal(got, ref) if net != "cnn_dpfl" else _close(got, ref)
+            assert torch.equal(got, ref) if not net.startswith("cnn_dpfl") else _close(got, ref)
             if net != "padded":
                 for a, b in ((0, 64), (17, 117), (100, 200)):
                     assert torch.equal(shared_forward(ops, one, flat[a:b]), got[a:b]), (a, b)

@@ -4,23 +4,24 @@ where they fit (:func:`fits`: both of cnn_dpfl's, 1 -> 4 and 4 -> 12 channels,
 5x5, on 28x28 images).
 
 Forward, per client i and sample: ``relu(maxpool2x2(conv(x, W_i) + b_i))``, each
-output row pair in registers over the taps, pooled as it is made, so the
-convolution's output never goes to memory; the index of each window's first
-maximum (torch's choice on ties) is kept, one byte. Backward: the weight and bias
-gradients alone (a first layer's input needs none), from the pooled gradient:
-a window passes its gradient to its first maximum only, and only where the
-ReLU's output is positive, so
+pair of output rows held in registers over the taps and pooled as it is made, so
+the convolution's output never goes to memory; the index of each window's first
+maximum (torch's choice on ties) is kept, one byte. Backward, from the pooled
+gradient ``g``: a window passes its gradient to its first maximum only, and only
+where the ReLU's output is positive, so with ``(ay, ax)`` that maximum's position
 
-    dW_i[o, c, ky, kx] = sum over (sample, window) with y > 0 of
-                         g[o, window] * x[c, argmax_y + ky, argmax_x + kx]
-    db_i[o]            = the same sum of g
+    dW_i[o, c, ky, kx] = sum over (sample, window) with y > 0 of g[o, window] * x[c, ay + ky, ax + kx]
+    db_i[o]            = the same sum of g[o, window]
+    dx[c, ay + ky, ax + kx] += g[o, window] * W_i[o, c, ky, kx]   (where the input needs it)
 
-visits a quarter or less of the positions that torch's weight gradient and
-pooling backward go over (twice, with the zero-filled gradient between them).
-cnn_dpfl's first layer at 64 clients, batch 16, 2 threads: 1.0 ms forward and 0.6
-ms backward, where torch's kernels (depthwise forward, pooling, ReLU, grouped
-weight gradient, pooling backward, :func:`~mpifl.train.grouped.column_sums`)
-took about 5 ms of a 15 ms step (bench/README.md, Performance IV).
+visits a quarter or less of the positions that torch's weight and input gradients
+and its pooling backward go over. cnn_dpfl's step at 64 clients, batch 16, two
+threads: 14.4 ms on torch's kernels, 8.4 with both its layers here (bench/README.md,
+Performance IV, "A fused convolution, pooling and ReLU").
+
+The layers in between are client-major ``[m, b, C, H, W]``, which the next fused
+layer and the flatten read as they are (:func:`mpifl.train.grouped.layer` turns
+them into a grouped convolution's layout where one of torch's layers follows).
 
 Bits: each client's sums run in an order fixed by its own shapes, one thread a
 client (backward) or a client's sample (forward), so a client's results are the

@@ -20,6 +20,10 @@ order fixed by the batch alone, and a lone client runs beside a zero one
 (:func:`grouped_forward`); the tests check every width from 1 to 30 clients on
 one and two threads. :class:`GroupedConv` is the engine
 (:class:`~mpifl.train.engine.Engine`) that runs them.
+
+A convolution that a 2x2 max-pooling and ReLU follow may run, with them, in
+:mod:`mpifl.train.fused`'s kernel instead (:func:`fuse`; ``train.fused_conv``),
+reading and writing the clients' samples client-major ``[m, b, C, H, W]``.
 """
 
 from __future__ import annotations
