@@ -15,6 +15,12 @@ of each run, each judged apart):
   contains 0: the re-run agrees up to the float noise of its seeds;
 - ``differs``: the interval excludes 0 (or there is one seed, or a run failed).
 
+Over a whole table some intervals exclude 0 by chance alone (at 95%, one cell
+metric in twenty on average where the re-run agrees everywhere): a closing line
+counts them against that expectation and gives the smallest Holm-adjusted p-value
+over the table's cell metrics (:func:`mpifl.analysis.stats.holm`): under 0.05, a
+difference the table's tests together, held to 5%, still find.
+
 With ``--versus NAME`` (a method of the record), every other method minus NAME,
 paired by seed in each setting (on the cell's first metric), on the record and on
 the re-run, with the verdict
@@ -98,22 +104,46 @@ def rerun(runs: dict[str, dict[str, Any]], out: Path, parallel: int, source: Pat
     return {key: RunDir(p.config.run_dir).log for key, p in zip(runs, points)}
 
 
-def judge(rows: list[Row], new: dict[int, float]) -> tuple[str, str]:
-    """A cell's verdict and its detail, from its recorded rows and the re-run's value per seed."""
+def judge(rows: list[Row], new: dict[int, float]) -> tuple[str, str, float]:
+    """A cell's verdict, its detail and the paired test's p-value (NaN where there is
+    none: a missing value or one seed; 1 where bitwise), from its recorded rows and
+    the re-run's value per seed."""
     import math
 
-    from mpifl.analysis.stats import paired_interval
+    from mpifl.analysis.stats import paired_interval, paired_p
 
     missing = [r.seed for r in rows if r.seed not in new or math.isnan(new[r.seed])]
     if missing:
-        return "differs", f"no value re-made for seed(s) {', '.join(map(str, missing))}"
+        return "differs", f"no value re-made for seed(s) {', '.join(map(str, missing))}", math.nan
     if all(new[r.seed] == r.value for r in rows):
-        return "bitwise", f"{len(rows)} seed(s) equal bit for bit"
-    mean, low, high, n = paired_interval([new[r.seed] - r.value for r in rows])
+        return "bitwise", f"{len(rows)} seed(s) equal bit for bit", 1.0
+    diffs = [new[r.seed] - r.value for r in rows]
+    mean, low, high, n = paired_interval(diffs)
     if n < 2:
-        return "differs", f"re-run - record {mean:+.3f} points (1 seed: no interval)"
-    text = f"re-run - record {mean:+.3f} points, 95% interval [{low:+.3f}, {high:+.3f}] over {n} seeds"
-    return ("within" if low <= 0.0 <= high else "differs"), text
+        return "differs", f"re-run - record {mean:+.3f} points (1 seed: no interval)", math.nan
+    p = paired_p(diffs)
+    text = f"re-run - record {mean:+.3f} points, 95% interval [{low:+.3f}, {high:+.3f}] over {n} seeds, p {p:.3g}"
+    return ("within" if low <= 0.0 <= high else "differs"), text, p
+
+
+def table_line(tested: list[tuple[str, float]]) -> str:
+    """The closing count over a table's ``(cell, p)``: how many exclude 0 at 95%
+    against the twentieth expected by chance, and the smallest Holm-adjusted p."""
+    import math
+
+    from mpifl.analysis.stats import holm
+
+    have = [(name, p) for name, p in tested if not math.isnan(p)]
+    if not have:
+        return "mpifl.reproduce: table-wide: no cell metric with a paired test"
+    adjusted = holm([p for _, p in have])
+    k = min(range(len(have)), key=lambda i: have[i][1])  # the smallest p: the smallest adjusted one too
+    n_out = sum(p < 0.05 for _, p in have)
+    return (f"mpifl.reproduce: table-wide: {n_out} of {len(have)} cell metric(s) exclude 0 at 95% "
+            f"({0.05 * len(have):.1f} expected by chance where the re-run agrees everywhere); smallest "
+            f"Holm-adjusted p {adjusted[k]:.3g} ({have[k][0]}): "
+            + ("a difference the table's tests together find" if adjusted[k] < 0.05
+               else "no difference the table's tests together find at 5%"))
 
 
 def versus_lines(values: dict[tuple[str, str, int], tuple[float, float]], name: str) -> list[str]:
@@ -200,6 +230,7 @@ def reproduce(record: Path, n_cells: int | None = None, parallel: int = 1, out: 
             echo(f"mpifl.reproduce: no result from {log}: {e}")
     counts = dict.fromkeys(VERDICTS, 0)
     values = {}  # (method, setting, seed): (recorded, re-made) of the cell's first metric, for --versus
+    tested: list[tuple[str, float]] = []  # (cell metric, paired p), for the table-wide line
     for (_, method, setting), rs in chosen.items():
         by_metric: dict[str, list[Row]] = {}
         for r in rs:  # a record without a layout holds several metrics per run: each is judged apart
@@ -212,8 +243,9 @@ def reproduce(record: Path, n_cells: int | None = None, parallel: int = 1, out: 
                     new[r.seed] = metric_value(s, metric)
                     if k == 0:
                         values[(method, setting, r.seed)] = (r.value, new[r.seed])
-            verdict, detail = judge(mrs, new)
+            verdict, detail, p = judge(mrs, new)
             counts[verdict] += 1
+            tested.append((f"{method} / {setting} ({metric})", p))
             echo(f"{verdict:8s} {method} / {setting} ({metric}): {detail}")
     if versus is not None:
         for line in versus_lines(values, versus):
@@ -225,6 +257,7 @@ def reproduce(record: Path, n_cells: int | None = None, parallel: int = 1, out: 
     of = f"{len(chosen)} cell(s)" if n_judged == len(chosen) else f"{n_judged} cell metrics in {len(chosen)} cell(s)"
     echo(f"mpifl.reproduce: {counts['bitwise']} bitwise, {counts['within']} within, {counts['differs']} differs "
          f"(of {of})")
+    echo(table_line(tested))
     return 1 if counts["differs"] else 0
 
 

@@ -91,6 +91,33 @@ def test_seed_noise_is_within_and_a_shift_differs(made):
     assert "+1.000 points" in verdicts[0]
 
 
+def test_the_table_wide_line_counts_exclusions_and_holds_them_to_5_percent_together(made):
+    root, said, _ = made
+    assert said[-1].startswith("mpifl.reproduce: table-wide: 0 of 2 cell metric(s) exclude 0")  # bitwise: p 1
+    out = []
+    reproduce.reproduce(_shifted(root, "moved2.csv", [-1.0, -1.1, -0.9]), out=root / "again", echo=out.append,
+                        run_points=in_process)
+    assert "2 of 2 cell metric(s) exclude 0 at 95% (0.1 expected" in out[-1]
+    assert out[-1].endswith("a difference the table's tests together find")
+    # 20 cells of which one p = 0.03: outside 95% alone, not with the other 19 held to 5% together
+    line = reproduce.table_line([(f"c{i}", 0.03 if i == 0 else 0.5) for i in range(20)])
+    assert "1 of 20 cell metric(s)" in line and "smallest Holm-adjusted p 0.6 (c0)" in line
+    assert line.endswith("no difference the table's tests together find at 5%")
+
+
+def test_paired_p_agrees_with_the_interval_and_holm_adjusts_step_down():
+    import math
+
+    from mpifl.analysis.stats import holm, paired_interval, paired_p
+
+    for diffs in ([0.1, -0.2, 0.15], [1.0, 1.1, 0.9], [0.3, 0.5, 0.2, 0.6], [2.0, -1.0]):
+        _, low, high, _ = paired_interval(diffs)
+        assert (paired_p(diffs) < 0.05) == (low > 0 or high < 0), diffs
+    assert paired_p([0.0, 0.0]) == 1.0 and paired_p([0.5, 0.5]) == 0.0 and math.isnan(paired_p([1.0]))
+    assert holm([0.01, 0.04, 0.03, math.nan]) == pytest.approx([0.03, 0.06, 0.06, math.nan], nan_ok=True)
+    assert holm([0.5, 0.9]) == [1.0, 1.0]
+
+
 def test_a_page_shows_its_record_and_the_check_sees_a_changed_number(made, tmp_path):
     root, _, _ = made
     (tmp_path / "data").mkdir()
@@ -165,4 +192,5 @@ def test_a_record_of_several_metrics_is_judged_metric_by_metric(made):
     verdicts = [line for line in said if line.startswith(reproduce.VERDICTS)]
     assert len(verdicts) == 2 * len(metrics) and all(v.startswith("bitwise") for v in verdicts), verdicts
     assert {v.split("(")[1].split(")")[0] for v in verdicts} == set(metrics)
-    assert said[-1].endswith(f"(of {2 * len(metrics)} cell metrics in 2 cell(s))")
+    assert said[-2].endswith(f"(of {2 * len(metrics)} cell metrics in 2 cell(s))")
+    assert said[-1].startswith(f"mpifl.reproduce: table-wide: 0 of {2 * len(metrics)} cell metric(s)")
