@@ -7,7 +7,8 @@ PMI in use, cores and GPUs per rank against the config's placement, the memory
 a rank needs at least against what it has (:mod:`mpifl.run.memory`), whether every
 rank sees the same run directory and data root, the versions on every rank, the
 facts every run log records (:mod:`mpifl.run.provenance`: commit, CPU kernels, BLAS,
-GPU, hosts), the time ``import torch`` took and a tiny exchange timing. Each problem is one line
+GPU, hosts), whether mpifl's fused conv kernel builds (:mod:`mpifl.train.fused`; built
+then, so the run finds it cached), the time ``import torch`` took and a tiny exchange timing. Each problem is one line
 saying what is wrong and what to change; any problem makes the exit status 1
 (a config no rank can read: 2, as for every entry point). Notes (shared cores,
 shared GPUs) do not.
@@ -290,7 +291,19 @@ def _facts(cfg: Config, mpi_comm, torch_s: float) -> dict:
         "env": {k: v for k, v in os.environ.items() if k in LAUNCHER_VARS or k.startswith("PMIX_SERVER_URI")},
         "versions": versions(), "torch_s": torch_s,
         "data": _fingerprint(str(_data_path(cfg))) if _data_path(cfg) is not None else "",
+        "fused": _fused_conv(cfg),
     }
+
+
+def _fused_conv(cfg: Config) -> str | None:
+    """Why mpifl's fused conv kernel (mpifl.train.fused) does not build on this rank,
+    or None where it builds (then cached for the run) or is not asked for."""
+    if cfg.train.fused_conv == "off":
+        return None
+    from mpifl.train import fused
+
+    built = fused._build()
+    return built if isinstance(built, str) else None
 
 
 def _device(cfg: Config, mpi_comm, facts: list[dict]) -> tuple[str, str | None]:
@@ -407,6 +420,15 @@ def _report(cfg: Config, facts: list[dict], seen: dict) -> list[str]:
     t = seen["timing"]
     lines.append(f"  exchange   1 MiB: Allreduce {t['allreduce'] * 1e3:.2f} ms, Sendrecv ring step "
                  f"{t['sendrecv'] * 1e3:.2f} ms (median of 5, slowest rank)")
+    failed = [r for r, f in enumerate(facts) if f["fused"]]
+    if cfg.train.fused_conv == "off":
+        lines.append("  conv       torch's kernels (train.fused_conv=off)")
+    elif failed:
+        lines.append(f"  conv       the fused conv kernel does not build on {_where(facts, failed)} "
+                     f"({facts[failed[0]]['fused']}): conv nets it fits run on torch's kernels there, other bits")
+    else:
+        lines.append("  conv       the fused conv kernel builds on every rank (built now, cached for the run; "
+                     "conv nets it fits, as cnn_dpfl, run on it)")
     if f0["data"] == "":
         lines.append(f"  data root  none used (data.name={cfg.data.name})")
     else:
@@ -506,6 +528,11 @@ def _judge(cfg: Config, facts: list[dict], seen: dict, mismatch: bool) -> list[s
         if other:
             out.append(f"{key} differs across ranks: {vs[key]} on rank 0, {facts[other[0]]['versions'][key]} on "
                        f"{_where(facts, other)}; run every rank from one environment {SHARED}")
+    failed = [r for r, f in enumerate(facts) if f["fused"]]
+    if failed and cfg.train.fused_conv == "on":
+        out.append(f"train.fused_conv=on but the fused conv kernel does not build on {_where(facts, failed)} "
+                   f"({facts[failed[0]]['fused']}); install a C++ compiler and ninja there, or set "
+                   f"train.fused_conv=auto (torch's kernels where it does not build)")
     plugin = f0["env"].get("SLURM_MPI_TYPE")
     advice = pmi_advice(vs["mpi"], plugin, len(facts)) if plugin and not mismatch else None
     return out + [advice] * bool(advice)

@@ -10,6 +10,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from mpifl import models
+from mpifl.train import fused
 from mpifl.train.grouped import (
     _max_pool,
     column_sums,
@@ -39,6 +40,8 @@ def _ops(net: str, model: nn.Module, in_shape: tuple[int, ...]):
     """The grouped path's layers; "-fused": its convolutions in mpifl.train.fused's kernel."""
     ops = grouped_convnet(model)
     if net.endswith("-fused"):
+        if isinstance(fused._build(), str):
+            pytest.skip("the fused kernel does not build here")
         ops = fuse(ops, in_shape)
         assert ops is not None and ops[0][0] == "fused"
     return ops

@@ -141,3 +141,20 @@ def test_the_memory_estimate_is_reported_and_a_run_that_cannot_fit_is_a_problem(
     assert any(p.startswith("data.n_clients=1000000000 is too large for this machine: the run needs at least")
                for p in problems)
     assert any("run.threads=100000 is not allowed here" in p for p in problems)
+
+
+def test_the_report_says_whether_the_fused_conv_kernel_builds_and_on_is_a_problem_where_not(mpi, shared_tmp,
+                                                                                           monkeypatch):
+    from mpifl.train import fused
+
+    report, _ = _run(mpi, f"run.out_dir={shared_tmp}", "train.fused_conv=off")
+    assert "conv       torch's kernels (train.fused_conv=off)" in report
+    if mpi.Get_rank() == mpi.Get_size() - 1:  # one rank without a compiler
+        monkeypatch.setattr(fused, "_build", lambda: "CalledProcessError: no compiler")
+    report, problems = _run(mpi, f"run.out_dir={shared_tmp}", "train.fused_conv=on")
+    assert f"does not build on rank(s) {mpi.Get_size() - 1} (" in report and "(CalledProcessError: no compiler)" in report
+    assert [p for p in problems if p.startswith("train.fused_conv=on but")], problems
+    monkeypatch.undo()
+    if not isinstance(fused._build(), str):
+        report, problems = _run(mpi, f"run.out_dir={shared_tmp}")
+        assert "the fused conv kernel builds on every rank" in report and problems == []
