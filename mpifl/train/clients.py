@@ -88,9 +88,9 @@ class Clients:
             self._engines["grouped"] = GroupedConv(self.model, self.layout, self.convnet)
 
     def _conv_kernel(self, cfg: TrainConfig, in_shape: tuple[int, ...]) -> str:
-        """``"fused"`` where the conv net's first layer runs by :mod:`mpifl.train.fused`
-        on the batched path (``train.fused_conv`` allows it, it fits, the kernel
-        builds), else ``"torch"``."""
+        """``"fused"`` where some of the conv net's layers run in :mod:`mpifl.train.fused`'s
+        kernel on the batched path (``train.fused_conv`` allows it, they fit, the
+        kernel builds; :attr:`convnet` then holds the fused layers), else ``"torch"``."""
         want = cfg.fused_conv
         on_cpu = self.device.type == "cpu" and cfg.batched != "off"
         head = fuse(self.convnet, tuple(in_shape)) if want != "off" and on_cpu else None
