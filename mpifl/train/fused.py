@@ -31,7 +31,7 @@ same whatever clients share the call and on any number of threads
 logs which kernel it took (``conv_kernel``) and a resume keeps it.
 
 The kernel compiles on first use with ``torch.utils.cpp_extension`` (a C++17
-compiler and ninja; 20-30 s) into torch's extension cache (``TORCH_EXTENSIONS_DIR``,
+compiler and ninja; 25-35 s) into torch's extension cache (``TORCH_EXTENSIONS_DIR``,
 default ``~/.cache/torch_extensions``), named by a hash of the source, the flags,
 torch's version and this CPU's instruction set, so nodes of another CPU on a
 shared home build their own. Ranks that start together wait on one build.
