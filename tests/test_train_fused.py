@@ -60,6 +60,20 @@ def test_exact_sums_give_torchs_bits_ties_included(ci, c, k, hw):
         assert torch.equal(a, r)
 
 
+def test_a_nan_passes_through_the_pooling_and_relu_as_in_torch():
+    """torch's max-pooling takes a NaN as the window's maximum and its ReLU keeps it:
+    a diverged client must show NaN in its logits, not zeros."""
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randint(-2, 3, (2, 3, 1, 12, 12), generator=gen).float()
+    x[0, 1, 0, 4, 4] = float("nan")
+    x[1, 2, 0, 0, 0] = float("inf")
+    w, bias = torch.randint(-2, 3, (2, 4, 1, 3, 3), generator=gen).float(), torch.zeros(2, 4)
+    g = torch.ones(2, 3, 4, 5, 5)
+    got, ref = _fused(x, w, bias, g, need_x=False), _reference(x, w, bias, g)
+    assert got[0].isnan().any() and torch.equal(got[0].isnan(), ref[0].isnan())
+    torch.testing.assert_close(got[0], ref[0], rtol=0, atol=0, equal_nan=True)
+
+
 @pytest.mark.parametrize("ci,c,k,hw", CASES[:2])
 def test_random_floats_agree_with_torch_up_to_rounding(ci, c, k, hw):
     torch.manual_seed(0)

@@ -69,16 +69,17 @@ void forward_sample(const float* xp, int64_t CI, int64_t H, int64_t WP, int64_t 
         const v8 a1 = __builtin_shufflevector(t0, t1, 1, 3, 5, 7, 9, 11, 13, 15);
         const v8 a2 = __builtin_shufflevector(b0, b1, 0, 2, 4, 6, 8, 10, 12, 14);
         const v8 a3 = __builtin_shufflevector(b0, b1, 1, 3, 5, 7, 9, 11, 13, 15);
-        const i8 upper = a1 > a0, lower = a3 > a2;  // -1 where true
+        // a NaN wins, the last one in the window, as in torch's kernel (v > max || isnan(v))
+        const i8 upper = (a1 > a0) | (a1 != a1), lower = (a3 > a2) | (a3 != a3);  // -1 where true
         const v8 m01 = upper ? a1 : a0, m23 = lower ? a3 : a2;
-        const i8 down = m23 > m01;
+        const i8 down = (m23 > m01) | (m23 != m23);
         *reinterpret_cast<v8*>(&P[o][8 * j]) = down ? m23 : m01;
         *reinterpret_cast<i8*>(&A[o][8 * j]) = down ? (2 - lower) : (0 - upper);
       }
     for (int64_t px = 0; px < PW; ++px)
       for (int o = 0; o < C; ++o) {
         arg[(py * PW + px) * C + o] = static_cast<uint8_t>(A[o][px]);
-        out[(o * PH + py) * PW + px] = P[o][px] > 0.f ? P[o][px] : 0.f;
+        out[(o * PH + py) * PW + px] = P[o][px] <= 0.f ? 0.f : P[o][px];  // relu(NaN) = NaN, as torch's
       }
   }
 }
