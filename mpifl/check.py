@@ -295,10 +295,18 @@ def _facts(cfg: Config, mpi_comm, torch_s: float) -> dict:
     }
 
 
+def _fused_wanted(cfg: Config) -> bool:
+    """Whether the run may take mpifl's fused conv kernel (mpifl.train.fused): a conv
+    net on the batched path, ``train.fused_conv`` not off."""
+    from mpifl.models import IMAGE_MODELS
+
+    return cfg.train.fused_conv != "off" and cfg.train.batched != "off" and cfg.model.name in IMAGE_MODELS
+
+
 def _fused_conv(cfg: Config) -> str | None:
-    """Why mpifl's fused conv kernel (mpifl.train.fused) does not build on this rank,
-    or None where it builds (then cached for the run) or is not asked for."""
-    if cfg.train.fused_conv == "off":
+    """Why the fused conv kernel does not build on this rank, or None where it builds
+    (then cached for the run) or the run would not take it."""
+    if not _fused_wanted(cfg):
         return None
     from mpifl.train import fused
 
@@ -375,7 +383,11 @@ def _memory(cfg: Config, mpi_comm, facts: list[dict], device: str) -> tuple[str,
 
     rank = mpi_comm.Get_rank()
     dev = torch.device("cpu" if device == "?" else device)
-    line, problem = sizes.assess(cfg, mpi_comm.Get_size(), rank, dev, facts[rank]["local"], facts[rank]["per_node"])
+    try:
+        line, problem = sizes.assess(cfg, mpi_comm.Get_size(), rank, dev, facts[rank]["local"],
+                                     facts[rank]["per_node"])
+    except ConfigError as e:  # the model does not take the data: one problem line, as the run would stop
+        line, problem = "not estimated: the config's model does not build on its data (see problems)", str(e)
     try:
         sizes.check_threads(cfg.run.threads)
         threads = None
@@ -421,8 +433,9 @@ def _report(cfg: Config, facts: list[dict], seen: dict) -> list[str]:
     lines.append(f"  exchange   1 MiB: Allreduce {t['allreduce'] * 1e3:.2f} ms, Sendrecv ring step "
                  f"{t['sendrecv'] * 1e3:.2f} ms (median of 5, slowest rank)")
     failed = [r for r, f in enumerate(facts) if f["fused"]]
-    if cfg.train.fused_conv == "off":
-        lines.append("  conv       torch's kernels (train.fused_conv=off)")
+    if not _fused_wanted(cfg):
+        lines.append(f"  conv       torch's kernels (train.fused_conv={cfg.train.fused_conv}, "
+                     f"train.batched={cfg.train.batched}, model.name={cfg.model.name})")
     elif failed:
         lines.append(f"  conv       the fused conv kernel does not build on {_where(facts, failed)} "
                      f"({facts[failed[0]]['fused']}): conv nets it fits run on torch's kernels there, other bits")

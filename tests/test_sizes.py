@@ -168,3 +168,13 @@ def test_the_refusal_names_the_key_whose_part_of_the_estimate_is_largest(over, k
     est = sizes.estimate(cfg, 1, 0, on_gpu=False)
     assert est.culprit(cfg) == key
     assert est.host > 1 << 40  # over a TiB: refused on any node
+
+
+def test_an_image_model_on_vector_data_is_refused_in_the_models_own_words():
+    """The estimate's "cannot be sized" (torch overflow) must not swallow the model's
+    own refusal: it said "use smaller widths" to an image model given 40-long vectors."""
+    cfg = config.load(QUICK, ["model.name=cnn_dpfl"])
+    with pytest.raises(ConfigError) as e:
+        sizes.estimate(cfg, 1, 0, False)
+    assert str(e.value) == ("model.name='cnn_dpfl' needs image inputs [C, H, W]; the data gives shape (40,): "
+                            "use model.name=mlp or an image dataset")

@@ -172,6 +172,8 @@ def estimate(cfg: Any, n_ranks: int, rank: int, on_gpu: bool) -> Estimate | None
     n_local = int(Placement(N, n_ranks).counts()[rank])
     try:
         P, B = sizes(cfg.model, d.in_shape, d.n_classes)
+    except ConfigError:  # the model does not take this data (an image model on vectors): its own words
+        raise
     except (RuntimeError, OverflowError, ValueError) as e:  # torch cannot even size it (storage overflow)
         model = f"model.hidden={cfg.model.hidden}" if cfg.model.name == "mlp" else f"model.name={cfg.model.name!r}"
         raise ConfigError(f"{model} is not allowed: the model cannot be sized ({str(e).splitlines()[0][:80]}); "
