@@ -7,7 +7,7 @@ PMI in use, cores and GPUs per rank against the config's placement, the memory
 a rank needs at least against what it has (:mod:`mpifl.run.memory`), whether every
 rank sees the same run directory and data root, the versions on every rank, the
 facts every run log records (:mod:`mpifl.run.provenance`: commit, CPU kernels, BLAS,
-GPU, hosts), whether mpifl's fused conv kernel builds (:mod:`mpifl.train.fused`; built
+GPU, hosts), whether mpifl's fused conv kernel builds for a conv net (:mod:`mpifl.train.fused`; built
 then, so the run finds it cached), the time ``import torch`` took and a tiny exchange timing. Each problem is one line
 saying what is wrong and what to change; any problem makes the exit status 1
 (a config no rank can read: 2, as for every entry point). Notes (shared cores,
