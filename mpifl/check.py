@@ -297,10 +297,12 @@ def _facts(cfg: Config, mpi_comm, torch_s: float) -> dict:
 
 def _fused_wanted(cfg: Config) -> bool:
     """Whether the run may take mpifl's fused conv kernel (mpifl.train.fused): a conv
-    net on the batched path, ``train.fused_conv`` not off."""
+    net, and the run asks for it (on a GPU its layers are torch's anyway; the
+    check builds the kernel on every rank regardless, as a CPU run would)."""
     from mpifl.models import IMAGE_MODELS
+    from mpifl.train import fused
 
-    return cfg.train.fused_conv != "off" and cfg.train.batched != "off" and cfg.model.name in IMAGE_MODELS
+    return cfg.model.name in IMAGE_MODELS and fused.asked(cfg.train.fused_conv, cfg.train.batched, "cpu")
 
 
 def _fused_conv(cfg: Config) -> str | None:
@@ -312,6 +314,11 @@ def _fused_conv(cfg: Config) -> str | None:
 
     built = fused._build()
     return built if isinstance(built, str) else None
+
+
+def _fused_failed(facts: list[dict]) -> list[int]:
+    """The ranks on which the fused conv kernel did not build."""
+    return [r for r, f in enumerate(facts) if f["fused"]]
 
 
 def _device(cfg: Config, mpi_comm, facts: list[dict]) -> tuple[str, str | None]:
@@ -432,7 +439,7 @@ def _report(cfg: Config, facts: list[dict], seen: dict) -> list[str]:
     t = seen["timing"]
     lines.append(f"  exchange   1 MiB: Allreduce {t['allreduce'] * 1e3:.2f} ms, Sendrecv ring step "
                  f"{t['sendrecv'] * 1e3:.2f} ms (median of 5, slowest rank)")
-    failed = [r for r, f in enumerate(facts) if f["fused"]]
+    failed = _fused_failed(facts)
     if not _fused_wanted(cfg):
         lines.append(f"  conv       torch's kernels (train.fused_conv={cfg.train.fused_conv}, "
                      f"train.batched={cfg.train.batched}, model.name={cfg.model.name})")
@@ -541,7 +548,7 @@ def _judge(cfg: Config, facts: list[dict], seen: dict, mismatch: bool) -> list[s
         if other:
             out.append(f"{key} differs across ranks: {vs[key]} on rank 0, {facts[other[0]]['versions'][key]} on "
                        f"{_where(facts, other)}; run every rank from one environment {SHARED}")
-    failed = [r for r, f in enumerate(facts) if f["fused"]]
+    failed = _fused_failed(facts)
     if failed and cfg.train.fused_conv == "on":
         out.append(f"train.fused_conv=on but the fused conv kernel does not build on {_where(facts, failed)} "
                    f"({facts[failed[0]]['fused']}); install a C++ compiler and ninja there, or set "

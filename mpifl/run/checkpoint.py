@@ -323,7 +323,7 @@ def save(rd: RunDir, ctx, state: Any, t: int, die_before_publish: bool = False, 
             return
         meta = {"round": t, "config": ctx.cfg.to_dict(), "n_ranks": comm.size,
                 "train_path": "batched" if ctx.clients.batched else "per_client",
-                "conv_kernel": ctx.clients.conv_kernel if ctx.clients.batched else None,
+                "conv_kernel": ctx.clients.trained_conv_kernel,
                 "starts": torch.as_tensor(np.asarray(comm.placement.starts, np.int64)),
                 "algo": {k: _encode(getattr(state, k), k) for k in glob}}
         files = {META: _save(meta, tmp / META, kept)}

@@ -54,8 +54,8 @@ def open_writer(cfg: Config, ctx: Context, threads: int, nodes: np.ndarray, keep
         "threads_per_rank": threads, "device": str(ctx.clients.device), "n_params": ctx.clients.P,
         "train_path": "batched" if ctx.clients.batched else "per_client", "provenance": origin,
     }
-    if ctx.clients.conv_kernel is not None and ctx.clients.batched:  # torch's or mpifl.train.fused's layers
-        attrs["conv_kernel"] = ctx.clients.conv_kernel
+    if ctx.clients.trained_conv_kernel is not None:  # torch's or mpifl.train.fused's layers
+        attrs["conv_kernel"] = ctx.clients.trained_conv_kernel
     if ctx.clients.path_times is not None:  # train.batched=auto's timing (s, summed over ranks)
         attrs["train_path_times"] = list(ctx.clients.path_times)
     rank = ctx.comm.placement.owner(np.arange(d.n_clients))

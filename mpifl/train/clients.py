@@ -91,15 +91,14 @@ class Clients:
         """``"fused"`` where some of the conv net's layers run in :mod:`mpifl.train.fused`'s
         kernel on the batched path (``train.fused_conv`` allows it, they fit, the
         kernel builds; :attr:`convnet` then holds the fused layers), else ``"torch"``."""
-        want = cfg.fused_conv
-        on_cpu = self.device.type == "cpu" and cfg.batched != "off"
-        head = fuse(self.convnet, tuple(in_shape)) if want != "off" and on_cpu else None
+        asked = fused.asked(cfg.fused_conv, cfg.batched, self.device.type)
+        head = fuse(self.convnet, tuple(in_shape)) if asked else None
         if head is None:
             return "torch"
         try:
             fused.kernels()
         except fused.FusedUnavailable as e:
-            if want == "on":
+            if cfg.fused_conv == "on":
                 from mpifl.errors import ConfigError
 
                 raise ConfigError(f"train.fused_conv=on but its kernel does not build here ({e}); allowed: "
@@ -107,6 +106,12 @@ class Clients:
             return "torch"
         self.convnet = head
         return "fused"
+
+    @property
+    def trained_conv_kernel(self) -> str | None:
+        """The conv kernel that trains this run's clients (what its log and checkpoints
+        name): None for a model without grouped layers or on the loop."""
+        return self.conv_kernel if self.batched else None
 
     def keep_conv_kernel(self, kernel: str | None) -> None:
         """Take the conv kernel a checkpoint's run took (a resume continues its bits):

@@ -103,6 +103,13 @@ def kernels() -> ModuleType:
     return built
 
 
+def asked(fused_conv: str, batched: str, device: str) -> bool:
+    """Whether a run with ``train.fused_conv``, ``train.batched`` on ``device`` (its
+    type: cpu, cuda) may take the kernel: not turned off, on the batched path (the
+    loop has no grouped layers), on the CPU."""
+    return fused_conv != "off" and batched != "off" and device == "cpu"
+
+
 def fits(conv: nn.Conv2d, pool: tuple, in_shape: tuple[int, ...]) -> bool:
     """Whether the kernel computes ``conv`` followed by the max-pooling of ``pool``
     (:func:`~mpifl.train.grouped.pool_args`) and a ReLU, on a client's inputs of
