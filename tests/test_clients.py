@@ -331,3 +331,23 @@ def test_adam_rows_are_torch_fused_adam_bit_for_bit_whoever_steps_with_them(weig
         ro.step_(sel, p, gg)
     for i in range(n):
         assert torch.equal(rows[i], Layout(refs[i]).flatten(refs[i])), i
+
+
+@pytest.mark.parametrize("batched", ["on", "off"])
+def test_max_steps_caps_every_training_call_at_the_first_batches(batched):
+    """train.max_steps=2 trains exactly as an explicit two-batch cap does (the first
+    batches of the client's plan), and not as the uncapped epochs do."""
+    capped = make(batched, **{"train.max_steps": 2, "train.local_epochs": 3})
+    explicit, whole = make(batched), make(batched)
+    local = np.array([0, 3, 5])
+    for t in range(2):
+        capped.train(local, 3, t)
+        explicit.train(local, 3, t, max_batches=2)
+        whole.train(local, 3, t)
+    assert torch.equal(capped.params, explicit.params)
+    assert not torch.equal(capped.params, whole.params)
+    # a smaller explicit cap still wins over the config's
+    a, b = make(batched, **{"train.max_steps": 2}), make(batched)
+    a.train(local, 1, 0, max_batches=1)
+    b.train(local, 1, 0, max_batches=1)
+    assert torch.equal(a.params, b.params)

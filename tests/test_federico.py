@@ -153,3 +153,37 @@ def test_init_rows(how):
         torch.testing.assert_close(c.params[i], want)
         assert not torch.equal(c.params[i], c.init)
         assert all(not torch.equal(c.params[i], c.params[j]) for j in range(i))
+
+
+def test_group_mask_keeps_each_row_inside_its_group_and_renormalises():
+    cluster = np.array([0, 1, 0, 1, 2])
+    w = np.full((2, 5), 0.2)
+    w[1] = [0.1, 0.4, 0.1, 0.2, 0.2]
+    got = federico.group_mask(w, np.array([2, 3]), cluster)
+    np.testing.assert_allclose(got, [[0.5, 0, 0.5, 0, 0], [0, 4 / 6, 0, 2 / 6, 0]])
+
+
+def test_mask_groups_needs_a_partition_with_groups():
+    with pytest.raises(ConfigError, match="federico.mask='groups'.*records none"):
+        config.load(None, ["algorithm.name=federico", "data.partition=iid", "federico.mask=groups"])
+    assert config.load(None, ["algorithm.name=federico", "federico.mask=groups"]).federico.mask == "groups"
+
+
+def test_masked_run_weights_and_mixes_only_group_mates(tmp_path):
+    k, n = 2, 6
+    rc = main(["algorithm.name=federico", "data.name=synthetic", f"data.n_clients={n}", "data.n_clusters=2",
+               "data.n_samples=300", "model.hidden=[8]", "train.optimizer=adam", "train.lr=0.01",
+               "run.rounds=3", "run.threads=1", f"federico.k={k}", "federico.mask=groups", "federico.eps=0",
+               f"run.out_dir={tmp_path}", "run.name=f"])
+    assert rc == 0
+    r = open_run(tmp_path / "f")
+    cluster = np.arange(n) % 2  # data.partition=clusters deals clients to groups round-robin
+    outside = cluster[:, None] != cluster[None, :]
+    W = r.get("federico/client_weights")
+    assert (W[:, outside] == 0).all() and (W[:, ~outside] > 0).all()
+    np.testing.assert_allclose(W.sum(2), 1.0, rtol=1e-5)
+    for t in range(3):
+        assert (r.mixing(t)[outside] == 0).all()
+    # eps 0: every round's top-k; with k = 2 and two group-mates it pulls exactly them
+    S = r.get("federico/neighbours")
+    assert (cluster[S] == cluster[None, :, None]).all()

@@ -58,6 +58,10 @@ Choices where the paper is silent or docs/algorithms.md is our reading (stated t
   paper's setting is Adam with lr 1e-3 and batch 50, which the jobs files set
   (``train.optimizer=adam train.lr=0.001``); the runtime's default is SGD.
 - ``train.local_epochs`` is not used.
+- ``mask: groups`` is an ablation, not the paper: w_i is zeroed outside client i's
+  true group (the partition's clusters) and renormalised after every E-step (and
+  at the start), so only group-mates' gradients and predictions are mixed; it
+  separates learning who the group is from the EM weighting within it.
 
 Logged per round: ``/federico/client_weights`` [N,N] (w after the E-step),
 ``/federico/tracked_loss`` [N,N] (Lhat), ``/federico/neighbours`` [N,k], and
@@ -95,6 +99,9 @@ INIT_PURPOSE = "federico/init"
 
 
 
+NO_CLUSTERS = ("iid", "patho", "dirichlet")  # partitions that record no true groups
+
+
 @dataclass
 class Params:
     """Hyper-parameters: the config section ``federico``."""
@@ -112,6 +119,12 @@ class Params:
     # seeded stream (the paper's clients own and initialise their models, as FedEM's
     # learners are built one by one with their own seeds); shared = the run's one init
     init: Literal["per_client", "shared"] = "per_client"
+    # an ablation, not the paper: groups = every client's weights w_i masked to its true
+    # group (the partition's clusters) and renormalised, so gradients and predictions
+    # mix only group-mates; the sampling rule is unchanged (top-k then picks group-mates
+    # first; an eps draw may pull an outsider, weighted 0). Asks whether the EM weighting
+    # is what fails: with the true groups given, only the weighting inside them is learned
+    mask: Literal["none", "groups"] = "none"
 
     def validate(self, cfg: Config) -> None:
         check(self.k >= 1, "k", self.k, "must be >= 1")
@@ -128,6 +141,10 @@ def check_config(cfg: Config) -> None:
     check(f.k <= n - 1, "k", f.k, f"must be <= data.n_clients - 1 ({n - 1}): a client never samples itself")
     check(f.init == "shared" or not cfg.model.weights, "init", f.init,
           "model.weights gives every client the same weights: use federico.init=shared")
+    p = cfg.data.partition
+    check(f.mask == "none" or p not in NO_CLUSTERS, "mask", f.mask,
+          f"needs true groups: data.partition={p!r} records none; use clusters, noisy_clusters, "
+          "permuted_clusters, domains, feature_shift or label_flip")
 
 
 @dataclass
@@ -169,6 +186,13 @@ def client_weights(tracked: np.ndarray, temperature: float, scale: float = 1.0) 
     return e / e.sum(-1, keepdims=True)
 
 
+def group_mask(w: np.ndarray, mine: np.ndarray, cluster: np.ndarray) -> np.ndarray:
+    """``federico.mask=groups``: rows of ``w`` (clients ``mine``) zeroed outside each
+    client's true group and renormalised (the client itself is always inside)."""
+    out = np.where(cluster[None, :] == cluster[mine][:, None], w, 0.0)
+    return out / out.sum(-1, keepdims=True)
+
+
 def held_weights(w: np.ndarray, held: np.ndarray) -> np.ndarray:
     """Step 5: ``w`` restricted to the ids held and renormalised (a row of mixing)."""
     out = np.zeros_like(w, dtype=np.float64)
@@ -201,8 +225,10 @@ def init(ctx: Context) -> State:
         # (a resumed run overwrites these rows from its checkpoint)
         ctx.clients.params[:], ctx.clients.buffers[:] = init_rows(ctx)
     tracked = np.zeros((n, N))
-    return State(tracked_loss=tracked, weights=client_weights(tracked, ctx.params.temperature),
-                 neighbours=np.zeros((n, k), np.int64))
+    weights = client_weights(tracked, ctx.params.temperature)
+    if ctx.params.mask == "groups":  # round 1's top-k already picks group-mates first
+        weights = group_mask(weights, ctx.comm.local_ids, ctx.data.cluster)
+    return State(tracked_loss=tracked, weights=weights, neighbours=np.zeros((n, k), np.int64))
 
 
 def _scales(ctx: Context) -> np.ndarray:
@@ -250,6 +276,8 @@ def round(ctx: Context, state: State, t: int) -> Round:
     for r in range(n):
         state.tracked_loss[r] = ema(state.tracked_loss[r], members[r], losses[r], f.beta)
     state.weights = client_weights(state.tracked_loss, f.temperature, scales[:, None])
+    if f.mask == "groups":
+        state.weights = group_mask(state.weights, ids, ctx.data.cluster)
 
     wij = torch.as_tensor(state.weights[rows_of, members.reshape(-1)], dtype=grads.dtype, device=grads.device)
     scaled = (grads * wij[:, None]).reshape(n, f.k + 1, -1)

@@ -95,6 +95,10 @@ class TrainConfig:
     weight_decay: float = 0.0
     batch_size: int = 32
     local_epochs: int = 1
+    # at most this many optimizer steps per client in each local training call (the
+    # first batches of its epochs; 0 = no cap): matches the steps of a method that takes
+    # fewer (FedeRiCo's one step a round) without changing the batch size
+    max_steps: int = 0
     # train all of a rank's clients at once (stacked bmm for MLPs, grouped convs for
     # conv nets, else vmap) or client by client; auto = MLPs batched, other models
     # whichever path a timing of both at the start of the run finds faster (logged as

@@ -117,6 +117,7 @@ def validate(cfg: Any, n_ranks: int = 1) -> None:
     check(0 <= t.weight_decay < math.inf, "train.weight_decay", t.weight_decay, "must be a finite number >= 0")
     check(t.batch_size >= 1, "train.batch_size", t.batch_size, "must be >= 1")
     check(t.local_epochs >= 0, "train.local_epochs", t.local_epochs, "must be >= 0")
+    check(t.max_steps >= 0, "train.max_steps", t.max_steps, "must be >= 0 (0 = no cap)")
     check(0 < a.fraction <= 1, "algorithm.fraction", a.fraction, "must be in (0, 1]")
     check(cfg.log.every >= 1, "log.every", cfg.log.every, "must be >= 1")
     check(cfg.log.dense_max >= 1, "log.dense_max", cfg.log.dense_max, "must be >= 1")

@@ -226,8 +226,11 @@ class Clients:
         back the clients' parameters, optimizer state and the step's own state. ``batch_size`` (default
         ``train.batch_size``) sizes the batches a step gets: a step that splits its
         batch into several (Per-FedAvg's inner and outer batches) asks for a multiple.
-        ``max_batches``: at most this many steps per client."""
+        ``max_batches``: at most this many steps per client; ``train.max_steps`` caps
+        every training call (not the start's timing measurement)."""
         local = np.asarray(local, dtype=np.int64)
+        if self.cfg.max_steps and purpose != "measure":
+            max_batches = min(max_batches, self.cfg.max_steps) if max_batches else self.cfg.max_steps
         if objective is not None and not objective.active:
             objective = None  # FedProx at mu = 0 is FedAvg bit for bit, Ditto at lam = 0 Local
         losses = np.zeros(len(local))
