@@ -445,7 +445,7 @@ def _report(cfg: Config, facts: list[dict], seen: dict) -> list[str]:
                      f"train.batched={cfg.train.batched}, model.name={cfg.model.name})")
     elif failed:
         lines.append(f"  conv       the fused conv kernel does not build on {_where(facts, failed)} "
-                     f"({facts[failed[0]]['fused']}): conv nets it fits run on torch's kernels there, other bits")
+                     f"({facts[failed[0]]['fused']}): a run takes torch's kernels on every rank (other bits)")
     else:
         lines.append("  conv       the fused conv kernel builds on every rank (built now, cached for the run; "
                      "conv nets it fits, as cnn_dpfl, run on it)")
