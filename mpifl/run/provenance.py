@@ -7,7 +7,9 @@ summed up per table by ``python -m mpifl.analyze`` and compared by
 ``python -m mpifl.reproduce``. Its keys:
 
 - ``mpifl``: ``{"commit", "dirty", "version"}``: the git commit of the checkout
-  mpifl is imported from and whether its tracked files differ from it (``commit``
+  mpifl is imported from and whether it differs from it: a tracked file changed,
+  or a file git does not track (nor ignores) inside the package, ``mpifl/``, which
+  a run may import (a copied algorithm module) (``commit``
   None where mpifl is not a git checkout, an installed copy: ``version`` then
   says which);
 - ``versions``: :func:`mpifl.comm.versions` (python, torch, mpi4py, MPI, numpy);
@@ -46,6 +48,7 @@ from typing import Any
 from mpifl.paths import REPO
 
 UNKNOWN = "unknown"
+PACKAGE = "mpifl"  # the folder of the checkout whose untracked files count as changes (ignored ones do not)
 GIT_TIMEOUT_S = 5.0  # a checkout on a slow shared file system must not hold up round 0
 # the facts that decide whether a re-run can be bitwise equal: what reproduce and analyze compare
 CODE_KEYS = ("commit", "dirty")
@@ -71,7 +74,10 @@ def code() -> dict[str, Any]:
     dirty = None
     if commit is not None:
         status = _git("status", "--porcelain", "--untracked-files=no")
-        dirty = None if status is None else bool(status)
+        # a file git does not track inside the package (a copied algorithm module) runs too
+        package = _git("status", "--porcelain", "--untracked-files=all", "--", PACKAGE)
+        if status is not None and package is not None:
+            dirty = bool(status) or any(line.startswith("??") for line in package.splitlines())
     return {"commit": commit, "dirty": dirty, "version": __version__}
 
 
