@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from mpifl import config as config_mod
 from mpifl.cli import parse
-from mpifl.errors import ConfigError
+from mpifl.errors import ConfigError, ranges
 
 if TYPE_CHECKING:  # building Config imports every algorithm (and torch): only once a config is loaded
     from mpifl.config import Config
@@ -210,18 +210,6 @@ def launcher(env: dict[str, str]) -> tuple[str, int | None, int | None]:
 
 
 # --------------------------------------------------------------------------- with MPI
-
-
-def ranges(rs: list[int]) -> str:
-    """[0, 1, 2, 5] -> '0-2,5' (ascending numbers: ranks, SLURM array indices)."""
-    out, start = [], None
-    for i, r in enumerate(rs):
-        if start is None:
-            start = r
-        if i + 1 == len(rs) or rs[i + 1] != r + 1:
-            out.append(f"{start}" if start == r else f"{start}-{r}")
-            start = None
-    return ",".join(out)
 
 
 def _where(facts: list[dict], ranks: list[int]) -> str:

@@ -112,7 +112,7 @@ class Clients:
         log one and train on two): where it builds on no rank or on some only,
         torch's everywhere, with the line that says so (None: nothing to say);
         ``train.fused_conv=on`` is then refused, naming the ranks."""
-        from mpifl.check import ranges
+        from mpifl.errors import ranges
 
         failed = [r for r, why in enumerate(unavailable) if why]
         if not failed:
