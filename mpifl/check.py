@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from mpifl import config as config_mod
 from mpifl.cli import parse
-from mpifl.errors import ConfigError
+from mpifl.errors import ConfigError, ranges
 
 if TYPE_CHECKING:  # building Config imports every algorithm (and torch): only once a config is loaded
     from mpifl.config import Config
@@ -212,18 +212,6 @@ def launcher(env: dict[str, str]) -> tuple[str, int | None, int | None]:
 # --------------------------------------------------------------------------- with MPI
 
 
-def ranges(rs: list[int]) -> str:
-    """[0, 1, 2, 5] -> '0-2,5' (ascending numbers: ranks, SLURM array indices)."""
-    out, start = [], None
-    for i, r in enumerate(rs):
-        if start is None:
-            start = r
-        if i + 1 == len(rs) or rs[i + 1] != r + 1:
-            out.append(f"{start}" if start == r else f"{start}-{r}")
-            start = None
-    return ",".join(out)
-
-
 def _where(facts: list[dict], ranks: list[int]) -> str:
     hosts = sorted({facts[r]["host"] for r in ranks})
     return f"rank(s) {ranges(ranks)} ({', '.join(hosts[:3])}{', ...' if len(hosts) > 3 else ''})"
@@ -378,7 +366,36 @@ def run(path: str | None, overrides: list[str], mpi_comm, torch_s: float = 0.0) 
     problems += [p for p in (_placement(cfg, len(facts)), _root_unset(cfg), dev_problem) if p]
     problems += list(dict.fromkeys(p for m in seen["memory"] for p in m[1:] if p))
     problems += _judge(cfg, facts, seen, mismatch=mismatch is not None)
+    if not problems:  # the rest of what mpifl.main refuses before round 0 (one problem is enough to fix first)
+        problems += [p for p in [_as_main(cfg, mpi_comm)] if p]
     return mpi_comm.bcast((lines, problems))  # rank 0's words: the paths as rank 0 names them
+
+
+def _as_main(cfg: Config, mpi_comm) -> str | None:
+    """What ``mpifl.main`` refuses before its first round besides what the parts
+    above look at, found by doing what it does (collective): the config against
+    this rank count, the data partitioned and read (the clusters the labels allow,
+    the clients a cluster needs), the model built on the data, and the run
+    directory's checkpoint (another experiment's, more rounds done than asked)."""
+    from mpifl import models
+    from mpifl.comm import Comm, agree
+    from mpifl.config.validate import validate
+    from mpifl.data import build as build_data
+    from mpifl.run import resume
+
+    def dry() -> None:
+        validate(cfg, mpi_comm.Get_size())
+        comm = Comm(cfg.data.n_clients, mpi_comm)
+        data = build_data(cfg.data, cfg.run.seed, comm.local_ids)
+        models.build(cfg.model, data.in_shape, data.n_classes, cfg.run.seed)
+        if mpi_comm.Get_rank() == 0:
+            resume.find_checkpoint(cfg)
+
+    try:
+        agree(mpi_comm, dry)
+    except ConfigError as e:
+        return str(e)
+    return None
 
 
 def _memory(cfg: Config, mpi_comm, facts: list[dict], device: str) -> tuple[str, str | None, str | None]:
@@ -445,7 +462,7 @@ def _report(cfg: Config, facts: list[dict], seen: dict) -> list[str]:
                      f"train.batched={cfg.train.batched}, model.name={cfg.model.name})")
     elif failed:
         lines.append(f"  conv       the fused conv kernel does not build on {_where(facts, failed)} "
-                     f"({facts[failed[0]]['fused']}): conv nets it fits run on torch's kernels there, other bits")
+                     f"({facts[failed[0]]['fused']}): a run takes torch's kernels on every rank (other bits)")
     else:
         lines.append("  conv       the fused conv kernel builds on every rank (built now, cached for the run; "
                      "conv nets it fits, as cnn_dpfl, run on it)")

@@ -29,6 +29,18 @@ def shorten(text: str, limit: int = MAX_SHOWN) -> str:
     return f"{text[:limit // 2]}...({len(text)} characters)...{text[-limit // 4:]}"
 
 
+def ranges(rs: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2,5' (ascending numbers: ranks, SLURM array indices)."""
+    out, start = [], None
+    for i, r in enumerate(rs):
+        if start is None:
+            start = r
+        if i + 1 == len(rs) or rs[i + 1] != r + 1:
+            out.append(f"{start}" if start == r else f"{start}-{r}")
+            start = None
+    return ",".join(out)
+
+
 def did_you_mean(word: str, choices: Any) -> str:
     """`` (did you mean 'train.lr'?)`` when one of ``choices`` is close to ``word``, else ""."""
     import difflib

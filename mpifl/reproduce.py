@@ -1,11 +1,17 @@
 """Run a record's points again and say how well they agree:
-``python -m mpifl.reproduce RECORD [--cells K] [--parallel P] [--out DIR] [--versus NAME]``.
+``python -m mpifl.reproduce RECORD [--cells K] [--parallel P] [--out DIR] [--versus NAME] [--max-runs N]``.
 
 RECORD is a per-seed record (:mod:`mpifl.analysis.record`, ``mpifl.analyze --record``).
 Every run behind its cells (all, or the first K cells in the record's order) is
 made again from the config the record holds, one rank each, ``P`` at a time on
 warm workers (``mpifl.sweep --local``'s machinery; the runs go to
 ``DIR/reproduce/runs/``, and a run already complete there is not made again).
+Before any run is made the whole record is checked, each refusal one line (exit
+2): every line's columns of their types (``config`` and ``provenance`` JSON
+objects, no field past 131,072 characters), one run per (cell, seed) (a row's
+config holds its own seed), every run's config as ``mpifl.main`` would take it,
+and no more than ``--max-runs`` runs (100). Ctrl-C or SIGTERM stops the runs at
+a round boundary with a checkpoint; the same command goes on from there.
 Then, per cell and metric (a record made without a layout holds several metrics
 of each run, each judged apart):
 
@@ -29,7 +35,9 @@ of each (``above``/``below`` where the 95% interval excludes 0, else ``level``, 
 from this re-run's float noise. It does not change the exit status.
 
 Last, whether this re-run's provenance matches the record's: commit, CPU
-capability, versions. Same commit, versions and CPU capability promise
+capability, training (the conv kernel, with the fused kernel's compiler and
+flags, the threads a rank, batched or per client: :func:`mpifl.run.provenance.training`),
+versions. Same commit, versions, CPU capability and training promise
 ``bitwise``; anything else promises ``within`` at most. Exit status 0 unless a
 cell differs (1); 2 for a record that cannot be read.
 """
@@ -48,6 +56,7 @@ from mpifl.errors import ConfigError
 from mpifl.paths import REPO
 
 SWEEP_NAME = "reproduce"  # the folder under --out the runs go to
+MAX_RUNS = 100  # runs made without --max-runs: a record of thousands of rows is not re-made by a typo
 VERDICTS = ("bitwise", "within", "differs")
 
 
@@ -60,6 +69,35 @@ def plan(rows: list[Row], n_cells: int | None) -> tuple[dict[tuple, list[Row]], 
     chosen = dict(list(cells(rows).items())[:n_cells] if n_cells else cells(rows).items())
     runs = {_key(r.config): r.config for rs in chosen.values() for r in rs}
     return chosen, runs
+
+
+def check_rows(record: Path, chosen: dict[tuple, list[Row]]) -> None:
+    """Refuse, before any run, a record whose rows are not one run per (cell, seed):
+    a seed twice in a cell's metric, or a row whose config's ``run.seed`` is not its
+    seed (rows of one run counted as several seeds)."""
+    from mpifl.analysis.summary import defaults
+
+    default_seed = defaults()["run.seed"]
+    for (_, method, setting), rs in chosen.items():
+        seen: dict[tuple[str, int], Row] = {}
+        for r in rs:
+            run_seed = r.config.get("run.seed", default_seed)
+            if run_seed != r.seed:
+                raise RecordError(f"record {str(record)!r}: a {method} / {setting} row of seed {r.seed} holds the "
+                                  f"config of run.seed={str(run_seed)[:40]}; a record holds each seed's own run "
+                                  f"(python -m mpifl.analyze ... --record FILE)")
+            if seen.setdefault((r.metric, r.seed), r) is not r:
+                raise RecordError(f"record {str(record)!r}: {method} / {setting} holds seed {r.seed} twice for "
+                                  f"{r.metric}; a record holds one run per (cell, seed)")
+
+
+def points(runs: dict[str, dict[str, Any]], root: Path) -> list:
+    """The runs as sweep points under ``root``, each config checked as ``mpifl.main``
+    would (a config it refuses is refused here, before any run, naming the run)."""
+    try:
+        return _points(runs, root)
+    except ConfigError as e:
+        raise RecordError(f"a run of the record is refused before any is made: {e}") from None
 
 
 def _points(runs: dict[str, dict[str, Any]], root: Path) -> list:
@@ -97,11 +135,11 @@ def rerun(runs: dict[str, dict[str, Any]], out: Path, parallel: int, source: Pat
     from mpifl.sweep.spec import SlurmOptions, Sweep
 
     root = (out / SWEEP_NAME).resolve()
-    points = _points(runs, root)
-    sw = Sweep(SWEEP_NAME, source.resolve(), None, root, {}, {}, SlurmOptions.from_dict({}), points)
+    chosen = points(runs, root)
+    sw = Sweep(SWEEP_NAME, source.resolve(), None, root, {}, {}, SlurmOptions.from_dict({}), chosen)
     write(sw, REPO)
     run_points(sw, parallel)
-    return {key: RunDir(p.config.run_dir).log for key, p in zip(runs, points)}
+    return {key: RunDir(p.config.run_dir).log for key, p in zip(runs, chosen)}
 
 
 def judge(rows: list[Row], new: dict[int, float]) -> tuple[str, str, float]:
@@ -180,14 +218,15 @@ def versus_lines(values: dict[tuple[str, str, int], tuple[float, float]], name: 
 def _facts(p: dict[str, Any]) -> dict[str, str]:
     from mpifl.run.provenance import brief, commit_text
 
-    return {"commit": commit_text(p), "CPU capability": brief(p)["cpu_capability"],
+    b = brief(p)
+    return {"commit": commit_text(p), "CPU capability": b["cpu_capability"], "training": b["train"],
             "versions": json.dumps(p.get("versions") or {}, sort_keys=True)}
 
 
 def compare_provenance(recorded: list[dict[str, Any]], made: list[dict[str, Any]]) -> list[str]:
     """One line per fact: the record's value(s), this re-run's, and whether they match."""
     out = []
-    for fact in ("commit", "CPU capability", "versions"):
+    for fact in ("commit", "CPU capability", "training", "versions"):
         old = sorted({_facts(p)[fact] for p in recorded})
         new = sorted({_facts(p)[fact] for p in made})
         if fact == "versions":
@@ -201,27 +240,36 @@ def compare_provenance(recorded: list[dict[str, Any]], made: list[dict[str, Any]
             out.append(f"provenance: versions {text}")
             continue
         same = old == new and "unknown" not in old
-        out.append(f"provenance: {fact} {', '.join(old)} in the record, {', '.join(new)} here: "
+        out.append(f"provenance: {fact} {'; '.join(old)} in the record, {'; '.join(new)} here: "
                    + ("same" if same else "differs"))
     return out
 
 
 def reproduce(record: Path, n_cells: int | None = None, parallel: int = 1, out: Path = Path("reproduce"),
-              echo=print, run_points: Callable[[Any, int], None] = _local, versus: str | None = None) -> int:
+              echo=print, run_points: Callable[[Any, int], None] = _local, versus: str | None = None,
+              max_runs: int = MAX_RUNS) -> int:
     """The whole command; returns its exit status. ``run_points``: how the runs are
     made (:func:`rerun`; the tests' runs stay in their process)."""
     from mpifl.analysis.summary import metric_value, summarize
+    from mpifl.sweep.runner import PREEMPTED, Interrupted
 
     rows = read(record)
     if not rows:
         raise RecordError(f"record {str(record)!r} holds no rows")
     chosen, runs = plan(rows, n_cells)
+    check_rows(record, chosen)
     methods = list(dict.fromkeys(method for _, method, _ in chosen))
     if versus is not None and versus not in methods:  # before any run is made
         raise RecordError(f"--versus {versus!r}: no such method in the chosen cells (they hold: {', '.join(methods)})")
+    if len(runs) > max_runs:
+        raise RecordError(f"record {str(record)!r}: {len(chosen)} cell(s) are {len(runs)} runs, more than --max-runs "
+                          f"{max_runs}; pass --max-runs {len(runs)} to make them all, or --cells K for the first K")
     echo(f"mpifl.reproduce: {len(chosen)} cell(s) of {record}, {len(runs)} run(s), {parallel} at a time, under "
          f"{out / SWEEP_NAME}")
-    logs = rerun(runs, out, parallel, record, run_points)
+    try:
+        logs = rerun(runs, out, parallel, record, run_points)
+    except Interrupted:  # the sweep driver said where its runs stopped and that the same command goes on
+        return PREEMPTED
     summaries = {}
     for key, log in logs.items():
         try:
@@ -271,16 +319,21 @@ def main(argv: list[str] | None = None) -> int:
                     help="where the runs go: DIR/reproduce/runs/ (default ./reproduce)")
     ap.add_argument("--versus", metavar="NAME", help="also every method minus NAME, paired by seed, on the record and "
                     "the re-run: which verdicts the re-run keeps")
+    ap.add_argument("--max-runs", type=int, default=MAX_RUNS, metavar="N",
+                    help=f"refuse a record of more than N runs, before any is made (default {MAX_RUNS})")
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
-    if a.cells is not None and a.cells < 1:
-        ap.error(f"--cells {a.cells}: at least 1")
-    if a.parallel < 1:
-        ap.error(f"--parallel {a.parallel}: at least 1")
+    for flag, value in (("--cells", a.cells), ("--parallel", a.parallel), ("--max-runs", a.max_runs)):
+        if value is not None and value < 1:
+            ap.error(f"{flag} {str(value)[:20]}: at least 1")
     try:
-        return reproduce(a.record, a.cells, a.parallel, a.out, versus=a.versus)
+        return reproduce(a.record, a.cells, a.parallel, a.out, versus=a.versus, max_runs=a.max_runs)
     except (RecordError, ConfigError) as e:
         print(f"mpifl.reproduce: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"mpifl.reproduce: stopped (Ctrl-C); the runs complete under {a.out / SWEEP_NAME} are kept, and the "
+              f"same command makes only the rest", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

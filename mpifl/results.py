@@ -140,9 +140,11 @@ def load_sweep(path: str | Path, window: int = WINDOW, ari: bool = True):
         from mpifl.analysis.tables import varying_keys
 
         keys = varying_keys(summaries) if summaries else []
+    from mpifl.analysis.tables import KERNEL, setting
+
     rows: list[dict[str, Any]] = []
     for s in summaries:
-        rows.append({**{k: _cell(s.config.get(k)) for k in keys}, **run_row(s)})
+        rows.append({**{k: setting(s, k) if k == KERNEL else _cell(s.config.get(k)) for k in keys}, **run_row(s)})
     frame = pd.DataFrame(rows, columns=list(dict.fromkeys([*keys, *(k for r in rows for k in r)])))
     frame.attrs["skipped"] = skipped  # (path, why) of each log left out
     return frame

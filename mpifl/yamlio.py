@@ -10,6 +10,7 @@ stand for 10^9 values; every alias counts the whole subtree it repeats.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import yaml
 from yaml.events import AliasEvent
 from yaml.nodes import MappingNode, SequenceNode
 
-from mpifl.errors import ConfigError
+from mpifl.errors import ConfigError, shorten
 
 MAX_BYTES = 1 << 20  # a config or sweep file; real ones are a few KiB
 MAX_DEPTH = 16  # nesting of YAML values; a config needs 3 (section, key, list)
@@ -77,6 +78,8 @@ def parse_yaml(text: str, what: str, invalid_ok: bool = False) -> Any:
         # again below, for the bounded reader's message
         try:
             out = yaml.load(text, Loader=FAST)  # noqa: S506 - CSafeLoader: the safe loader, in C
+        except ValueError as e:  # an integer past Python's digit limit (4300): its conversion refuses it
+            raise ConfigError(f"{what} {_too_long(e)}") from None
         except yaml.YAMLError as e:
             if "nesting depth" in str(getattr(e, "problem", "")):  # libyaml's own limit (1000): seconds saved
                 raise ConfigError(f"{what} nests values more than {MAX_DEPTH} levels deep; "
@@ -93,6 +96,8 @@ def parse_yaml(text: str, what: str, invalid_ok: bool = False) -> Any:
         return loader.get_single_data()
     except _TooBig as e:
         raise ConfigError(f"{what} {e}") from None
+    except ValueError as e:
+        raise ConfigError(f"{what} {_too_long(e)}") from None
     except RecursionError:  # deeper than the composer's own recursion: far past MAX_DEPTH
         raise ConfigError(f"{what} nests values more than {MAX_DEPTH} levels deep; that many are not allowed") \
             from None
@@ -108,6 +113,14 @@ def parse_yaml(text: str, what: str, invalid_ok: bool = False) -> Any:
 
 
 FAST = getattr(yaml, "CSafeLoader", None)  # PyYAML built without libyaml has none
+
+
+def _too_long(e: ValueError) -> str:
+    """What a ValueError of YAML's constructors says: an integer too long to convert."""
+    if "integer string conversion" in str(e):
+        return (f"holds an integer of more than {sys.get_int_max_str_digits()} digits; an integer must be at most "
+                f"2**63 - 1 in size")
+    return f"holds a value YAML cannot convert ({shorten(str(e))})"
 
 
 def _depth(x: Any, limit: int = MAX_DEPTH + 1) -> int:

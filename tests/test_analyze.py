@@ -494,3 +494,36 @@ def test_analyze_reads_provenance_from_the_logs_and_survives_logs_without(tmp_pa
     assert any(s.startswith("provenance: commits ccccccc (1), unknown (1); ") for s in said)
     assert "provenance" not in (tmp_path / "out" / "table.md").read_text()  # printed: the file is the table
     assert any(s.startswith("mpifl.analyze: warning: the table mixes runs of 2 commits") for s in said)
+
+
+def _trained_on(kernel: str | None, threads: int = 1) -> dict:
+    from mpifl.run.provenance import training
+
+    return {**_made_by("a", "AVX2"), "train": training(kernel, threads, True)}
+
+
+def test_runs_on_two_conv_kernels_are_grouped_apart_and_the_table_warns():
+    """One config (train.fused_conv=auto) trained on the fused kernel where it built
+    and on torch's where it did not: other sums, other numbers, so two groups, and
+    the provenance line names both trainings with a warning."""
+    runs = [_summary(s) for s in range(4)]
+    for r, kernel in zip(runs, ["fused", "fused", "torch", "torch"]):
+        r.provenance = _trained_on(kernel)
+    keys = tables.varying_keys(runs)
+    assert keys == ["algorithm.name", tables.KERNEL]
+    assert sorted(g.key for g in tables.group_runs(runs, keys)) == [("fedavg", "fused"), ("fedavg", "torch")]
+    said = []
+    line = tables.table_provenance(runs, "the table", said.append)
+    assert "; trainings batched, fused conv (" in line and "batched, torch conv, 1 thread (2)" in line
+    assert [s.split(" (")[0] for s in said] == ["mpifl.analyze: warning: the table mixes runs of 2 trainings"]
+    for r, threads in zip(runs, [1, 1, 2, 2]):  # one kernel, two thread counts: one group, still a warning
+        r.provenance = _trained_on("torch", threads)
+    said.clear()
+    assert tables.varying_keys(runs) == ["algorithm.name"]
+    tables.table_provenance(runs, "the table", said.append)
+    assert said and "2 trainings (batched, torch conv, 1 thread (2), batched, torch conv, 2 threads (2))" in said[0]
+    for r in runs:  # logs from before the training was recorded: left out of the line, no group, no warning
+        r.provenance = _made_by("a", "AVX2")
+    said.clear()
+    assert "training" not in tables.table_provenance(runs, "the table", said.append) and not said
+    assert tables.varying_keys(runs) == ["algorithm.name"]

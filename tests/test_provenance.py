@@ -73,3 +73,34 @@ def test_a_gpu_torch_cannot_name_is_unknown_and_a_cpu_run_has_none(monkeypatch):
     assert g["name"] == provenance.UNKNOWN and g["cuda"] == torch.version.cuda
     assert provenance.gpu("cpu") is None
     assert provenance.brief({"device": "cuda:1", "gpu": g})["device"] == "cuda:1 (unknown)"
+
+
+@pytest.mark.slow  # git, a few times
+def test_an_untracked_module_in_the_package_makes_the_checkout_dirty(tmp_path, monkeypatch):
+    import subprocess
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                       check=True, capture_output=True)
+
+    (tmp_path / "mpifl" / "algorithms").mkdir(parents=True)
+    (tmp_path / "mpifl" / "algorithms" / "fedavg.py").write_text("x = 1\n")
+    (tmp_path / ".gitignore").write_text("__pycache__/\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "c")
+    monkeypatch.setattr(provenance, "REPO", tmp_path)
+
+    def dirty():
+        provenance.code.cache_clear()
+        try:
+            return provenance.code()["dirty"]
+        finally:
+            provenance.code.cache_clear()
+
+    (tmp_path / "notes.txt").write_text("beside the package: not code a run imports\n")
+    (tmp_path / "mpifl" / "__pycache__").mkdir()
+    (tmp_path / "mpifl" / "__pycache__" / "x.pyc").write_bytes(b"ignored")
+    assert dirty() is False
+    (tmp_path / "mpifl" / "algorithms" / "fedavgx.py").write_text("x = 2\n")  # a copied algorithm
+    assert dirty() is True

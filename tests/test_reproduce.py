@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import yaml
@@ -194,3 +195,90 @@ def test_a_record_of_several_metrics_is_judged_metric_by_metric(made):
     assert {v.split("(")[1].split(")")[0] for v in verdicts} == set(metrics)
     assert said[-2].endswith(f"(of {2 * len(metrics)} cell metrics in 2 cell(s))")
     assert said[-1].startswith(f"mpifl.reproduce: table-wide: 0 of {2 * len(metrics)} cell metric(s)")
+
+
+def _edited(root, name: str, edit) -> object:
+    """A copy of the record with ``edit(rows)`` applied to its CSV rows (lists of cells, the header first)."""
+    import csv
+    import io
+
+    rows = list(csv.reader(io.StringIO((root / "tiny.csv").read_text())))
+    edit(rows)
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows(rows)
+    (root / name).write_text(buf.getvalue())
+    return root / name
+
+
+def _config_col(rows) -> int:
+    return rows[0].index("config")
+
+
+BAD_RECORDS = {
+    "a list config": (lambda rows: rows[1].__setitem__(_config_col(rows), "[1,2]"),
+                      "line 2: column config holds list, where a record holds a JSON object"),
+    "a null config": (lambda rows: rows[3].__setitem__(_config_col(rows), "null"),
+                      "line 4: column config holds NoneType"),
+    "a list provenance": (lambda rows: rows[6].__setitem__(rows[0].index("provenance"), "[1]"),
+                          "line 7: column provenance holds list"),
+    "a field past csv's limit": (lambda rows: rows[2].__setitem__(rows[0].index("table"), "x" * 131_073),
+                                 "line 3: field larger than field limit (131072)"),
+    "a seed of 5,000 digits": (lambda rows: rows[1].__setitem__(rows[0].index("seed"), "9" * 5000),
+                               "line 2: column seed or value is not a number"),
+    "one run as three seeds": (lambda rows: [r.__setitem__(_config_col(rows), rows[1][_config_col(rows)])
+                                             for r in rows[2:4]],
+                               "a Local / synthetic row of seed 1 holds the config of run.seed=0"),
+    "a seed twice": (lambda rows: rows.insert(2, list(rows[1])), "Local / synthetic holds seed 0 twice for final_acc"),
+    "a config main refuses": (lambda rows: rows[6].__setitem__(_config_col(rows), json.dumps(
+        {**json.loads(rows[6][_config_col(rows)]), "run.rounds": -1})),
+        "a run of the record is refused before any is made: run.rounds=-1"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_RECORDS))
+def test_a_record_is_checked_whole_before_any_run_is_made(made, tmp_path, capsys, case):
+    root, _, _ = made
+    edit, want = BAD_RECORDS[case]
+    bad = _edited(root, "bad.csv", edit)
+    assert reproduce.main([str(bad), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("mpifl.reproduce: error: ") and want in err, err
+    assert not (tmp_path / "reproduce").exists()  # no run folder made
+
+
+def test_more_runs_than_max_runs_are_refused_until_allowed(made, tmp_path, capsys):
+    root, _, _ = made
+    assert reproduce.main([str(root / "tiny.csv"), "--out", str(tmp_path), "--max-runs", "5"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("2 cell(s) are 6 runs, more than --max-runs 5; pass --max-runs 6 to make them all, or "
+                        "--cells K for the first K") and not (tmp_path / "reproduce").exists()
+    said = []
+    assert reproduce.reproduce(root / "tiny.csv", out=tmp_path, echo=said.append, run_points=in_process,
+                               max_runs=6) == 0
+
+
+def test_ctrl_c_is_one_line(made, tmp_path, capsys, monkeypatch):
+    root, _, _ = made
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(reproduce, "rerun", interrupted)
+    assert reproduce.main([str(root / "tiny.csv"), "--out", str(tmp_path)]) == 130
+    err = capsys.readouterr().err.strip()
+    assert err == (f"mpifl.reproduce: stopped (Ctrl-C); the runs complete under {tmp_path / 'reproduce'} are kept, "
+                   f"and the same command makes only the rest")
+
+
+def test_the_training_is_recorded_and_named_where_it_differs(made):
+    root, said, _ = made
+    rows = record.read(root / "tiny.csv")
+    assert rows[0].provenance["train"] == {"path": "batched", "threads": 1, "conv_kernel": None}
+    assert "provenance: training batched, 1 thread in the record, batched, 1 thread here: same" in said
+    fused = {**rows[0].provenance, "train": {"path": "batched", "threads": 1, "conv_kernel": "fused",
+                                             "conv_flags": "-O3", "compiler": "c++ 12"}}
+    plain = {**rows[0].provenance, "train": {"path": "batched", "threads": 1, "conv_kernel": "torch"}}
+    lines = reproduce.compare_provenance([fused], [plain])
+    assert ("provenance: training batched, fused conv (c++ 12; -O3), 1 thread in the record, batched, torch conv, "
+            "1 thread here: differs") in lines
+    assert [ln.endswith(": same") for ln in lines[:2]] == [True, True]  # commit, CPU capability

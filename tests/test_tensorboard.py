@@ -83,3 +83,33 @@ def test_without_tensorboard_asking_for_it_is_one_line(monkeypatch, tmp_path, ca
     assert results_main(["tensorboard", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "pip install -e '.[tb]'" in err
+
+
+@pytest.mark.parametrize("kind", ["file", "link out", "link in"])
+def test_a_tb_folder_follows_the_checkpoint_folders_rules(tmp_path, kind):
+    """A run being extended whose ``tb`` is a regular file, or a link out of the run
+    directory: refused in one line before any round (exit 2), the file and the
+    foreign folder left as they were; a link to a folder inside the run is its own."""
+    pytest.importorskip("tensorboard")
+    runtime.run(_cfg(tmp_path / "runs", 1), world())
+    rd = RunDir(tmp_path / "runs" / "r")
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    if kind == "file":
+        rd.tb.write_text("not mpifl's")
+    elif kind == "link out":
+        rd.tb.symlink_to(foreign)
+    else:
+        (rd.root / "events").mkdir()
+        rd.tb.symlink_to(rd.root / "events")
+    extended = _cfg(tmp_path / "runs", 2, **{"log.tensorboard": True})
+    if kind == "link in":
+        runtime.run(extended, world())
+        assert list((rd.root / "events").iterdir())
+        return
+    with pytest.raises(ConfigError) as e:
+        runtime.run(extended, world())
+    assert "\n" not in str(e.value) and str(e.value).startswith(f"TensorBoard folder {str(rd.tb)!r} is ")
+    assert list(foreign.iterdir()) == [] and open_run(rd.root).rounds.tolist() == [0]
+    if kind == "file":
+        assert rd.tb.read_text() == "not mpifl's"

@@ -154,8 +154,9 @@ def test_clients_take_the_kernel_where_it_fits_and_builds(monkeypatch):
     assert make_conv("on", bn=True).conv_kernel is None  # BatchNorm: no grouped path at all
     monkeypatch.setattr(fused, "_build", lambda: "CalledProcessError: no compiler")
     assert _clients().conv_kernel == "torch"
-    with pytest.raises(ConfigError, match=r"train\.fused_conv=on .*no compiler"):
-        _clients(fused_conv="on")
+    alone = _clients(fused_conv="on")  # refused where the ranks settle on one kernel (runtime.setup)
+    with pytest.raises(ConfigError, match=r"train\.fused_conv=on .* on rank\(s\) 0 of 1 \(.*no compiler\)"):
+        alone.agree_conv_kernel([alone.conv_unavailable])
 
 
 def _trained(c) -> torch.Tensor:
@@ -172,5 +173,27 @@ def test_a_resume_keeps_the_kernel_its_run_took(monkeypatch):
     resumed.keep_conv_kernel("torch")
     assert resumed.conv_kernel == "torch" and torch.equal(_trained(resumed), torch_run)
     monkeypatch.setattr(fused, "_build", lambda: "CalledProcessError: no compiler")
-    with pytest.raises(RuntimeError, match="took the fused conv kernel"):
+    with pytest.raises(ConfigError, match=r"took the fused conv kernel .*\(.*no compiler\): resume where it builds"):
         _clients().keep_conv_kernel("fused")
+
+
+def test_a_nan_window_passes_its_gradient_as_torchs_kernels_do():
+    """A channel whose bias is NaN: every window's maximum is NaN, torch's pooling
+    takes the last NaN of each window and its ReLU passes the gradient there
+    (``NaN <= 0`` is false), so the weight, bias and input gradients stay finite
+    and are the sums over those positions. The kernel must give torch's bits."""
+    gen = torch.Generator().manual_seed(7)
+    m, b, ci, c, k, hw = 2, 3, 2, 4, 5, 12
+
+    def ints(*shape):
+        return torch.randint(-2, 3, shape, generator=gen).float()
+
+    x, w, bias = ints(m, b, ci, hw, hw), ints(m, c, ci, k, k), ints(m, c)
+    bias[1, 2] = float("nan")
+    g = ints(m, b, c, (hw - k + 1) // 2, (hw - k + 1) // 2)
+    got, ref = _fused(x, w, bias, g), _reference(x, w, bias, g)
+    assert ref[0][1, :, 2].isnan().all() and ref[3][1, 2] != 0, "no NaN window passing a gradient: tests nothing"
+    assert torch.equal(got[0].isnan(), ref[0].isnan())
+    assert torch.equal(got[0].nan_to_num(0.0), ref[0].nan_to_num(0.0))
+    for name, a, r in zip(["dx", "dw", "db"], got[1:], ref[1:]):
+        assert r.isfinite().all() and torch.equal(a, r), name

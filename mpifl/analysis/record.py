@@ -119,7 +119,35 @@ class RecordError(ValueError):
     """A record that cannot be read: one line naming the file and what is wrong."""
 
 
+def _parsed(p: Path, line: int, d: dict[str, str]) -> Row:
+    """One line of the record, each column of its type (JSON objects for ``config``
+    and ``provenance``), or a RecordError naming the line and the column."""
+    def bad(column: str, what: str) -> RecordError:
+        return RecordError(f"record {str(p)!r} line {line}: column {column} {what}")
+
+    try:
+        seed, value = int(d["seed"]), float(d["value"])
+    except (TypeError, ValueError) as e:
+        raise bad("seed or value", f"is not a number ({str(e)[:80]})") from None
+    obj = {}
+    for column in ("config", "provenance"):
+        try:
+            obj[column] = json.loads(d[column] or ("{}" if column == "provenance" else ""))
+        except (TypeError, ValueError) as e:
+            raise bad(column, f"is not JSON ({str(e)[:80]})") from None
+        if not isinstance(obj[column], dict):
+            raise bad(column, f"holds {type(obj[column]).__name__}, where a record holds a JSON object")
+    if any(not isinstance(k, str) or isinstance(v, dict) for k, v in obj["config"].items()):
+        raise bad("config", "is not flat: a record's config maps keys (section.key) to values")
+    text = [d[c] for c in ("table", "layout", "method", "setting", "metric")]
+    if any(not isinstance(t, str) for t in text):
+        raise bad("table, layout, method, setting or metric", "is missing")
+    return Row(*text[:4], seed, text[4], value, obj["config"], obj["provenance"])
+
+
 def read(path: str | Path) -> list[Row]:
+    """Every row of the record at ``path``, each checked (:func:`_parsed`): a
+    RecordError names the first line that is not a record's."""
     p = Path(path)
     try:
         with open(p, newline="") as f:
@@ -128,15 +156,13 @@ def read(path: str | Path) -> list[Row]:
             if missing:
                 raise RecordError(f"record {str(p)!r} lacks the column(s) {', '.join(missing)}; a record has "
                                   f"{', '.join(COLUMNS)} (python -m mpifl.analyze ... --record FILE)")
-            return [Row(d["table"], d["layout"], d["method"], d["setting"], int(d["seed"]), d["metric"],
-                        float(d["value"]), json.loads(d["config"]), json.loads(d["provenance"] or "{}"))
-                    for d in reader]
+            return [_parsed(p, reader.line_num, d) for d in reader]
     except OSError as e:
         raise RecordError(f"record {str(p)!r} cannot be read ({e.strerror})") from None
-    except (ValueError, KeyError) as e:
-        if isinstance(e, RecordError):
-            raise
-        raise RecordError(f"record {str(p)!r} holds a row mpifl cannot read ({e})") from None
+    except csv.Error as e:  # a field past csv's limit (131,072 characters), a NUL byte
+        raise RecordError(f"record {str(p)!r} line {reader.line_num + 1}: {e}") from None
+    except UnicodeDecodeError as e:
+        raise RecordError(f"record {str(p)!r} is not text ({e.reason})") from None
 
 
 def read_joined(paths: str, root: Path = REPO) -> list[Row]:

@@ -30,13 +30,22 @@ def _key(v: Any) -> str:
 
 
 NOT_APPLICABLE = "–"
+# not a config key: the conv kernel a run's clients trained on (its provenance's
+# train facts; train.fused_conv=auto takes the fused one where it builds), a
+# grouping of its own where runs differ in it: other sums, other numbers
+KERNEL = "conv_kernel"
 
 
 def setting(r: Summary, key: str) -> str:
     """A run's value of ``key`` as a grouping label; ``–`` for a key of another
-    algorithm's section, which that run never read."""
+    algorithm's section, which that run never read (and for :data:`KERNEL` where
+    no grouped convolution trained)."""
     from mpifl.algorithms import NAMES
 
+    if key == KERNEL:
+        train = r.provenance.get("train")
+        kernel = train.get("conv_kernel", NOT_APPLICABLE) if isinstance(train, dict) else "unknown"
+        return NOT_APPLICABLE if kernel is None else str(kernel)
     section = key.split(".", 1)[0]
     algo = str(r.config.get("algorithm.name"))
     if section in NAMES and section != algo and not algo.startswith(section + "_"):
@@ -46,7 +55,8 @@ def setting(r: Summary, key: str) -> str:
 
 def varying_keys(runs: list[Summary]) -> list[str]:
     """Config keys whose values differ between runs (besides IGNORED and other
-    algorithms' sections), in config order; ``algorithm.name`` first and always."""
+    algorithms' sections), in config order; ``algorithm.name`` first and always;
+    :data:`KERNEL` last where the runs trained on different conv kernels."""
     keys: list[str] = []
     for r in runs:
         keys += [k for k in r.config if k not in keys]
@@ -59,7 +69,8 @@ def varying_keys(runs: list[Summary]) -> list[str]:
             jobs.setdefault(str(r.config.get(JOB)), []).append(r)
         vary = [JOB] + [k for k in vary
                         if any(len({setting(r, k) for r in rs} - {NOT_APPLICABLE}) > 1 for rs in jobs.values())]
-    return ["algorithm.name"] + [k for k in vary if k != "algorithm.name"]
+    kernel = [KERNEL] if len({setting(r, KERNEL) for r in runs} - {NOT_APPLICABLE}) > 1 else []
+    return ["algorithm.name"] + [k for k in vary if k != "algorithm.name"] + kernel
 
 
 @dataclass

@@ -55,7 +55,12 @@ def override(item: str) -> tuple[str, Any]:
     key, sep, text = item.partition("=")
     if not sep or not key or "." not in key:
         raise ConfigError(f"override {shorten(repr(item))} must look like section.key=value")
-    value = parse_yaml(text, f"override {shorten(repr(item))}", invalid_ok=True) if text != "" else ""
+    try:
+        value = parse_yaml(text, f"override {shorten(repr(item))}", invalid_ok=True) if text != "" else ""
+    except ConfigError:
+        if not _is_text(_key_hint(key)):
+            raise
+        value = text  # a string key keeps its text, whatever YAML would make of it
     if not isinstance(value, str) and _is_text(_key_hint(key)):
         value = text  # YAML 1.1 reads off, no, 007, ~ as bool, int, null: a string key keeps the text
     return key, value
@@ -182,6 +187,18 @@ def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
+INT64_MAX = 2**63 - 1  # what numpy, torch, MPI and HDF5 take as an integer
+
+
+def _int64(value: int, key: str) -> int:
+    """``value`` where it fits in a signed 64-bit integer; a one-line error otherwise
+    (numpy, torch and HDF5 would stop the run with an overflow traceback)."""
+    if abs(value) > INT64_MAX:
+        raise ConfigError(f"{key}={shorten(str(value))} is not allowed: an integer must be at most {INT64_MAX} "
+                          f"(2**63 - 1) in size")
+    return value
+
+
 def coerce(value: Any, hint: Any, key: str) -> Any:
     """``value`` as the type ``hint`` says (choices of a Literal, bool, int, float,
     str, list of int or str), or the one-line error naming ``key``."""
@@ -201,7 +218,7 @@ def coerce(value: Any, hint: Any, key: str) -> Any:
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{key}={value!r} must be an integer")
-        return value
+        return _int64(value, key)
     if hint is float:
         if isinstance(value, str):
             number = _number(value)
@@ -210,7 +227,7 @@ def coerce(value: Any, hint: Any, key: str) -> Any:
         elif isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key}={shorten(repr(value))} must be a number")
         else:
-            number = float(value)
+            number = float(min(abs(value), 2 * FLOAT32_MAX)) * (1 if value >= 0 else -1)  # 10**400: no OverflowError
         if math.isfinite(number) and abs(number) > FLOAT32_MAX:
             raise ConfigError(f"{key}={shorten(repr(value))} is not allowed; a finite number must be at most 3.4e38 "
                               f"in size (float32's range: training computes in float32)")
@@ -224,6 +241,8 @@ def coerce(value: Any, hint: Any, key: str) -> Any:
         if item is int:
             if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
                 raise ConfigError(f"{key}={shorten(repr(value))} must be a list of integers, e.g. [128, 128]")
+            for v in value:
+                _int64(v, key)
         elif item is str:
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise ConfigError(f"{key}={shorten(repr(value))} must be a list of strings")

@@ -44,6 +44,24 @@ def require(what: str = "log.tensorboard=true") -> None:
         raise ConfigError(f"{what} {MISSING}")
 
 
+def check_folder(folder: Path, run_root: Path) -> None:
+    """Refuse, before any round, a ``tb`` folder a run cannot write its events into
+    as its own (the rules of its ``checkpoint`` folder): anything there but a
+    directory (a regular file: SummaryWriter would fail after the rounds began), or
+    a symbolic link leading out of the run directory (events written into another
+    folder, which may be another run's)."""
+    if folder.is_symlink():
+        target = folder.resolve()
+        if not target.is_relative_to(Path(run_root).resolve()):
+            raise ConfigError(f"TensorBoard folder {str(folder)!r} is a symbolic link out of the run directory (to "
+                              f"{str(target)[:120]!r}), refused (log.tensorboard): the events go into the run's own "
+                              f"folder; remove the link, or set log.tensorboard=false")
+        folder = target
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"TensorBoard folder {str(folder)!r} is not a directory (log.tensorboard): refused, mpifl "
+                          f"writes only what it wrote; remove or move it, or use another run.name")
+
+
 def _mean(v: np.ndarray) -> float | None:
     v = np.asarray(v, np.float64)
     return float(np.nanmean(v)) if v.size and not np.isnan(v).all() else None

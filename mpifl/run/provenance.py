@@ -7,7 +7,9 @@ summed up per table by ``python -m mpifl.analyze`` and compared by
 ``python -m mpifl.reproduce``. Its keys:
 
 - ``mpifl``: ``{"commit", "dirty", "version"}``: the git commit of the checkout
-  mpifl is imported from and whether its tracked files differ from it (``commit``
+  mpifl is imported from and whether it differs from it: a tracked file changed,
+  or a file git does not track (nor ignores) inside the package, ``mpifl/``, which
+  a run may import (a copied algorithm module) (``commit``
   None where mpifl is not a git checkout, an installed copy: ``version`` then
   says which);
 - ``versions``: :func:`mpifl.comm.versions` (python, torch, mpi4py, MPI, numpy);
@@ -17,6 +19,12 @@ summed up per table by ``python -m mpifl.analyze`` and compared by
 - ``cpu``: the CPU model (``/proc/cpuinfo``); ``blas``: the BLAS torch was built with;
 - ``device``: where the run computed (``cpu``, ``cuda:0``); ``gpu``: ``{"name",
   "driver", "cuda"}`` where that is a GPU, else None;
+- ``train``: what trains the clients besides the code and the CPU, each of which
+  can change a run's bits on the same commit and CPU (:func:`training`):
+  ``{"path", "threads", "conv_kernel"}`` (``path``: ``batched`` or
+  ``per_client``; ``threads``: a rank's; ``conv_kernel``: ``fused`` or ``torch``,
+  None where no grouped convolution trains), with the fused kernel's
+  ``conv_flags`` and ``compiler`` where it trains;
 - ``hosts``: every node's host name, in the order of its lowest rank;
 - ``sweep``: ``{"name", "point", "values"}`` for a point of a sweep
   (``<sweep>/runs/<point>/`` beside ``<sweep>/sweep.yaml``, as
@@ -40,6 +48,7 @@ from typing import Any
 from mpifl.paths import REPO
 
 UNKNOWN = "unknown"
+PACKAGE = "mpifl"  # the folder of the checkout whose untracked files count as changes (ignored ones do not)
 GIT_TIMEOUT_S = 5.0  # a checkout on a slow shared file system must not hold up round 0
 # the facts that decide whether a re-run can be bitwise equal: what reproduce and analyze compare
 CODE_KEYS = ("commit", "dirty")
@@ -65,7 +74,10 @@ def code() -> dict[str, Any]:
     dirty = None
     if commit is not None:
         status = _git("status", "--porcelain", "--untracked-files=no")
-        dirty = None if status is None else bool(status)
+        # a file git does not track inside the package (a copied algorithm module) runs too
+        package = _git("status", "--porcelain", "--untracked-files=all", "--", PACKAGE)
+        if status is not None and package is not None:
+            dirty = bool(status) or any(line.startswith("??") for line in package.splitlines())
     return {"commit": commit, "dirty": dirty, "version": __version__}
 
 
@@ -151,13 +163,27 @@ def sweep_point(run_dir: str | Path) -> dict[str, Any] | None:
     return None
 
 
-def collect(comm: Any, device: str, run_dir: str | Path | None = None) -> dict[str, Any] | None:
-    """Every fact above, on rank 0 (None elsewhere). Collective over ``comm`` (a
-    :class:`mpifl.comm.Comm`): the host names are gathered; git runs on rank 0 only."""
+def training(conv_kernel: str | None, threads: int, batched: bool) -> dict[str, Any]:
+    """The ``train`` facts of a run whose clients train on ``conv_kernel`` (what the
+    log's ``conv_kernel`` attribute names), ``threads`` a rank, batched or not."""
+    out: dict[str, Any] = {"path": "batched" if batched else "per_client", "threads": threads,
+                           "conv_kernel": conv_kernel}
+    if conv_kernel == "fused":
+        from mpifl.train import fused
+
+        out.update(conv_flags=" ".join(fused.FLAGS), compiler=fused.compiler())
+    return out
+
+
+def collect(comm: Any, device: str, run_dir: str | Path | None = None,
+            train: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """Every fact above, on rank 0 (None elsewhere); ``train``: :func:`training`'s.
+    Collective over ``comm`` (a :class:`mpifl.comm.Comm`): the host names are
+    gathered; git runs on rank 0 only."""
     hosts = comm.allgather(host())
     if comm.rank != 0:
         return None
-    return {"mpifl": code(), **machine(device), "hosts": list(dict.fromkeys(hosts)),
+    return {"mpifl": code(), **machine(device), "train": train, "hosts": list(dict.fromkeys(hosts)),
             "sweep": sweep_point(run_dir) if run_dir is not None else None}
 
 
@@ -191,15 +217,27 @@ def commit_text(p: dict[str, Any]) -> str:
     return f"{m['version']} (no checkout)" if m.get("version") else UNKNOWN
 
 
+def train_text(p: dict[str, Any]) -> str:
+    """``batched, fused conv (c++ 12.2.0; -O3 ...), 2 threads``, ``per_client, 1 thread`` or ``unknown``."""
+    t = p.get("train")
+    if not isinstance(t, dict):
+        return UNKNOWN
+    conv = t.get("conv_kernel")
+    kernel = "" if conv is None else f", {conv} conv" + (
+        f" ({t.get('compiler') or UNKNOWN}; {t.get('conv_flags') or UNKNOWN})" if conv == "fused" else "")
+    n = t.get("threads")
+    return f"{t.get('path') or UNKNOWN}{kernel}, {n} thread{'' if n == 1 else 's'}"
+
+
 def brief(p: dict[str, Any]) -> dict[str, str]:
     """The facts a table is summed up by, as text: commit, CPU capability, device
-    (a GPU by its name), and the torch version."""
+    (a GPU by its name), the torch version and what trained (:func:`train_text`)."""
     dev = p.get("device") or UNKNOWN
     g = p.get("gpu")
     if g:
         dev = f"{dev} ({g.get('name', UNKNOWN)})"
     return {"commit": commit_text(p), "cpu_capability": str(p.get("cpu_capability") or UNKNOWN),
-            "device": dev, "torch": str((p.get("versions") or {}).get("torch") or UNKNOWN)}
+            "device": dev, "torch": str((p.get("versions") or {}).get("torch") or UNKNOWN), "train": train_text(p)}
 
 
 def lines(p: dict[str, Any]) -> list[str]:
@@ -212,6 +250,8 @@ def lines(p: dict[str, Any]) -> list[str]:
     if g:
         out.append(f"  gpu        {g.get('name')} (driver {g.get('driver') or UNKNOWN}, CUDA {g.get('cuda')})")
     out.append(f"  hosts      {', '.join(p.get('hosts') or [UNKNOWN])}")
+    if p.get("train"):
+        out.append(f"  training   {train_text(p)}")
     s = p.get("sweep")
     if s:
         out.append(f"  sweep      {s['name']}, point {s['point']}")
@@ -226,19 +266,24 @@ def _counted(values: list[str]) -> str:
 
 
 TABLE_FACTS = (("commit", "commit", "commits"), ("cpu_capability", "CPU capability", "CPU capabilities"),
-               ("device", "device", "devices"))
+               ("device", "device", "devices"), ("train", "training", "trainings"))
+# facts logs hold only since they were recorded: left out of a table none of whose runs has them
+LATER_FACTS = ("train",)
 
 
 def table_line(provs: list[dict[str, Any]]) -> tuple[str, list[str]]:
     """What a table's runs are made of, one line (each fact's values with their
     numbers of runs), and a warning for each fact on which the runs differ (``<table>
     mixes`` + it): a
-    table mixing commits, CPU kernels or devices compares float noise along with
-    the methods. Facts of logs without provenance read ``unknown``."""
+    table mixing commits, CPU kernels, devices or trainings (conv kernel, threads,
+    path, compiler flags) compares float noise along with the methods. Facts of
+    logs without provenance read ``unknown``."""
     briefs = [brief(p) for p in provs]
     parts, warnings = [], []
     for key, one, many in TABLE_FACTS:
         values = [b[key] for b in briefs]
+        if key in LATER_FACTS and set(values) == {UNKNOWN}:
+            continue
         parts.append(f"{one if len(set(values)) == 1 else many} {_counted(values)}")
         if len(set(values)) > 1:
             warnings.append(f"runs of {len(set(values))} {many} ({_counted(values)}): its differences hold "

@@ -22,6 +22,10 @@ def find_checkpoint(cfg: Config) -> Path | None:
     and a damaged checkpoint (never a silent start over)."""
     rd = RunDir(cfg.run_dir)
     checkpoint.check_dir(rd)
+    if cfg.log.tensorboard:  # the events' folder follows the checkpoint folder's rules
+        from mpifl.logging.tensorboard import check_folder
+
+        check_folder(rd.tb, rd.root)
     ck = (checkpoint.latest(rd) or checkpoint.unpublished(rd)) if cfg.run.resume != "never" else None
     if cfg.run.resume == "previous":
         before = checkpoint.previous(ck) if ck is not None else None

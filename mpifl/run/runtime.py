@@ -73,6 +73,10 @@ def setup(cfg: Config, mpi_comm) -> Setup:
         data = build_data(cfg.data, cfg.run.seed, comm.local_ids)
         model = models.build(cfg.model, data.in_shape, data.n_classes, cfg.run.seed)
         clients = Clients(model, data, cfg.train, device, cfg.run.seed)
+        # one conv kernel on every rank, before the paths are timed: the log names one
+        fallback = clients.agree_conv_kernel(comm.allgather(clients.conv_unavailable))
+        if fallback and comm.rank == 0:
+            _say(fallback, flush=True)
         if clients.needs_measuring:  # train.batched=auto: the faster path, timed on every rank
             tb, tl = clients.measure_paths()
             clients.path_times = comm.allreduce_sum(tb), comm.allreduce_sum(tl)
@@ -140,7 +144,8 @@ def _run(cfg: Config, mpi_comm) -> Path:
         agree(mpi_comm, lambda: resume.check_log(cfg, ck) if comm.is_writer else None)
     # a finished run started again changes nothing: its log and config.yaml stay as they are
     finished = ck is not None and first >= cfg.run.rounds
-    origin = None if finished else provenance.collect(comm, str(ctx.clients.device), cfg.run_dir)
+    train = provenance.training(ctx.clients.trained_conv_kernel, s.threads, ctx.clients.batched)
+    origin = None if finished else provenance.collect(comm, str(ctx.clients.device), cfg.run_dir, train)
     keep = first if ck is not None else None
     writer = None if finished else agree(
         mpi_comm, lambda: roundlog.open_writer(cfg, ctx, s.threads, s.nodes, keep, origin))

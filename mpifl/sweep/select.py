@@ -57,7 +57,7 @@ def parse_points(text: str, n: int) -> set[int]:
     """``0-9,15`` -> the indices; each must lie in ``[0, n)``."""
     out: set[int] = set()
     for part in text.split(","):
-        m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
+        m = re.fullmatch(r"\s*(\d{1,18})\s*(?:-\s*(\d{1,18})\s*)?", part)  # 18 digits: past any sweep
         if not m or (m.group(2) is not None and int(m.group(2)) < int(m.group(1))):
             raise ConfigError(f"--points {shorten(repr(text))} is not allowed; point indices and ranges, "
                               f"e.g. 0-9,15")

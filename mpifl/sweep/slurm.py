@@ -161,7 +161,7 @@ class Array:
     @property
     def spec(self) -> str:
         """``--array``'s value without the throttle, as ranges: ``0-999``, ``0-3,5``."""
-        from mpifl.check import ranges
+        from mpifl.errors import ranges
 
         return ranges([i - self.offset for i in self.indices])
 

@@ -103,7 +103,7 @@ def mark_finished(sweep: Sweep, index: int, rc: int) -> None:
 def record_submission(sweep: Sweep, job: str, indices: list[int], offset: int = 0) -> None:
     """Remember which points an array job runs (as ranges; its task i runs point
     ``offset + i``), for ``--status``."""
-    from mpifl.check import ranges
+    from mpifl.errors import ranges
 
     path = sweep.log_dir / SUBMITTED
     old = path.read_text() if path.is_file() else ""

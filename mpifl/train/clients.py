@@ -70,6 +70,7 @@ class Clients:
         self.bn = has_batchnorm(model)
         self.stacked = stacked_mlp(model) if self.layout.B == 0 else None
         self.convnet = grouped_convnet(model) if self.layout.B == 0 else None
+        self.conv_unavailable: str | None = None  # why the fused conv kernel, asked for, does not build here
         self.conv_kernel = self._conv_kernel(cfg, data.in_shape) if self.convnet is not None else None
         # Which path trains: "on" / "off" as asked. Under "auto" a plain MLP is batched
         # (stacked bmm: 6-10x the loop in bench/README.md, at every size measured);
@@ -90,7 +91,9 @@ class Clients:
     def _conv_kernel(self, cfg: TrainConfig, in_shape: tuple[int, ...]) -> str:
         """``"fused"`` where some of the conv net's layers run in :mod:`mpifl.train.fused`'s
         kernel on the batched path (``train.fused_conv`` allows it, they fit, the
-        kernel builds; :attr:`convnet` then holds the fused layers), else ``"torch"``."""
+        kernel builds; :attr:`convnet` then holds the fused layers), else ``"torch"``;
+        where it was asked and does not build, :attr:`conv_unavailable` says why (the
+        ranks settle on one kernel with :meth:`agree_conv_kernel`)."""
         asked = fused.asked(cfg.fused_conv, cfg.batched, self.device.type)
         head = fuse(self.convnet, tuple(in_shape)) if asked else None
         if head is None:
@@ -98,14 +101,32 @@ class Clients:
         try:
             fused.kernels()
         except fused.FusedUnavailable as e:
-            if cfg.fused_conv == "on":
-                from mpifl.errors import ConfigError
-
-                raise ConfigError(f"train.fused_conv=on but its kernel does not build here ({e}); allowed: "
-                                  "auto (torch's kernels where it does not build), off", "train.fused_conv") from None
+            self.conv_unavailable = str(e)
             return "torch"
         self.convnet = head
         return "fused"
+
+    def agree_conv_kernel(self, unavailable: list[str | None]) -> str | None:
+        """One conv kernel for the run from every rank's :attr:`conv_unavailable`
+        (allgathered, rank by rank; a run whose ranks took different kernels would
+        log one and train on two): where it builds on no rank or on some only,
+        torch's everywhere, with the line that says so (None: nothing to say);
+        ``train.fused_conv=on`` is then refused, naming the ranks."""
+        from mpifl.errors import ranges
+
+        failed = [r for r, why in enumerate(unavailable) if why]
+        if not failed:
+            return None
+        where = f"rank(s) {ranges(failed)} of {len(unavailable)} ({unavailable[failed[0]]})"
+        if self.cfg.fused_conv == "on":
+            from mpifl.errors import ConfigError
+
+            raise ConfigError(f"train.fused_conv=on but its kernel does not build on {where}; allowed: auto "
+                              "(torch's kernels on every rank where it does not build on one), off", "train.fused_conv")
+        self.keep_conv_kernel("torch")
+        self.conv_unavailable = f"it does not build on {where}"
+        return (f"mpifl: train.fused_conv=auto: the fused conv kernel does not build on {where}: every rank "
+                "takes torch's kernels (other sums, other bits)")
 
     @property
     def trained_conv_kernel(self) -> str | None:
@@ -122,8 +143,12 @@ class Clients:
         if kernel == "torch":
             self.convnet = grouped.unfused(self.convnet)
         else:
-            raise RuntimeError(f"the checkpoint's run took the fused conv kernel (train.fused_conv), which this run "
-                               f"cannot ({self.conv_kernel}): resume where it builds")
+            from mpifl.errors import ConfigError
+
+            why = self.conv_unavailable or f"train.fused_conv={self.cfg.fused_conv}"
+            raise ConfigError(f"the checkpoint's run took the fused conv kernel (train.fused_conv), which this run "
+                              f"cannot take ({why}): resume where it builds (python -m mpifl.check says where), or "
+                              f"start over with run.resume=never")
         self.conv_kernel = kernel
         self._engines["grouped"] = GroupedConv(self.model, self.layout, self.convnet)
 

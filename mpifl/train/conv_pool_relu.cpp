@@ -138,7 +138,7 @@ void backward_t(const float* x, const float* w, const float* gy, const float* y,
           for (int64_t py = 0; py < PH; ++py)
             for (int64_t px = 0; px < PW; ++px) {
               const int64_t at = base + py * PW + px;
-              if (!(y[at] > 0.f)) continue;
+              if (y[at] <= 0.f) continue;  // a NaN passes its gradient, as torch's ReLU (threshold_backward) does
               const float s = gy[at];
               const uint8_t a = ar[(py * PW + px) * C];
               const int64_t p = b * S + (2 * py + (a >> 1)) * WP + 2 * px + (a & 1);

@@ -8,9 +8,11 @@ pair of output rows held in registers over the taps and pooled as it is made, so
 the convolution's output never goes to memory; the index of each window's first
 maximum (torch's choice on ties) is kept, one byte. Backward, from the pooled
 gradient ``g``: a window passes its gradient to its first maximum only, and only
-where the ReLU's output is positive, so with ``(ay, ax)`` that maximum's position
+where the ReLU's output is not ``<= 0`` (positive, or NaN: a window whose maximum
+is NaN passes its gradient on, as torch's ReLU does), so with ``(ay, ax)`` that
+maximum's position
 
-    dW_i[o, c, ky, kx] = sum over (sample, window) with y > 0 of g[o, window] * x[c, ay + ky, ax + kx]
+    dW_i[o, c, ky, kx] = sum over (sample, window) with not y <= 0 of g[o, window] * x[c, ay + ky, ax + kx]
     db_i[o]            = the same sum of g[o, window]
     dx[c, ay + ky, ax + kx] += g[o, window] * W_i[o, c, ky, kx]   (where the input needs it)
 
@@ -35,17 +37,31 @@ compiler and ninja; 25-35 s) into torch's extension cache (``TORCH_EXTENSIONS_DI
 default ``~/.cache/torch_extensions``), named by a hash of the source, the flags,
 torch's version and this CPU's instruction set, so nodes of another CPU on a
 shared home build their own. Ranks that start together wait on one build.
+
+A build is trusted only as far as its digest (:data:`DIGEST`, each output's sha256,
+written once a build has loaded): a library the digest does not vouch for (cut
+short by a full disk or a killed copy, empty, another machine's, from before
+digests) is never loaded, since loading a damaged one can kill the process with
+SIGBUS; its outputs are made again (the library alone where the object file is
+intact: a link, a second or so), or, in a cache that cannot be written, refused
+in one line naming the folder (:func:`damaged`; ``tests/test_fused_cache.py``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import functools
 import hashlib
+import importlib.util
+import json
 import logging
 import os
 import re
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -73,25 +89,137 @@ def _cpu_flags() -> str:
     return m.group(1) if m else ""
 
 
+DIGEST = "mpifl-digest.json"  # beside the build: each output's sha256, written after a complete build
+LOCK = "mpifl.lock"  # held while a build is checked, made and its digest written (torch's own "lock" is torch's)
+
+
+def _name() -> str:
+    """The extension's name: a hash of the source, the flags, torch's version and this CPU's instruction set."""
+    key = hashlib.sha256(b"\0".join([SOURCE.read_bytes(), " ".join(FLAGS).encode(), torch.__version__.encode(),
+                                     _cpu_flags().encode()])).hexdigest()[:16]
+    return f"mpifl_conv_pool_relu_{key}"
+
+
+def _outputs(folder: Path, name: str) -> list[Path]:
+    """What a build leaves that a later load reads: the library and its object file."""
+    return [folder / f"{name}.so", folder / f"{SOURCE.stem}.o"]
+
+
+def _sha256(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def damaged(folder: Path, name: str) -> list[Path]:
+    """The outputs of the build in ``folder`` that its digest does not vouch for
+    (all of them where the digest is missing or unreadable: a build cut short, a
+    cache copied in part, one from before digests); [] for a complete build."""
+    try:
+        digest = json.loads((folder / DIGEST).read_text())
+    except (OSError, ValueError):
+        digest = None
+    outs = _outputs(folder, name)
+    if not isinstance(digest, dict):
+        return [p for p in outs if p.exists()] or outs
+    return [p for p in outs if digest.get(p.name) is None or _sha256(p) != digest.get(p.name)]
+
+
+@contextlib.contextmanager
+def _held(folder: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``folder``'s :data:`LOCK` (a second process waits,
+    then finds the build complete); nothing where the file system has no flock."""
+    fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as e:
+            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                raise
+        yield
+    finally:
+        os.close(fd)  # drops the lock
+
+
+def _import(folder: Path, name: str) -> ModuleType:
+    """The library of a build its digest vouches for, without torch's build step
+    (which would write in ``folder``: a read-only cache loads too)."""
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.so")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _compile(folder: Path, name: str) -> ModuleType:
+    """Build with ``torch.utils.cpp_extension`` in ``folder`` (what ninja finds done is
+    kept) and write the digest of what it made."""
+    from torch.utils import cpp_extension
+
+    bad = damaged(folder, name)
+    for p in bad:  # ninja would take a damaged output for a finished one; it makes these again
+        p.unlink(missing_ok=True)
+    path = os.environ.get("PATH", "")
+    if shutil.which("ninja") is None:  # pip's ninja, beside this interpreter where no venv is activated
+        os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), path])
+    try:
+        module = cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=list(FLAGS),
+                                    extra_ldflags=["-fopenmp"], build_directory=str(folder), verbose=False)
+    finally:
+        os.environ["PATH"] = path
+    from mpifl.paths import atomic_write_text
+
+    # loaded, so complete: vouched for from now on (a digest that cannot be written costs the next run a link)
+    with contextlib.suppress(OSError):
+        atomic_write_text(folder / DIGEST, json.dumps({p.name: _sha256(p) for p in _outputs(folder, name)}))
+    return module
+
+
+def _one_line(e: BaseException) -> str:
+    lines = [ln for ln in str(e).splitlines() if ln.strip()]
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
+
+
 @functools.cache
 def _build() -> ModuleType | str:
     # its import warns where no CUDA runtime is found: nothing here needs one
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     from torch.utils import cpp_extension
 
-    key = hashlib.sha256(b"\0".join([SOURCE.read_bytes(), " ".join(FLAGS).encode(), torch.__version__.encode(),
-                                     _cpu_flags().encode()])).hexdigest()[:16]
-    path = os.environ.get("PATH", "")
-    if shutil.which("ninja") is None:  # pip's ninja, beside this interpreter where no venv is activated
-        os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), path])
+    name = _name()
     try:
-        return cpp_extension.load(name=f"mpifl_conv_pool_relu_{key}", sources=[str(SOURCE)],
-                                  extra_cflags=list(FLAGS), extra_ldflags=["-fopenmp"], verbose=False)
+        folder = Path(cpp_extension._get_build_directory(name, verbose=False))  # torch's choice of folder
+    except OSError as e:
+        return f"its cache folder cannot be made ({_one_line(e)}): set TORCH_EXTENSIONS_DIR to a folder you can write"
+    try:
+        if not damaged(folder, name):
+            return _import(folder, name)
+        with _held(folder):
+            if not damaged(folder, name):  # another process built it while this one waited
+                return _import(folder, name)
+            return _compile(folder, name)
+    except OSError as e:
+        if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return (f"its cache {str(folder)!r} holds no complete build and cannot be written ({e.strerror}): "
+                    f"delete that folder where you can, or set TORCH_EXTENSIONS_DIR to a folder you can write")
+        return f"the build in {str(folder)!r} failed ({_one_line(e)})"
     except Exception as e:  # noqa: BLE001 - any failed build means: torch's kernels instead
-        lines = [ln for ln in str(e).splitlines() if ln.strip()]
-        return f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
-    finally:
-        os.environ["PATH"] = path
+        return f"the build in {str(folder)!r} failed ({_one_line(e)})"
+
+
+@functools.cache
+def compiler() -> str:
+    """The first line of ``--version`` of the compiler torch builds with (``CXX``,
+    else ``c++``): its code generation is part of the kernel's bits."""
+    import subprocess
+
+    cxx = os.environ.get("CXX", "c++")
+    try:
+        res = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return f"{cxx} (no version)"
+    lines = res.stdout.strip().splitlines()
+    return lines[0][:120] if res.returncode == 0 and lines else f"{cxx} (no version)"
 
 
 def kernels() -> ModuleType:

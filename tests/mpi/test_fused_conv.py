@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from mpifl import config
+from mpifl.errors import ConfigError
 from mpifl.logging.h5 import open_run
 from mpifl.run import checkpoint, runtime
 from mpifl.train import fused
@@ -56,3 +57,35 @@ def test_fused_runs_keep_their_bits_across_rank_counts_and_on_resume(mpi, shared
         np.testing.assert_array_equal(many.get(key), resumed.get(key))
     assert not np.array_equal(many.get("metrics/train_loss"), plain.get("metrics/train_loss"))  # another kernel
     np.testing.assert_allclose(many.get("metrics/train_loss")[0], plain.get("metrics/train_loss")[0], rtol=1e-4)
+
+
+def test_ranks_that_cannot_all_build_the_kernel_agree_on_torchs(mpi, shared_tmp, monkeypatch, capsys):
+    """The last rank has no compiler: under auto every rank takes torch's kernels
+    (the run's bits are the torch run's, and the log says torch), with one line
+    saying so; ``on`` is refused on every rank in one line naming that rank; a fused
+    run extended there is refused in one line, not a crash."""
+    _run(mpi, _cfg(shared_tmp, "fused", rounds=2))
+    _run(mpi, _cfg(shared_tmp, "torch", **{"train.fused_conv": "off"}))
+    last = mpi.Get_size() - 1
+    if mpi.Get_rank() == last:
+        monkeypatch.setattr(fused, "_build", lambda: "CalledProcessError: no compiler")
+    capsys.readouterr()
+    _run(mpi, _cfg(shared_tmp, "mixed"))
+    said = [ln for ln in capsys.readouterr().out.splitlines() if "train.fused_conv=auto" in ln]
+    assert said == ([f"mpifl: train.fused_conv=auto: the fused conv kernel does not build on rank(s) {last} of "
+                     f"{mpi.Get_size()} (CalledProcessError: no compiler): every rank takes torch's kernels (other "
+                     f"sums, other bits)"] if mpi.Get_rank() == 0 else [])
+    with pytest.raises(ConfigError) as on:
+        runtime.run(_cfg(shared_tmp, "on", **{"train.fused_conv": "on"}), mpi)
+    assert f"does not build on rank(s) {last} of {mpi.Get_size()} (CalledProcessError: no compiler)" in str(on.value)
+    with pytest.raises(ConfigError) as extended:
+        runtime.run(_cfg(shared_tmp, "fused", rounds=3), mpi)  # a round more of the fused run
+    assert str(extended.value).startswith("the checkpoint's run took the fused conv kernel (train.fused_conv), "
+                                          f"which this run cannot take (it does not build on rank(s) {last} of ")
+    monkeypatch.undo()
+    mpi.Barrier()
+    if mpi.Get_rank() == 0:
+        mixed, plain = open_run(shared_tmp / "mixed"), open_run(shared_tmp / "torch")
+        assert mixed.attrs["conv_kernel"] == "torch"
+        for key in ("metrics/test_acc", "metrics/train_loss"):
+            np.testing.assert_array_equal(mixed.get(key), plain.get(key))
