@@ -7,6 +7,7 @@ anything else aborts all ranks.
 
 from __future__ import annotations
 
+import os
 import sys
 
 from mpifl.cli import parse
@@ -22,6 +23,34 @@ the resolved config of a file with overrides:  python -m mpifl.config CONFIG.yam
 """
 
 
+def launch_rank() -> int:
+    """This process's rank, before torch and before MPI is asked: mpi4py's runner's
+    (``python -m mpi4py``) where it has started MPI, else the launcher's variables
+    (MPICH's and Open MPI's mpiexec, srun), else 0."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        return mpi.COMM_WORLD.Get_rank()
+    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0
+
+
+def leave_early(code: int) -> None:
+    """Exit with ``code`` without importing torch (what :func:`mpifl.comm.exit_all`
+    does, less the import): MPI finalised where mpi4py's runner started it, which
+    would turn a non-zero exit into an MPI_Abort with its own lines."""
+    for f in (sys.stdout, sys.stderr):
+        try:
+            f.flush()
+        except OSError:
+            pass
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
+    os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one job; returns 0, 2 (user error, on every rank), 74 (a write of the log
     or a checkpoint refused: full disk or quota, I/O error; on every rank) or 75
@@ -30,8 +59,15 @@ def main(argv: list[str] | None = None) -> int:
     path, overrides = parse(sys.argv[1:] if argv is None else argv, prog="python -m mpifl.main",
                             description="Run one federated-learning job.", epilog=EPILOG)
     from mpifl import config
-    from mpifl.comm import report_crash, world
     from mpifl.errors import STORAGE_EXIT, ConfigError, StorageError
+
+    try:  # the file and its keys, before torch and MPI are imported (seconds): a typo answers at once
+        config.check_keys(path, overrides)
+    except ConfigError as e:
+        if launch_rank() == 0:
+            print(f"mpifl: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    from mpifl.comm import report_crash, world
     from mpifl.run import runtime
 
     mpi = world()
@@ -62,6 +98,8 @@ if __name__ == "__main__":
     # costs a third of a second of every run; the run has closed its files, and
     # every rank is leaving together anyway. A profiler or tracer (cProfile,
     # coverage) writes its results at exit: then a success leaves the usual way.
+    if code and "torch" not in sys.modules:  # a mistake in the config or its keys: no wait for torch to leave
+        leave_early(code)
     if code or (sys.getprofile() is None and sys.gettrace() is None):
         from mpifl.comm import exit_all
 

@@ -26,7 +26,23 @@ def load(path: str | Path | None, overrides: list[str] = (), n_ranks: int = 1) -
         raise ConfigError(shorten(str(e), 2 * MAX_SHOWN)) from None
 
 
+def check_keys(path: str | Path | None, overrides: list[str] = ()) -> None:
+    """What :func:`load` checks before the values' rules: the file (found, readable,
+    YAML, a mapping), the overrides' form, every key and type. Imports neither torch
+    nor MPI, so an entry point answers these mistakes at once."""
+    try:
+        _build(path, overrides)
+    except ConfigError as e:
+        raise ConfigError(shorten(str(e), 2 * MAX_SHOWN)) from None
+
+
 def _load(path: str | Path | None, overrides: list[str], n_ranks: int) -> Any:
+    cfg = _build(path, overrides)
+    validate(cfg, n_ranks)
+    return cfg
+
+
+def _build(path: str | Path | None, overrides: list[str]) -> Any:
     raw: dict = {}
     if path is not None:
         p = Path(path)
@@ -44,9 +60,7 @@ def _load(path: str | Path | None, overrides: list[str], n_ranks: int) -> Any:
     for item in overrides:
         key, value = override(item)
         assign(raw, key, value, f"override {shorten(repr(item))}")
-    cfg = build(config_class(), raw, "")
-    validate(cfg, n_ranks)
-    return cfg
+    return build(config_class(), raw, "")
 
 
 def override(item: str) -> tuple[str, Any]:
