@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     mpi = world()
     try:
         cfg = config.load(path, overrides, n_ranks=mpi.Get_size())
+        _warn_unread(cfg, mpi.Get_rank())
         runtime.run(cfg, mpi)
     except ConfigError as e:
         if mpi.Get_rank() == 0:
@@ -89,6 +90,17 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         report_crash(mpi, e)
     return 0
+
+
+def _warn_unread(cfg, rank: int) -> None:
+    """One line on rank 0 naming the keys of algorithms the run does not select
+    (mpifl.config.identity: not part of the run's identity)."""
+    from mpifl.config.identity import unread_text
+
+    text = unread_text(cfg.to_dict())
+    if text and rank == 0:
+        print(f"mpifl: warning: {text}: not read by algorithm.name={cfg.algorithm.name}; ignored, and not part of "
+              f"the run's identity", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":
