@@ -106,6 +106,23 @@ def read(paths: list[str | Path], window: int = WINDOW) -> tuple[list[Summary], 
     return runs, skipped
 
 
+def mixed(paths: list[str | Path]) -> str | None:
+    """A line naming the first folder in ``paths`` that holds the runs of several
+    run folders (``run.out_dir``s: a sweep keeps its runs in one, ``<sweep>/runs``),
+    where a broad folder (the system's temporary one) would pool several sweeps or
+    unrelated runs into one table; None when each path is one run, one sweep or
+    one folder of runs."""
+    for p in map(Path, paths):
+        if not p.is_dir() or (p / "run.h5").is_file():  # a missing path: read() names it
+            continue
+        homes = sorted({log.parent.parent for log in find_logs([p])})
+        if len(homes) > 1:
+            shown = ", ".join(str(h) for h in homes[:3]) + (f" and {len(homes) - 3} more" if len(homes) > 3 else "")
+            return (f"{p} holds runs of {len(homes)} folders ({shown}): several sweeps or unrelated runs; name one "
+                    f"(a sweep's folder, a run directory) or add --force to analyze them together")
+    return None
+
+
 def _papers(chosen: list[tuple[Path, Any]], runs: list[Summary], paths: list[str | Path], out: Path, ddof: int,
             echo) -> list[str]:
     """Each paper layout rendered from the runs to ``<out>/<layout name>.md``."""
@@ -241,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--record-rounds", type=_int_list, metavar="R,R", default=[],
                     help="with --record and no --layout: also each run's mean validation accuracy at these "
                          "rounds, numbered from 1 (metric val_acc@R), e.g. 10,30,60")
+    ap.add_argument("--force", action="store_true", help="analyze together the runs of several run folders "
+                    "under one path (several sweeps, unrelated runs), which is refused without it")
     c = ap.add_argument_group("curves over a swept key (mpifl/analysis/curves.py)")
     c.add_argument("--x", metavar="KEY", help="per method, the metric's mean ± std over seeds against this config "
                                               "key (a PNG, a CSV and a Markdown table)")
@@ -273,6 +292,11 @@ def main(argv: list[str] | None = None) -> int:
         one = Path(a.paths[0])
         out = one / "analysis" if len(a.paths) == 1 and one.is_dir() else Path("analysis")
     from mpifl.analysis.curves import CurveError, Grouping, compute, report
+
+    pooled = None if a.force else mixed(a.paths)
+    if pooled:
+        print(f"mpifl.analyze: error: {pooled}", file=sys.stderr)
+        return 2
 
     def check(runs: list[Summary], keys: list[str]) -> None:
         if a.x:
