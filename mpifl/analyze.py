@@ -106,6 +106,10 @@ def read(paths: list[str | Path], window: int = WINDOW) -> tuple[list[Summary], 
     return runs, skipped
 
 
+class MixedRuns(Exception):
+    """The runs under a path come from several run folders (:func:`mixed`); ``--force`` pools them."""
+
+
 def mixed(paths: list[str | Path]) -> str | None:
     """A line naming the first folder in ``paths`` that holds the runs of several
     run folders (``run.out_dir``s: a sweep keeps its runs in one, ``<sweep>/runs``),
@@ -293,10 +297,6 @@ def main(argv: list[str] | None = None) -> int:
         out = one / "analysis" if len(a.paths) == 1 and one.is_dir() else Path("analysis")
     from mpifl.analysis.curves import CurveError, Grouping, compute, report
 
-    pooled = None if a.force else mixed(a.paths)
-    if pooled:
-        print(f"mpifl.analyze: error: {pooled}", file=sys.stderr)
-        return 2
 
     def check(runs: list[Summary], keys: list[str]) -> None:
         if a.x:
@@ -305,12 +305,14 @@ def main(argv: list[str] | None = None) -> int:
 
     made = not out.exists()  # a folder this call makes holds only what it wrote: removed if it fails
     try:
+        if not a.force and (why := mixed(a.paths)):
+            raise MixedRuns(why)
         res = analyze(a.paths, out, a.heatmaps, a.rounds, a.ddof, window=max(1, a.window), layouts=a.layout,
                       check=check, record=a.record, record_rounds=tuple(a.record_rounds))
         if a.x:
             report(res["runs"], a.x, Grouping(res["keys"], setting, NOT_APPLICABLE), out, a.metric, a.versus,
                    a.method, a.ddof, ceiling=a.ceiling, y=a.y)
-    except (FileNotFoundError, LayoutError, CurveError) as e:
+    except (FileNotFoundError, LayoutError, CurveError, MixedRuns) as e:
         print(f"mpifl.analyze: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # the output folder: read-only, not ours, full

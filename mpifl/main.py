@@ -23,6 +23,13 @@ the resolved config of a file with overrides:  python -m mpifl.config CONFIG.yam
 """
 
 
+def _option_hint(unknown: list[str]) -> str:
+    """:func:`mpifl.config.option_hint`, imported only when an option needs it (``--help`` stays fast)."""
+    from mpifl.config import option_hint
+
+    return option_hint(unknown)
+
+
 def launch_rank() -> int:
     """This process's rank, before torch and before MPI is asked: mpi4py's runner's
     (``python -m mpi4py``) where it has started MPI, else the launcher's variables
@@ -57,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     (preempted after a checkpoint). Any other failure aborts every rank."""
     # arguments first: --help and usage errors must not wait for torch and MPI
     path, overrides = parse(sys.argv[1:] if argv is None else argv, prog="python -m mpifl.main",
-                            description="Run one federated-learning job.", epilog=EPILOG)
+                            description="Run one federated-learning job.", epilog=EPILOG, hint=_option_hint)
     from mpifl import config
     from mpifl.errors import STORAGE_EXIT, ConfigError, StorageError
 
