@@ -10,34 +10,41 @@ import pytest
 from helpers import REPO
 
 # Imported first by every interpreter started with its folder on PYTHONPATH (site's
-# sitecustomize): torch's extension builders replaced by a refusal that leaves a mark
+# sitecustomize): torch's extension builders and mpifl's kernel loader (which may
+# take a cached build without building) replaced by a refusal that leaves a mark
 HOOK = '''
 import importlib.abc, importlib.util, os, sys
 
+REFUSED = {"torch.utils.cpp_extension": ("load", "load_inline"), "mpifl.train.fused": ("_build",)}
 
-class _NoCompile(importlib.abc.MetaPathFinder):
+
+def refuse(*args, **kwargs):
+    with open(os.environ["MPIFL_COMPILE_MARK"], "a") as f:
+        f.write(" ".join(sys.argv) + "\\n")
+    raise RuntimeError("the kernel built or loaded where it must not be")
+
+
+class _NoKernel(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        if name != "torch.utils.cpp_extension":
+        if name not in REFUSED:
             return None
         sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            sys.meta_path.insert(0, self)
         run = spec.loader.exec_module
 
         def exec_module(mod):
             run(mod)
-
-            def refuse(*args, **kwargs):
-                with open(os.environ["MPIFL_COMPILE_MARK"], "a") as f:
-                    f.write(" ".join(sys.argv) + "\\n")
-                raise RuntimeError("a compile where none is wanted")
-
-            mod.load = mod.load_inline = refuse
+            for attr in REFUSED[name]:
+                setattr(mod, attr, refuse)
 
         spec.loader.exec_module = exec_module
         return spec
 
 
-sys.meta_path.insert(0, _NoCompile())
+sys.meta_path.insert(0, _NoKernel())
 '''
 
 
@@ -52,8 +59,8 @@ def test_collecting_the_tests_and_checking_the_docs_compile_nothing(tmp_path):
     mark = tmp_path / "compiled"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)]),
            "MPIFL_COMPILE_MARK": str(mark)}
-    built = _run(["-c", "from mpifl.train import fused; print(fused._build())"], env)
-    assert mark.exists(), built.stdout + built.stderr  # the hook sees a build where there is one
+    built = _run(["-c", "from mpifl.train import fused; fused.kernels()"], env)
+    assert mark.exists(), built.stdout + built.stderr  # the hook sees the kernel asked for
     mark.unlink()
 
     collect = _run(["-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "tests"], env)
