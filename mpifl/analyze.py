@@ -106,6 +106,27 @@ def read(paths: list[str | Path], window: int = WINDOW) -> tuple[list[Summary], 
     return runs, skipped
 
 
+class MixedRuns(Exception):
+    """The runs under a path come from several run folders (:func:`mixed`); ``--force`` pools them."""
+
+
+def mixed(paths: list[str | Path]) -> str | None:
+    """A line naming the first folder in ``paths`` that holds the runs of several
+    run folders (``run.out_dir``s: a sweep keeps its runs in one, ``<sweep>/runs``),
+    where a broad folder (the system's temporary one) would pool several sweeps or
+    unrelated runs into one table; None when each path is one run, one sweep or
+    one folder of runs."""
+    for p in map(Path, paths):
+        if not p.is_dir() or (p / "run.h5").is_file():  # a missing path: read() names it
+            continue
+        homes = sorted({log.parent.parent for log in find_logs([p])})
+        if len(homes) > 1:
+            shown = ", ".join(str(h) for h in homes[:3]) + (f" and {len(homes) - 3} more" if len(homes) > 3 else "")
+            return (f"{p} holds runs of {len(homes)} folders ({shown}): several sweeps or unrelated runs; name one "
+                    f"(a sweep's folder, a run directory) or add --force to analyze them together")
+    return None
+
+
 def _papers(chosen: list[tuple[Path, Any]], runs: list[Summary], paths: list[str | Path], out: Path, ddof: int,
             echo) -> list[str]:
     """Each paper layout rendered from the runs to ``<out>/<layout name>.md``."""
@@ -241,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--record-rounds", type=_int_list, metavar="R,R", default=[],
                     help="with --record and no --layout: also each run's mean validation accuracy at these "
                          "rounds, numbered from 1 (metric val_acc@R), e.g. 10,30,60")
+    ap.add_argument("--force", action="store_true", help="analyze together the runs of several run folders "
+                    "under one path (several sweeps, unrelated runs), which is refused without it")
     c = ap.add_argument_group("curves over a swept key (mpifl/analysis/curves.py)")
     c.add_argument("--x", metavar="KEY", help="per method, the metric's mean ± std over seeds against this config "
                                               "key (a PNG, a CSV and a Markdown table)")
@@ -274,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         out = one / "analysis" if len(a.paths) == 1 and one.is_dir() else Path("analysis")
     from mpifl.analysis.curves import CurveError, Grouping, compute, report
 
+
     def check(runs: list[Summary], keys: list[str]) -> None:
         if a.x:
             compute(runs, a.x, Grouping(keys, setting, NOT_APPLICABLE), a.metric, a.versus, a.method, a.ddof,
@@ -281,12 +305,14 @@ def main(argv: list[str] | None = None) -> int:
 
     made = not out.exists()  # a folder this call makes holds only what it wrote: removed if it fails
     try:
+        if not a.force and (why := mixed(a.paths)):
+            raise MixedRuns(why)
         res = analyze(a.paths, out, a.heatmaps, a.rounds, a.ddof, window=max(1, a.window), layouts=a.layout,
                       check=check, record=a.record, record_rounds=tuple(a.record_rounds))
         if a.x:
             report(res["runs"], a.x, Grouping(res["keys"], setting, NOT_APPLICABLE), out, a.metric, a.versus,
                    a.method, a.ddof, ceiling=a.ceiling, y=a.y)
-    except (FileNotFoundError, LayoutError, CurveError) as e:
+    except (FileNotFoundError, LayoutError, CurveError, MixedRuns) as e:
         print(f"mpifl.analyze: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # the output folder: read-only, not ours, full

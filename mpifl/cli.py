@@ -13,15 +13,19 @@ from collections.abc import Callable
 OVERRIDE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+=")
 
 
-def parse(argv: list[str], prog: str, description: str, epilog: str = "") -> tuple[str | None, list[str]]:
+def parse(argv: list[str], prog: str, description: str, epilog: str = "",
+          hint: Callable[[list[str]], str] = lambda unknown: "") -> tuple[str | None, list[str]]:
     """(config path or None, overrides). The first argument is the config when it
     is an existing file or does not look like ``section.key=value``: a sweep over
-    lr makes paths like ``results/lr=0.1/config.yaml``."""
+    lr makes paths like ``results/lr=0.1/config.yaml``. Unrecognized options are a
+    usage error followed by ``hint(options)`` (:func:`mpifl.config.option_hint`)."""
     ap = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("config", nargs="?", help="YAML config (defaults apply when omitted)")
     ap.add_argument("overrides", nargs="*", help="section.key=value")
-    a = ap.parse_args(argv)
+    a, unknown = ap.parse_known_args(argv)
+    if unknown:
+        ap.error(f"unrecognized arguments: {' '.join(unknown)}{hint(unknown)}")
     if a.config is not None and not os.path.isfile(a.config) and OVERRIDE.match(a.config):
         return None, [a.config, *a.overrides]  # only overrides were given
     return a.config, a.overrides

@@ -24,6 +24,24 @@ class RunDir:
     checkpoint = beneath("checkpoint")
     tb = beneath("tb")  # TensorBoard events (log.tensorboard), written by rank 0
     lock = beneath("run.lock")  # held by the job writing here (mpifl.run.lock); gone when it ends
+    export = beneath("export")  # python -m mpifl.results export's default folder (ExportDir)
+
+
+@dataclass(frozen=True)
+class ExportDir:
+    """The files of ``python -m mpifl.results export`` (:mod:`mpifl.run.export`):
+    one ``state_dict`` per model and ``index.json`` saying which is which."""
+
+    root: Path
+    index = beneath("index.json")
+
+    def client(self, client: int, field: str = "") -> Path:
+        """Client ``client``'s row (``clients/``), or its row of the algorithm's per-client ``field``."""
+        return self.root / (field or "clients") / f"client-{client:04d}.pt"
+
+    def shared(self, field: str, k: int | None = None) -> Path:
+        """The algorithm's shared model ``field`` (``shared/model.pt``), or its ``k``-th (``shared/models-02.pt``)."""
+        return self.root / "shared" / (f"{field}.pt" if k is None else f"{field}-{k:02d}.pt")
 
 
 def probe_write(folder: Path) -> None:

@@ -9,6 +9,8 @@
 
 ``python -m mpifl.results tensorboard PATHS --out DIR`` writes the logs under
 PATHS as TensorBoard events (:mod:`mpifl.logging.tensorboard`), one run per log.
+``python -m mpifl.results export RUN [--round N]`` writes a run's models as
+``state_dict`` files with an ``index.json`` (:mod:`mpifl.run.export`).
 
 Accuracies are in percent wherever a column says ``_pct`` (as in ``analyze``'s
 tables); ``frame`` gives a metric as logged (accuracies as fractions). Rounds
@@ -185,8 +187,9 @@ def tensorboard(paths: list[str | Path], out: Path) -> list[tuple[str, int]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m mpifl.results tensorboard PATHS --out DIR``."""
+    """``python -m mpifl.results tensorboard PATHS --out DIR``; ``python -m mpifl.results export RUN``."""
     import argparse
+    import json
     import sys
 
 
@@ -196,8 +199,23 @@ def main(argv: list[str] | None = None) -> int:
                                            "sweep's runs named by their swept values); needs pip install -e '.[tb]'")
     tb.add_argument("paths", nargs="+", help="run.h5 files, run directories or sweep directories")
     tb.add_argument("--out", type=Path, required=True, help="the folder to give tensorboard --logdir")
+    ex = sub.add_parser("export", help="a run's models (every client's, the method's shared ones) as state_dict "
+                                       "files with an index.json, from its checkpoint (mpifl/run/export.py)")
+    ex.add_argument("run", type=Path, help="a run directory (or its run.h5)")
+    ex.add_argument("--round", type=int, help="the round whose models to write, from 1 (default: the latest "
+                                              "checkpoint's; a finished run keeps its final round's)")
+    ex.add_argument("--out", type=Path, help="default: RUN/export")
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
     try:
+        if a.command == "export":
+            from mpifl.run.export import export
+
+            index = export(a.run, a.out, a.round)
+            info = json.loads(index.read_text())
+            print(f"wrote the models of round {info['round']} ({len(info['clients'])} clients"
+                  f"{', shared: ' + ', '.join(info['shared']) if info['shared'] else ''}) under {index.parent}; "
+                  f"index: {index}")
+            return 0
         written = tensorboard(a.paths, a.out)
     except (ConfigError, FileNotFoundError) as e:
         print(f"mpifl.results: error: {e}", file=sys.stderr)

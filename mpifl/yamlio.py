@@ -105,11 +105,19 @@ def parse_yaml(text: str, what: str, invalid_ok: bool = False) -> Any:
         if invalid_ok:
             return text
         line = getattr(getattr(e, "problem_mark", None), "line", None)
-        where = f" (line {line + 1})" if line is not None else ""
+        where = f" (line {line + 1}{_tab_note(text, line)})" if line is not None else ""
         raise ConfigError(f"{what} is not valid YAML{where}") from None
     finally:
         if loader is not None:
             loader.dispose()
+
+
+def _tab_note(text: str, line: int) -> str:
+    """``": a tab in column 3; YAML indents with spaces"`` where the refused line
+    holds a tab (PyYAML's "found character that cannot start any token"), else ""."""
+    lines = text.splitlines()
+    col = lines[line].find("\t") if line < len(lines) else -1
+    return f": a tab in column {col + 1}; YAML indents with spaces" if col >= 0 else ""
 
 
 FAST = getattr(yaml, "CSafeLoader", None)  # PyYAML built without libyaml has none

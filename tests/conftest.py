@@ -4,7 +4,8 @@ stand-in ``sbatch``) is marked ``@pytest.mark.slow``, and one that is not fails
 here at that start with a line that says so. Libraries' own probes at import
 (``uname -p``, ``ldconfig``) are let through; a test may still replace
 ``subprocess.Popen`` with a stand-in of its own. Built-in datasets are cached
-for the session only (``MPIFL_CACHE``)."""
+for the session only (``MPIFL_CACHE``). The fused conv kernel is built by the
+``fused_kernel`` fixture, for the tests that ask for it: collecting compiles nothing."""
 
 from __future__ import annotations
 
@@ -49,3 +50,15 @@ def _dataset_cache(tmp_path_factory):
     mp.setenv("MPIFL_CACHE", str(tmp_path_factory.mktemp("dataset-cache")))
     yield
     mp.undo()
+
+
+@pytest.fixture(scope="session")
+def fused_kernel():
+    """mpifl.train.fused's compiled kernel, built (or found in the extension cache)
+    on first use; the test is skipped where it does not build."""
+    from mpifl.train import fused
+
+    built = fused._build()
+    if isinstance(built, str):
+        pytest.skip(f"the fused kernel does not build here: {built}")
+    return built

@@ -527,3 +527,23 @@ def test_runs_on_two_conv_kernels_are_grouped_apart_and_the_table_warns():
     said.clear()
     assert "training" not in tables.table_provenance(runs, "the table", said.append) and not said
     assert tables.varying_keys(runs) == ["algorithm.name"]
+
+
+@pytest.mark.slow
+def test_a_folder_of_several_run_folders_is_refused_in_one_line_unless_forced(tmp_path, capsys):
+    """Runs of two out_dirs under one path (two sweeps, unrelated runs under /tmp):
+    one line naming them; one of them, or --force, analyzes."""
+    from mpifl.comm import world
+    from mpifl.run import runtime
+
+    for where in ("a", "b"):
+        runtime.run(_cfg(run={"out_dir": str(tmp_path / where), "name": "r", "rounds": 2}), world())
+    capsys.readouterr()
+    assert an.main([str(tmp_path), "--heatmaps", "none"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"mpifl.analyze: error: {tmp_path} holds runs of 2 folders ({tmp_path / 'a'}, {tmp_path / 'b'}): "
+                   f"several sweeps or unrelated runs; name one (a sweep's folder, a run directory) or add --force "
+                   f"to analyze them together\n")
+    assert an.main([str(tmp_path / "a"), "--heatmaps", "none"]) == 0
+    assert an.main([str(tmp_path), "--heatmaps", "none", "--force", "--out", str(tmp_path / "both")]) == 0
+    assert "2 run(s)" in capsys.readouterr().out

@@ -181,3 +181,17 @@ def test_baseline_b_bad_option_exits_2_under_mpiexec(tmp_path):
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert res.returncode == 2 and len(lines) == 1, res.stderr
     assert lines[0] == "mpifl: error: perfedavg.alpha=-1.0 is not allowed; must be a finite number > 0"
+
+
+@pytest.mark.parametrize("args,hint", [
+    (["--rounds", "5"], "(did you mean run.rounds=5?)"),
+    (["--lr=0.1"], "(did you mean train.lr=0.1 or fedadam.lr=0.1 or fedavgm.lr=0.1?)"),
+    (["--roundz", "3"], "(did you mean run.rounds=3?)"),
+    (["--verbose"], "(every key: python -m mpifl.config)")])
+def test_an_option_for_a_config_key_names_the_override(args, hint, capsys):
+    """``--rounds 5`` is argparse's "unrecognized arguments" plus the key=value it meant."""
+    with pytest.raises(SystemExit) as e:
+        main(["jobs/quickstart.yaml", *args])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert e.value.code == 2 and err == (f"python -m mpifl.main: error: unrecognized arguments: {' '.join(args)}; "
+                                         f"config keys are set as section.key=value {hint}")

@@ -1,4 +1,7 @@
-"""Clients: batched (vmap) and per-client training agree; evaluation is right."""
+"""Clients: batched (vmap) and per-client training agree; evaluation is right.
+
+Bitwise comparisons here are of two paths in one process, on one CPU with one
+thread count (docs/reliability.md, "Not guaranteed")."""
 
 import numpy as np
 import pytest

@@ -171,8 +171,23 @@ def test_malformed_files_are_one_clear_line(tmp_path):
 
 
 def test_no_root_given(tmp_path):
-    with pytest.raises(ConfigError, match="set data.root"):
+    with pytest.raises(ConfigError, match="set data.root=PATH .*; python -m mpifl.data fetch cifar10 --root DIR "
+                                          "puts it there; docs/data.md lists the layouts read"):
         datasets.load(config.load(None, ["data.name=cifar10"]).data, 0)
+    with pytest.raises(ConfigError) as e:  # a hand-prepared folder: nothing to fetch
+        datasets.load(config.load(None, ["data.name=office10"]).data, 0)
+    assert "set data.root=PATH" in str(e.value) and "fetch" not in str(e.value)
+
+
+def test_a_fashion_mnist_root_in_neither_layout_names_both_and_the_fetch(tmp_path):
+    """Fashion-MNIST is read in torchvision's layout or as the four IDX files in
+    the folder itself (Debian's): a root with neither names both."""
+    with pytest.raises(ConfigError) as e:
+        datasets.load(cfg_for("fashionmnist", tmp_path), 0)
+    msg = str(e.value)
+    assert f"{tmp_path}/FashionMNIST/raw/{{train-images-idx3-ubyte," in msg and "(IDX files, as torchvision" in msg
+    assert f"or {tmp_path}/{{train-images-idx3-ubyte," in msg and "as Debian's dataset-fashion-mnist" in msg
+    assert msg.endswith("python -m mpifl.data fetch fashionmnist --root DIR puts it there)") and "\n" not in msg
 
 
 def test_subsample_is_per_class_and_seeded():

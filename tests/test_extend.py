@@ -5,16 +5,18 @@ mpifl.sweep take the extended run as complete. In this process, one rank."""
 
 from __future__ import annotations
 
+import re
 import shutil
+from pathlib import Path
 
 import pytest
 import yaml
 from test_reliability import assert_same_logs  # bitwise, wall-clock fields aside
 
-from mpifl import config
+from mpifl import algorithms, config
 from mpifl.analysis.summary import summarize
 from mpifl.comm import world
-from mpifl.config.identity import HOW, NOT_IDENTITY, WHERE, config_diff, flatten
+from mpifl.config.identity import HOW, NOT_IDENTITY, WHERE, config_diff, flatten, unread_text
 from mpifl.errors import ConfigError
 from mpifl.logging.h5 import open_run
 from mpifl.main import main
@@ -189,3 +191,36 @@ def test_a_resumed_auto_run_keeps_the_training_path_it_resumes(tmp_path, monkeyp
     c = open_run(fresh.run_dir)
     assert c.attrs["train_path"] == "per_client"
     assert not (c.get("metrics/train_loss") == a.get("metrics/train_loss")).all()
+
+
+def test_keys_of_an_unselected_algorithm_are_not_the_runs_identity(tmp_path):
+    """fedprox.mu does nothing in an oracle run: a rerun with another value resumes
+    it; in a fedprox or fedprox_ft run (which trains as FedProx) it is the experiment."""
+    def d(algo: str, mu: float) -> dict:
+        return _cfg(tmp_path, 3, **{"algorithm.name": algo, "fedprox.mu": mu}).to_dict()
+
+    assert config_diff(d("oracle", 0.5), d("oracle", 0.1)) == ""
+    assert config_diff(d("fedprox", 0.5), d("fedprox", 0.1)) == "fedprox.mu (0.5 -> 0.1)"
+    assert config_diff(d("fedprox_ft", 0.5), d("fedprox_ft", 0.1)) == "fedprox.mu (0.5 -> 0.1)"
+    assert config_diff(d("oracle", 0.5), d("fedprox", 0.5)) == "algorithm.name ('oracle' -> 'fedprox')"
+    assert unread_text(d("oracle", 0.5)) == "fedprox.mu=0.5" and unread_text(d("fedprox", 0.5)) == ""
+    default_mu = config.Config().fedprox.mu
+    assert unread_text(d("oracle", default_mu)) == ""  # a default is not a setting
+
+
+def test_every_section_an_algorithm_reads_is_declared():
+    """An algorithm that reads another's section (``cfg.fedprox.mu`` in fedprox_ft)
+    names it in ``READS``, else that key would not count toward its runs' identity."""
+    for name in algorithms.NAMES:
+        text = (Path(algorithms.__file__).parent / f"{name}.py").read_text()
+        read = {m for m in re.findall(r"cfg\.(\w+)\.", text) if m in algorithms.sections()}
+        assert read <= set(algorithms.sections_of(name)), name
+
+
+def test_main_warns_of_an_unselected_algorithms_keys_in_one_line(tmp_path, capsys):
+    args = [f"run.out_dir={tmp_path}", "run.name=w", "run.rounds=1", "run.threads=1", "data.name=synthetic",
+            "data.n_samples=240", "data.n_clients=4", "model.hidden=[8]", "algorithm.name=oracle", "fedprox.mu=0.5"]
+    assert main(args) == 0
+    warned = [ln for ln in capsys.readouterr().err.splitlines() if "warning" in ln]
+    assert warned == ["mpifl: warning: fedprox.mu=0.5: not read by algorithm.name=oracle; ignored, and not part of "
+                      "the run's identity"]

@@ -466,3 +466,14 @@ def test_a_copy_of_debians_fashion_mnist_is_intact_anywhere_and_a_damaged_one_is
     capsys.readouterr()
     assert main(["verify", "--root", str(damaged), "fashionmnist"]) == 1
     assert "bad checksum: train-labels-idx1-ubyte.gz" in capsys.readouterr().out
+
+
+def test_verify_without_root_checks_debians_folder_where_it_exists(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(datasets, "DEBIAN_FASHION_MNIST", tmp_path / "fashion-mnist")
+    with pytest.raises(SystemExit) as e:  # not there: a usage error naming it
+        main(["verify"])
+    assert e.value.code == 2 and f"verify needs --root DIR (no {tmp_path / 'fashion-mnist'} here" in \
+        capsys.readouterr().err
+    (tmp_path / "fashion-mnist").mkdir()
+    assert main(["verify", "fashionmnist"]) == 1  # there, empty: the named dataset is missing
+    assert capsys.readouterr().out.startswith(f"verify: {tmp_path / 'fashion-mnist'}\n")

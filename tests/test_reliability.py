@@ -137,14 +137,14 @@ def test_same_seed_on_1_and_4_ranks_personalised(on_1_and_4_ranks, algo):
     assert np.abs(np.nanmean(acc_a, 1) - np.nanmean(acc_b, 1)).max() <= 0.005
 
 
-def test_sigterm_checkpoints_exits_75_and_resumes_identically(tmp_path):
-    args = [*BASE, "algorithm.name=fedavg", "run.rounds=40", "run.checkpoint_every=0", f"run.out_dir={tmp_path}"]
-    ref = launch([*args, "run.name=ref"], n=2)
-    assert ref.returncode == 0, ref.stderr
-    proc = subprocess.Popen([str(MPIEXEC), "-n", "2", sys.executable, "-m", "mpifl.main", *args, "run.name=term"],
-                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
+def _interrupted(args: list[str], n: int, log: Path, sig: int, times: int = 1) -> subprocess.Popen:
+    """``mpifl.main args`` under ``mpiexec -n n`` (n=0: alone) sent ``sig`` ``times``
+    times, half a second apart, to its process group (a terminal's Ctrl-C reaches the
+    foreground group; SLURM signals every task) once ``log`` holds 2 rounds."""
+    launcher = [str(MPIEXEC), "-n", str(n)] if n else []
+    proc = subprocess.Popen([*launcher, sys.executable, "-m", "mpifl.main", *args], cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
-    log = tmp_path / "term" / "run.h5"
     deadline = time.time() + 120
     while time.time() < deadline:
         try:
@@ -153,16 +153,64 @@ def test_sigterm_checkpoints_exits_75_and_resumes_identically(tmp_path):
         except OSError:
             pass
         time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGTERM)  # as SLURM signals every task of a step
+    for i in range(times):
+        if i:
+            time.sleep(0.5)
+        os.killpg(proc.pid, sig)
+    return proc
+
+
+@pytest.mark.parametrize("sig,n", [(signal.SIGTERM, 2), (signal.SIGINT, 1), (signal.SIGINT, 2), (signal.SIGINT, 4)],
+                         ids=["SIGTERM-2", "SIGINT-1", "SIGINT-2", "SIGINT-4"])
+def test_a_stop_signal_checkpoints_exits_75_and_resumes_identically(tmp_path, sig, n):
+    """SIGTERM (SLURM), or Ctrl-C (SIGINT, which mpiexec forwards to every rank):
+    the round in progress ends, a checkpoint is written, one line says so, exit
+    75; the same command resumes to the uninterrupted run's bits."""
+    rounds = 200
+    args = [*BASE, "algorithm.name=fedavg", f"run.rounds={rounds}", "run.checkpoint_every=0", f"run.out_dir={tmp_path}"]
+    ref = launch([*args, "run.name=ref"], n=n)
+    assert ref.returncode == 0, ref.stderr
+    log = tmp_path / "stop" / "run.h5"
+    proc = _interrupted([*args, "run.name=stop"], n, log, sig)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 75, err
-    assert "stop signal" in out
+    lines = [ln for ln in (out + err).splitlines() if "stop signal" in ln]
+    assert len(lines) == 1 and signal.Signals(sig).name in lines[0] and "Traceback" not in err, out + err
     n_done = open_run(log).n_rounds
-    assert 2 <= n_done < 40
-    resumed = launch([*args, "run.name=term"], n=2)
+    assert 2 <= n_done < rounds
+    resumed = launch([*args, "run.name=stop"], n=n)
     assert resumed.returncode == 0, resumed.stderr
     assert f"resumed after round {n_done}" in resumed.stdout
     assert_same_logs(open_run(tmp_path / "ref"), open_run(log))
+
+
+def test_a_second_ctrl_c_ends_the_process_at_once():
+    """The first Ctrl-C is remembered for the round's end; a second one, before the
+    checkpoint is written, ends the process as an unhandled SIGINT does (under
+    mpiexec, its own second Ctrl-C aborts every rank: "Press Ctrl-C again to force
+    abort"). The handlers before the round loop come back after it."""
+    code = """if True:
+        import os, signal, time
+        from mpifl.run.runtime import _StopFlag
+        before = signal.getsignal(signal.SIGINT)
+        flag = _StopFlag()
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)
+        print("flag", flag.signum, flush=True)
+        flag.restore()
+        print("restored", signal.getsignal(signal.SIGINT) is before, flush=True)
+        flag = _StopFlag()
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+        print("still running", flush=True)
+    """
+    t0 = time.time()
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert res.returncode == -signal.SIGINT and time.time() - t0 < 60, (res.returncode, res.stderr)
+    assert res.stdout.split("\n")[:2] == [f"flag {int(signal.SIGINT)}", "restored True"], res.stdout
 
 
 def test_exception_on_rank_1_of_4_aborts_fast_and_names_it(tmp_path):

@@ -1,6 +1,8 @@
 """The fused first layer (mpifl.train.fused): torch's convolution, max-pooling and
 ReLU to the bit where every sum is exact, up to rounding elsewhere, and a client's
-bits whatever clients share its call."""
+bits whatever clients share its call (two calls in one process: one CPU, and the
+thread counts each test names). The kernel is built by the ``fused_kernel``
+fixture (tests/conftest.py), not at import: collecting compiles nothing."""
 
 import numpy as np
 import pytest
@@ -13,8 +15,6 @@ from mpifl import models
 from mpifl.errors import ConfigError
 from mpifl.train import fused
 from mpifl.train.grouped import _forward, fuse, grouped_convnet, grouped_loss, pool_args, unfused
-
-pytestmark = pytest.mark.skipif(isinstance(fused._build(), str), reason="the fused kernel does not build here")
 
 
 def _reference(x, w, b, g):
@@ -38,6 +38,7 @@ def _fused(x, w, b, g, need_x=True):
 CASES = [(1, 4, 5, 28), (4, 12, 5, 12), (1, 8, 3, 10), (3, 6, 5, 32), (6, 16, 5, 14), (1, 1, 5, 13), (3, 2, 3, 34)]
 
 
+@pytest.mark.usefixtures("fused_kernel")
 @pytest.mark.parametrize("ci,c,k,hw", CASES)
 def test_exact_sums_give_torchs_bits_ties_included(ci, c, k, hw):
     """Small integers make every sum exact in float32, in any order: the kernel's
@@ -60,6 +61,7 @@ def test_exact_sums_give_torchs_bits_ties_included(ci, c, k, hw):
         assert torch.equal(a, r)
 
 
+@pytest.mark.usefixtures("fused_kernel")
 def test_a_nan_passes_through_the_pooling_and_relu_as_in_torch():
     """torch's max-pooling takes a NaN as the window's maximum and its ReLU keeps it:
     a diverged client must show NaN in its logits, not zeros."""
@@ -74,6 +76,7 @@ def test_a_nan_passes_through_the_pooling_and_relu_as_in_torch():
     torch.testing.assert_close(got[0], ref[0], rtol=0, atol=0, equal_nan=True)
 
 
+@pytest.mark.usefixtures("fused_kernel")
 @pytest.mark.parametrize("ci,c,k,hw", CASES[:2])
 def test_random_floats_agree_with_torch_up_to_rounding(ci, c, k, hw):
     torch.manual_seed(0)
@@ -85,6 +88,7 @@ def test_random_floats_agree_with_torch_up_to_rounding(ci, c, k, hw):
         assert (a - r).abs().max() <= 1e-5 * r.abs().max(), name
 
 
+@pytest.mark.usefixtures("fused_kernel")
 @pytest.mark.parametrize("threads", [1, 2])
 def test_a_clients_bits_do_not_depend_on_its_company_or_the_threads(threads):
     torch.manual_seed(2)
@@ -124,6 +128,7 @@ def test_which_layers_fit():
     assert fuse(grouped_convnet(models.lenet((1, 28, 28), 10)), (1, 28, 28)) is None
 
 
+@pytest.mark.usefixtures("fused_kernel")
 def test_the_fused_net_computes_the_torch_nets_function():
     torch.manual_seed(3)
     model = models.cnn_dpfl((1, 28, 28), 10)
@@ -147,6 +152,7 @@ def _clients(batched="on", fused_conv="auto"):
     return make_conv(batched, **{"train.fused_conv": fused_conv})  # 1 -> 4 channels, 3x3, pooled: it fits
 
 
+@pytest.mark.usefixtures("fused_kernel")
 def test_clients_take_the_kernel_where_it_fits_and_builds(monkeypatch):
     assert _clients().conv_kernel == "fused"
     assert _clients(fused_conv="off").conv_kernel == "torch"
@@ -166,6 +172,7 @@ def _trained(c) -> torch.Tensor:
     return c.params.clone()
 
 
+@pytest.mark.usefixtures("fused_kernel")
 def test_a_resume_keeps_the_kernel_its_run_took(monkeypatch):
     fused_run, torch_run = _trained(_clients()), _trained(_clients(fused_conv="off"))
     assert not torch.equal(fused_run, torch_run)  # other sums: the check below can tell the kernels apart

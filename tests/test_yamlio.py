@@ -123,3 +123,12 @@ def test_every_entry_point_exits_2_on_a_bomb_within_a_second(tmp_path, capsys):
         assert len(err.strip().splitlines()) == 1, (what, err)
         said = err if what != "analyze" else out  # analyze names the skipped log, then finds none readable
         assert f"expands to more than {MAX_NODES} values" in said, (what, out, err)
+
+
+def test_a_tab_in_the_indentation_is_named(tmp_path):
+    f = tmp_path / "tab.yaml"
+    f.write_text("run:\n  seed: 1\n\trounds: 3\n")
+    assert str(_quick(config.load, f)) == (f"config file {str(f)!r} is not valid YAML (line 3: a tab in column 1; "
+                                           f"YAML indents with spaces)")
+    f.write_text("run: [1, 2\n")  # no tab: the line alone
+    assert str(_quick(config.load, f)).endswith("is not valid YAML (line 2)")

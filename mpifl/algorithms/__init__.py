@@ -64,6 +64,16 @@ def sections() -> dict[str, type]:
     return out
 
 
+def sections_of(name: str) -> tuple[str, ...]:
+    """The config sections algorithm ``name`` reads: its own (where it has
+    hyper-parameters) and those its module names in ``READS`` (FedProx+FT trains as
+    FedProx: ``fedprox``)."""
+    from mpifl.algorithms._declared import declared
+
+    mod = declared(name)
+    return (*((name,) if hasattr(mod, "Params") else ()), *getattr(mod, "READS", ()))
+
+
 def validate(cfg: ConfigBase) -> None:
     """Every algorithm section validates itself (``Params.validate``, whether
     chosen or not: a sweep may switch to it), then the chosen algorithm may refuse

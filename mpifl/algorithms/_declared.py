@@ -1,6 +1,7 @@
 """What the config needs of an algorithm, read from the algorithm's file without
 importing its module: ``Params`` (its section: the fields, their commented
-defaults, ``validate``) and ``check_config``.
+defaults, ``validate``), ``check_config`` and ``READS`` (other algorithms' sections
+it reads).
 
 Resolving a config (``python -m mpifl.config``, a sweep listing its points) must
 not cost torch and the training code every algorithm module imports. So the
@@ -30,7 +31,7 @@ HERE = Path(__file__).parent
 # mpifl.algorithms.base) is training code, which is left out
 LIGHT = ("__future__", "typing", "dataclasses", "math", "re", "collections.abc", "numpy", "mpifl.errors",
          "mpifl.config.sections")
-WANTED = ("Params", "check_config")
+WANTED = ("Params", "check_config", "READS")
 
 
 def _source(node: ast.ImportFrom) -> str:

@@ -37,6 +37,8 @@ from mpifl.algorithms.base import Context, Round
 if TYPE_CHECKING:
     pass
 
+READS = ("fedprox",)  # it trains as FedProx does: fedprox.mu is part of its runs
+
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "FedProx+FT (DPFL): FedProx's best-validation global model fine-tuned 2E epochs before evaluation"
 MIXING_ROW = "as fedavg"

@@ -13,7 +13,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from mpifl.config.load import all_keys, assign, build, coerce, from_dict, key_type, load, override
+from mpifl.config.load import (
+    all_keys,
+    assign,
+    build,
+    check_keys,
+    coerce,
+    from_dict,
+    key_type,
+    load,
+    option_hint,
+    override,
+)
 from mpifl.config.reference import KeyDoc, annotated_yaml, key_docs, reference
 from mpifl.config.schema import config_class
 from mpifl.config.sections import (
@@ -32,8 +43,8 @@ from mpifl.errors import did_you_mean
 
 __all__ = ["CONTROL", "CORE_SECTIONS", "TAIL_SECTIONS", "AlgorithmConfig", "Config", "ConfigBase", "DataConfig",
            "KeyDoc", "LogConfig", "ModelConfig", "RunConfig", "TrainConfig", "all_keys", "annotated_yaml", "assign",
-           "build", "coerce", "config_class", "did_you_mean", "from_dict", "key_docs", "key_type", "load", "override",
-           "reference", "validate"]
+           "build", "check_keys", "coerce", "config_class", "did_you_mean", "from_dict", "key_docs", "key_type",
+           "load", "option_hint", "override", "reference", "validate"]
 
 
 def __getattr__(name: str) -> Any:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 from mpifl.cli import parse
-from mpifl.config import annotated_yaml, load, reference
+from mpifl.config import annotated_yaml, load, option_hint, reference
 from mpifl.errors import ConfigError
 
 EPILOG = """\
@@ -18,7 +18,8 @@ the resolved config of a file with overrides:  python -m mpifl.config CONFIG.yam
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     path, overrides = parse(args, prog="python -m mpifl.config", epilog=EPILOG,
-                            description="Print every config key, or a config file resolved with its overrides.")
+                            description="Print every config key, or a config file resolved with its overrides.",
+                            hint=option_hint)
     if not args:
         print(reference())
         return 0

@@ -22,7 +22,10 @@ is another experiment, refused with the keys that differ (:func:`config_diff`).
 
 Everything else (data, model, training, the algorithm and its section, the seed,
 ``run.eval_every``, ``log.every``, ``log.dense_max``, ``data.root``) is the
-experiment, and ``mpifl.analyze`` groups runs by it.
+experiment, and ``mpifl.analyze`` groups runs by it. The sections of algorithms
+the run does not select are not (``fedprox.mu`` of an ``oracle`` run: nothing
+reads it; :func:`unread`): they are stored as given, and ``mpifl.main`` warns of
+them in one line (:func:`unread_text`).
 """
 
 from __future__ import annotations
@@ -71,11 +74,34 @@ def _flat_pair(old: dict, new: dict) -> tuple[dict[str, Any], dict[str, Any]]:
     return old, new
 
 
+def unread(flat: dict[str, Any]) -> set[str]:
+    """The keys of a flattened config in the sections of algorithms that its
+    ``algorithm.name`` does not read (:func:`mpifl.algorithms.sections_of`)."""
+    from mpifl import algorithms
+
+    name = flat.get("algorithm.name")
+    read = set(algorithms.sections_of(name)) if name in algorithms.NAMES else set()
+    others = set(algorithms.sections()) - read
+    return {k for k in flat if k.split(".")[0] in others}
+
+
+def unread_text(cfg_dict: dict) -> str:
+    """``"fedprox.mu=0.5, ..."``: the keys of :func:`unread` set away from their
+    defaults (nested sections); "" if none."""
+    from mpifl.config.schema import config_class
+
+    flat, defaults = flatten(cfg_dict), flatten(config_class()().to_dict())
+    keys = sorted(k for k in unread(flat) if flat[k] != defaults.get(k))
+    return ", ".join(f"{k}={shorten(repr(flat[k]), 40)}" for k in keys)
+
+
 def identity_keys(old: dict, new: dict) -> list[str]:
     """The keys outside :data:`NOT_IDENTITY` whose values differ between two
-    configs (nested sections), sorted."""
+    configs (nested sections), sorted; a key that neither config's algorithm
+    reads (:func:`unread`) is not one."""
     o, n = _flat_pair(old, new)
-    return sorted(k for k in set(o) | set(n) if k not in NOT_IDENTITY and o.get(k) != n.get(k))
+    ignored = unread(o) & unread(n)
+    return sorted(k for k in set(o) | set(n) if k not in NOT_IDENTITY and k not in ignored and o.get(k) != n.get(k))
 
 
 def config_diff(old: dict, new: dict) -> str:

@@ -5,6 +5,7 @@ what is allowed otherwise), then :func:`mpifl.config.validate.validate`."""
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import re
 import typing
@@ -26,7 +27,23 @@ def load(path: str | Path | None, overrides: list[str] = (), n_ranks: int = 1) -
         raise ConfigError(shorten(str(e), 2 * MAX_SHOWN)) from None
 
 
+def check_keys(path: str | Path | None, overrides: list[str] = ()) -> None:
+    """What :func:`load` checks before the values' rules: the file (found, readable,
+    YAML, a mapping), the overrides' form, every key and type. Imports neither torch
+    nor MPI, so an entry point answers these mistakes at once."""
+    try:
+        _build(path, overrides)
+    except ConfigError as e:
+        raise ConfigError(shorten(str(e), 2 * MAX_SHOWN)) from None
+
+
 def _load(path: str | Path | None, overrides: list[str], n_ranks: int) -> Any:
+    cfg = _build(path, overrides)
+    validate(cfg, n_ranks)
+    return cfg
+
+
+def _build(path: str | Path | None, overrides: list[str]) -> Any:
     raw: dict = {}
     if path is not None:
         p = Path(path)
@@ -44,9 +61,7 @@ def _load(path: str | Path | None, overrides: list[str], n_ranks: int) -> Any:
     for item in overrides:
         key, value = override(item)
         assign(raw, key, value, f"override {shorten(repr(item))}")
-    cfg = build(config_class(), raw, "")
-    validate(cfg, n_ranks)
-    return cfg
+    return build(config_class(), raw, "")
 
 
 def override(item: str) -> tuple[str, Any]:
@@ -250,3 +265,21 @@ def coerce(value: Any, hint: Any, key: str) -> Any:
             raise TypeError(f"unsupported config type {hint} for {key}")
         return list(value)
     raise TypeError(f"unsupported config type {hint} for {key}")
+
+
+def option_hint(unknown: list[str]) -> str:
+    """The override an option-style argument (``--rounds 5``, ``--lr=0.1``) meant,
+    as a hint: config keys are set as ``section.key=value``."""
+    flag = next((u for u in unknown if u.startswith("--")), None)
+    if flag is None:
+        return ""
+    name, _, value = flag[2:].replace("-", "_").partition("=")
+    after = unknown[unknown.index(flag) + 1:]
+    value = value or (after[0] if after and not after[0].startswith("-") else "VALUE")
+    names = {k: k.rsplit(".", 1)[-1] for k in all_keys()}
+    close = difflib.get_close_matches(name, sorted(set(names.values())), n=1, cutoff=0.6)
+    keys = [k for k, n in names.items() if n in close]
+    if not keys:
+        return "; config keys are set as section.key=value (every key: python -m mpifl.config)"
+    meant = " or ".join(f"{k}={value}" for k in keys[:3])
+    return f"; config keys are set as section.key=value (did you mean {meant}?)"

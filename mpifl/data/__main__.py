@@ -63,7 +63,7 @@ then:    data.root=/project/me/data in the job's config (docs/data.md)
 
 def store(argv: list[str]) -> int:
     """The ``fetch`` and ``verify`` subcommands."""
-    from mpifl.data import fetch, sources, verify
+    from mpifl.data import datasets, fetch, sources, verify
     from mpifl.errors import ConfigError
 
     ap = argparse.ArgumentParser(prog="python -m mpifl.data", epilog=STORE_EPILOG,
@@ -80,8 +80,14 @@ def store(argv: list[str]) -> int:
                        description=verify.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     v.add_argument("names", nargs="*", metavar="NAME",
                    help=f"only these, each required ({', '.join(verify.ALL)}); default: all, absent ones fine")
-    v.add_argument("--root", required=True, help="the folder data.root names")
+    v.add_argument("--root", help="the folder data.root names; default: Debian's Fashion-MNIST folder "
+                                  f"{datasets.DEBIAN_FASHION_MNIST} where it exists")
     a = ap.parse_args(argv)
+    if a.command == "verify" and a.root is None:
+        if not datasets.DEBIAN_FASHION_MNIST.is_dir():
+            ap.error(f"verify needs --root DIR (no {datasets.DEBIAN_FASHION_MNIST} here, the folder it checks "
+                     f"without one)")
+        a.root = str(datasets.DEBIAN_FASHION_MNIST)
     try:
         if a.command == "fetch":
             fetch.fetch(a.name, a.root, a.mirror)

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from mpifl.data import cache
+from mpifl.data.sources import NAMES as FETCHABLE
 from mpifl.errors import ConfigError
 from mpifl.rng import GLOBAL, rng
 
@@ -176,12 +177,18 @@ def synthetic(cfg: DataConfig, seed: int = 0) -> Pool:
 def _missing(name: str, path: Path | str, expected: str, why: str = "") -> ConfigError:
     extra = f" ({why})" if why else ""
     return ConfigError(f"data.name={name!r}: no usable dataset at {str(path)!r}{extra}; expected {expected}; "
-                       "set data.root to the folder that holds it (nothing is downloaded)")
+                       f"set data.root to the folder that holds it (nothing is downloaded{_fetch_hint(name)})")
+
+
+def _fetch_hint(name: str) -> str:
+    """How to put a downloadable dataset onto disk, as a clause; "" for the others."""
+    return f"; python -m mpifl.data fetch {name} --root DIR puts it there" if name in FETCHABLE else ""
 
 
 def _root(cfg: DataConfig) -> Path:
     if not cfg.root:
-        raise ConfigError(f"data.name={cfg.name!r} is read from disk: set data.root=PATH (the folder holding it)")
+        raise ConfigError(f"data.name={cfg.name!r} is read from disk: set data.root=PATH (the folder holding it"
+                          f"{_fetch_hint(cfg.name)}; docs/data.md lists the layouts read)")
     return Path(cfg.root).expanduser()
 
 
@@ -320,6 +327,9 @@ def _mnist_family(cfg: DataConfig) -> Pool:
     Cls.__name__ = base.__name__  # torchvision names the raw folder after the class
     where = root / folder / "raw"
     expected = f"{where}/{{{','.join(files)}}}[.gz] (IDX files, as torchvision stores them)"
+    if cfg.name == "fashionmnist":  # Debian's layout, which _flat_folder reads
+        expected += f", or {root}/{{{','.join(_FLAT)}}}[.gz] (the four files in the folder itself, as Debian's " \
+                    f"dataset-fashion-mnist installs them)"
     try:
         parts = [Cls(train=True), Cls(train=False)]
     except RuntimeError as e:

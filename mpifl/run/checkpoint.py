@@ -171,6 +171,18 @@ def _ours(folder: Path) -> list[Path]:
     return [d for d in folder.iterdir() if is_checkpoint_dir(d) and d.is_dir() and not d.is_symlink()]
 
 
+def checkpoints(rd: RunDir) -> dict[int, Path]:
+    """Round (numbered from 1, as on the console) -> checkpoint directory, for every
+    published checkpoint of ``rd`` (a temporary one is not)."""
+    return {int(d.name.removeprefix("round-")) + 1: d for d in _ours(rd.checkpoint)}
+
+
+def read_part(ck: Path, rank: int) -> dict:
+    """Rank ``rank``'s part of the checkpoint in ``ck`` (ids, params, buffers, opt,
+    algo), checked against the manifest as :func:`load` reads it."""
+    return _load(ck / f"part-{rank:04d}.pt", _manifest(ck))
+
+
 def check_dir(rd: RunDir) -> None:
     """Refuse a ``checkpoint`` folder that is a symbolic link: mpifl deletes its old
     checkpoints there, and a folder reached through a link may be shared with

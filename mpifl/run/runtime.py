@@ -33,7 +33,7 @@ from mpifl.train import Clients
 METRICS = ("val_loss", "val_acc", "test_loss", "test_acc")
 PREEMPTED = 75  # exit status after a signal-triggered checkpoint (EX_TEMPFAIL): requeue me
 LOG_FAILED = 1 << 10  # above any signal number: rank 0's log write was refused (agreed with the stop flag)
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 
 class Preempted(Exception):
@@ -212,7 +212,7 @@ class _Rounds:
         flag = comm.allreduce_max(LOG_FAILED if failed else self.stop.signum)
         if flag >= LOG_FAILED:  # every rank stops with rank 0's message
             raise StorageError(comm.bcast(None if failed is None else str(failed)))
-        self._checkpoint(t, stopping=flag > 0)
+        self._checkpoint(t, stopping=flag)
 
     def _progress(self, t: int, gathered: dict[str, np.ndarray], wall: float) -> None:
         R = self.cfg.run.rounds
@@ -226,7 +226,9 @@ class _Rounds:
         self.say(f"round {t + 1:>4}/{R}  test_acc {_acc_text(self.last_acc, self.last_at, t)}  {wall:.2f}s/round  "
                  f"eta {eta:.0f}s{_skipped_text(int(gathered['metrics/skipped'].sum()))}", flush=True)
 
-    def _checkpoint(self, t: int, stopping: bool) -> None:
+    def _checkpoint(self, t: int, stopping: int) -> None:
+        """The checkpoints ``run.checkpoint_every`` asks for, and one before a stop
+        (``stopping``: the signal every rank agreed on, 0 for none)."""
         run, R, writer = self.cfg.run, self.cfg.run.rounds, self.writer
         last = t == R - 1
         every = run.checkpoint_every
@@ -237,8 +239,8 @@ class _Rounds:
             checkpoint.save(self.rd, self.ctx, self.state, t, die_before_publish=dying,
                             keep=1 if last else run.keep_checkpoints)
         if stopping and t < R - 1:
-            self.say(f"mpifl: stop signal after round {t + 1}/{R}; checkpoint written, resume by running the same "
-                     f"command again (exit {PREEMPTED})", flush=True)
+            self.say(f"mpifl: stop signal ({_signal_name(stopping)}) after round {t + 1}/{R}; checkpoint written, "
+                     f"resume by running the same command again (exit {PREEMPTED})", flush=True)
             raise Preempted()
 
     def finish(self) -> None:
@@ -250,6 +252,7 @@ class _Rounds:
 
     def close(self) -> None:
         """However the loop ended: buffered rounds (log.flush_s) written, also when a round failed."""
+        self.stop.restore()
         if self.writer is not None:
             self.writer.close()
         if self.events is not None:
@@ -307,18 +310,36 @@ def _skipped_text(n: int) -> str:
 
 class _StopFlag:
     """Remembers a SIGTERM/SIGUSR1 (SLURM's warning before a time limit or
-    preemption) so the round in progress can finish and be checkpointed."""
+    preemption) or a Ctrl-C (SIGINT: mpiexec forwards it to every rank) so the
+    round in progress can finish and be checkpointed. A second Ctrl-C ends the
+    process at once, as an unhandled one would (mpiexec aborts every rank on its
+    own second Ctrl-C). The handlers before it come back when the loop ends."""
 
     def __init__(self) -> None:
         self.signum = 0
+        self._old: dict[int, object] = {}
         for sig in STOP_SIGNALS:
             try:
-                signal.signal(sig, self._handle)
+                self._old[sig] = signal.signal(sig, self._handle)
             except ValueError:  # not the main thread (embedded use): no handler
                 pass
 
     def _handle(self, signum, frame) -> None:
+        if signum == signal.SIGINT and self.signum == signal.SIGINT:
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
         self.signum = signum
+
+    def restore(self) -> None:
+        for sig, old in self._old.items():
+            if old is not None:  # None: a handler not set from Python, which cannot be put back
+                signal.signal(sig, old)
+        self._old = {}
+
+
+def _signal_name(signum: int) -> str:
+    """SIGINT as what sends it at a terminal, other signals by their names."""
+    return "Ctrl-C, SIGINT" if signum == signal.SIGINT else signal.Signals(signum).name
 
 
 def _injected_fault(rank: int) -> tuple[int, str] | None:

@@ -107,8 +107,9 @@ def _valid_only(forward: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor
     """``forward`` (one model's ``[n, ...] -> [n, C]``) of the samples of ``x [m, b, ...]``
     where ``w > 0``, the padding's logits zero: the clients' splits differ in size
     (a clustered partition's by a sixth and more), and a sample's logits do not
-    depend on the samples beside it (tests/test_train_grouped.py; a batch of a few
-    samples may take other GEMM kernels). Padding has weight 0 in the loss and
+    depend on the samples beside it on the CPUs measured (bit for bit on AVX2 and
+    AMD AVX-512, up to rounding on an Intel AVX-512 one, and in a batch of a few
+    samples, which takes other GEMM kernels: docs/reliability.md). Padding has weight 0 in the loss and
     accuracy, so they keep their bits."""
     valid = w > 0
     v = forward(x[valid])

@@ -11,10 +11,9 @@ from mpifl import config
 from mpifl.errors import ConfigError
 from mpifl.logging.h5 import open_run
 from mpifl.run import checkpoint, runtime
-from mpifl.train import fused
 
 pytestmark = [
-    pytest.mark.skipif(isinstance(fused._build(), str), reason="the fused kernel does not build here"),
+    pytest.mark.usefixtures("fused_kernel"),  # built at the first test, not at collection
     pytest.mark.skipif(not Path("/usr/share/datasets/fashion-mnist").is_dir(),
                        reason="needs Debian's dataset-fashion-mnist (28x28 images)"),
 ]
