@@ -184,6 +184,7 @@ def test_a_resume_keeps_the_kernel_its_run_took(monkeypatch):
         _clients().keep_conv_kernel("fused")
 
 
+@pytest.mark.usefixtures("fused_kernel")
 def test_a_nan_window_passes_its_gradient_as_torchs_kernels_do():
     """A channel whose bias is NaN: every window's maximum is NaN, torch's pooling
     takes the last NaN of each window and its ReLU passes the gradient there

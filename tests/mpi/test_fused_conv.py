@@ -11,6 +11,7 @@ from mpifl import config
 from mpifl.errors import ConfigError
 from mpifl.logging.h5 import open_run
 from mpifl.run import checkpoint, runtime
+from mpifl.train import fused
 
 pytestmark = [
     pytest.mark.usefixtures("fused_kernel"),  # built at the first test, not at collection
