@@ -19,7 +19,8 @@ Per run, per client (mean over clients):
 
 A log thinned by ``log.every`` holds every k-th round: its totals are the logged
 rounds' scaled to the rounds run. A log written before ``/train/*`` existed
-reports no steps (nan).
+reports no steps (nan); one resumed (or extended) by a later version holds 0 steps
+for the rounds written before it, which the totals then miss.
 
 ``python -m mpifl.analyze PATHS`` writes the table per group (per method, and per
 cell of a sweep) as ``budget.csv`` / ``budget.md``; with ``--versus NAME`` it
