@@ -75,6 +75,7 @@ def _page(root, prose: str) -> list[str]:
     ("Over the last 20 rounds Local moves little; `run.seed=S` reruns one.", set()),
     ("<!-- typed: the table's plan, not what ran -->\nThe plan was tau_train 1.", set()),
     ("Local ran 60 rounds.", {"run.rounds 60"}),
+    ("Trained with Adam 1e-2, then lr 0.05 (SGD 5e-2).", {"train.lr 1e-2"}),
 ])
 def test_a_stated_setting_no_run_used_is_named(root, prose, wrong):
     found = _page(root, prose)

@@ -20,8 +20,9 @@ that renders a block from a record, and checks the settings its prose states
 (outside generated blocks and code) against the resolved settings of those
 records' runs: a dotted key with a value (```dpfl.tau_train=1```, ``train.lr
 1e-3``), a field of a method's algorithm section with a number (``tau_train
-1``, ``k 3``), and ``batch N``, ``N rounds``, ``N local epoch(s)``. A stated value
-that no run of the section's records used is one problem line. A paragraph
+1``, ``k 3``), and ``batch N``, ``N rounds``, ``N local epoch(s)``, ``lr X`` (or
+``Adam X``, ``SGD X``). A stated value that no run of the section's records used is
+one problem line. A paragraph
 that states something else on purpose (a paper's setting, a plan) says so on
 the line before it: ``<!-- typed: WHY -->``.
 """
@@ -235,7 +236,8 @@ _DOTTED = re.compile(r"`?\b([a-z][a-z0-9_]*\.[a-z][a-z0-9_]*)`?(?:=`?([\w.+-]+)|
 # how the pages write the common training settings in words
 _WORDS = ((re.compile(r"\bbatch (?:size )?([0-9]+)\b"), "train.batch_size"),
           (re.compile(r"(?<!last )(?<!first )\b([0-9]+) rounds\b"), "run.rounds"),
-          (re.compile(r"\b([0-9]+) local epochs?\b"), "train.local_epochs"))
+          (re.compile(r"\b([0-9]+) local epochs?\b"), "train.local_epochs"),
+          (re.compile(r"\b(?:lr|Adam|SGD) ([0-9][0-9.e-]*[0-9])\b"), "train.lr"))
 
 
 def _number(s: str) -> float | None:
