@@ -4,6 +4,8 @@ same logs, bit for bit. For a refactor that promises to change no bit.
 
     python bench/log_hashes.py OUT [NAME ...]          # from the checkout under test
     python bench/log_hashes.py --compare A/hashes.json B/hashes.json
+    python bench/log_hashes.py OUT --without train/steps --without train/samples  # datasets
+        # a later checkout adds, left out of the hash to compare with an earlier one's
 
 The runs use the checkout the script sits in: copy it into an older checkout to run it there.
 """
@@ -57,12 +59,12 @@ RUNS = {
 }
 
 
-def log_hash(log: Path) -> str:
+def log_hash(log: Path, without: tuple[str, ...] = ()) -> str:
     from mpifl.logging.h5 import open_run
 
     r = open_run(log)
     h = hashlib.sha256()
-    for k in sorted(set(r.keys()) - TIMINGS):
+    for k in sorted(set(r.keys()) - TIMINGS - set(without)):
         a = np.ascontiguousarray(r.get(k))
         for part in (k.encode(), str(a.dtype).encode(), str(a.shape).encode(), a.tobytes()):
             h.update(part)
@@ -74,6 +76,8 @@ def main() -> int:
     ap.add_argument("out", nargs="?", type=Path)
     ap.add_argument("names", nargs="*")
     ap.add_argument("--compare", nargs=2, type=Path, metavar=("A", "B"))
+    ap.add_argument("--without", action="append", default=[], metavar="DATASET",
+                    help="leave this dataset out of the hash (one an earlier checkout does not write)")
     a = ap.parse_args()
     if a.compare:
         x, y = (json.loads(p.read_text()) for p in a.compare)
@@ -89,7 +93,7 @@ def main() -> int:
         cmd = [sys.executable, "-m", "mpifl.main", "jobs/quickstart.yaml", *args, f"run.out_dir={a.out}",
                f"run.name={name}", "run.threads=1", "run.resume=never"]
         p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env, check=False)
-        res[name] = log_hash(a.out / name / "run.h5") if p.returncode == 0 else "FAILED"
+        res[name] = log_hash(a.out / name / "run.h5", tuple(a.without)) if p.returncode == 0 else "FAILED"
         print(f"{name:20s} {res[name]}  {time.time() - t0:.0f}s", flush=True)
     (a.out / "hashes.json").write_text(json.dumps(res, indent=1))
     return 0

@@ -35,7 +35,9 @@ seeds) of
   attribute named ``*ari*``.
 
 Written to ``--out``: ``table.csv`` and ``table.md`` (the same table; accuracies in
-percent, columns ``*_pct``), ``runs.csv`` (one row per run, the columns of
+percent, columns ``*_pct``), ``budget.csv`` and ``budget.md`` (per group, what its runs
+spent per client: optimizer steps, training samples, samples used to choose
+collaborators, models and bytes received: ``mpifl/analysis/budget.py``), ``runs.csv`` (one row per run, the columns of
 ``mpifl.results.load_sweep``), and PNG figures: ``accuracy.png`` (mean test
 accuracy vs round per group), ``variance.png`` (per-client accuracy variance vs
 mean, DPFL Fig. 1), ``ari.png``, and ``heatmaps/<run>/<dataset>.png`` for every
@@ -56,6 +58,8 @@ baseline, paired by seed, the mean difference with its 95% interval and where
 each method stops being above it; with a ceiling (a positive control such as
 Oracle), the room it leaves over the baseline and each method's share of that
 room; with a second key, heatmaps of the share (``mpifl/analysis/curves.py``).
+With ``--versus``, also ``settings.md`` (printed): per compared method, every resolved
+config key whose value differs from the baseline's, and both budgets side by side.
 """
 
 from __future__ import annotations
@@ -68,9 +72,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mpifl.analysis import budget
 from mpifl.analysis.plots import file_safe, plot_accuracy, plot_ari, plot_heatmaps, plot_variance
 from mpifl.analysis.summary import ACC, WINDOW, Summary, find_logs, run_row, summarize, unusable
 from mpifl.analysis.tables import (
+    IGNORED,
     NOT_APPLICABLE,
     group_runs,
     markdown,
@@ -186,6 +192,9 @@ def analyze(paths: list[str | Path], out: Path, heatmaps: str = "first", rounds:
     write_csv(out / "table.csv", cols, rows)
     md = markdown(cols, rows, ddof, window)
     atomic_write_text(out / "table.md", md)
+    bcols, brows = budget.table(groups, keys)
+    write_csv(out / "budget.csv", bcols, brows)
+    atomic_write_text(out / "budget.md", budget.markdown(bcols, brows))
     run_rows = [{**dict(zip(keys, r.group)), **run_row(r)} for r in runs]
     write_csv(out / "runs.csv", list(dict.fromkeys(k for row in run_rows for k in row)), run_rows)
     figures = [plot_accuracy(groups, out / "accuracy.png"), plot_variance(groups, out / "variance.png")]
@@ -209,7 +218,9 @@ def analyze(paths: list[str | Path], out: Path, heatmaps: str = "first", rounds:
         echo(f"  in progress or stopped: {r.name} ({r.rounds_done}/{r.rounds_planned} rounds)")
     echo(md, end="")
     echo(table_provenance(runs, "the table", echo))
-    echo(f"wrote {out / 'table.csv'}, {out / 'table.md'}, {out / 'runs.csv'} and {len(figures)} figure(s) under {out}")
+    echo("\n" + budget.markdown(bcols, brows), end="")
+    echo(f"wrote {out / 'table.csv'}, {out / 'table.md'}, {out / 'budget.csv'}, {out / 'runs.csv'} and "
+         f"{len(figures)} figure(s) under {out}")
     return {"runs": runs, "groups": groups, "keys": keys, "rows": rows, "figures": figures, "skipped": skipped,
             "papers": papers}
 
@@ -312,6 +323,10 @@ def main(argv: list[str] | None = None) -> int:
         if a.x:
             report(res["runs"], a.x, Grouping(res["keys"], setting, NOT_APPLICABLE), out, a.metric, a.versus,
                    a.method, a.ddof, ceiling=a.ceiling, y=a.y)
+        if a.versus:
+            block = budget.versus_block(res["runs"], a.versus, a.method, setting, IGNORED)
+            atomic_write_text(out / "settings.md", block)
+            print("\n" + block, end="")
     except (FileNotFoundError, LayoutError, CurveError, MixedRuns) as e:
         print(f"mpifl.analyze: error: {e}", file=sys.stderr)
         return 2

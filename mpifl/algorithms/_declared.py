@@ -1,7 +1,8 @@
 """What the config needs of an algorithm, read from the algorithm's file without
 importing its module: ``Params`` (its section: the fields, their commented
-defaults, ``validate``), ``check_config`` and ``READS`` (other algorithms' sections
-it reads).
+defaults, ``validate``), ``check_config``, ``READS`` (other algorithms' sections
+it reads) and, where it has one, ``selection_samples``, the samples it chooses
+collaborators on, which the analysis of its logs reports.
 
 Resolving a config (``python -m mpifl.config``, a sweep listing its points) must
 not cost torch and the training code every algorithm module imports. So the
@@ -31,7 +32,9 @@ HERE = Path(__file__).parent
 # mpifl.algorithms.base) is training code, which is left out
 LIGHT = ("__future__", "typing", "dataclasses", "math", "re", "collections.abc", "numpy", "mpifl.errors",
          "mpifl.config.sections")
-WANTED = ("Params", "check_config", "READS")
+# selection_samples(params, n_train, n_val): per client, the samples an algorithm
+# chooses or weights its collaborators on (mpifl.analysis.budget reports them)
+WANTED = ("Params", "check_config", "READS", "selection_samples")
 
 
 def _source(node: ast.ImportFrom) -> str:

@@ -132,6 +132,12 @@ def check_config(cfg: Config) -> None:
     check(v > 0, "data.val_frac", v, "dpfl's rewards are validation losses: must be > 0")
 
 
+def selection_samples(p: Params, n_train: np.ndarray, n_val: np.ndarray) -> np.ndarray:
+    """Per client, the samples it chooses its collaborators on: its validation split
+    (BGGC's rewards are validation losses), which Local never uses."""
+    return np.asarray(n_val)
+
+
 @dataclass
 class Choice:
     members: list[int]  # chosen collaborators, sorted, without k

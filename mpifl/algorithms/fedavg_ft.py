@@ -71,6 +71,13 @@ def check_start(p: Any, cfg: Config) -> None:
               "best_val needs validation samples: set data.val_frac > 0 or use last")
 
 
+def selection_samples(p: Any, n_train: np.ndarray, n_val: np.ndarray) -> np.ndarray:
+    """Per client, the samples the model it fine-tunes is chosen on: with ``start:
+    best_val`` its validation split (the global model of best mean validation
+    accuracy), else none."""
+    return np.asarray(n_val) if p.start == "best_val" else np.zeros_like(np.asarray(n_val))
+
+
 @dataclass
 class State:
     model: torch.Tensor  # [P] the global model, identical on every rank

@@ -285,6 +285,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
     G = comm.push(contributions, c.P, device=c.device)
     G = G + scaled[:, f.k]  # the owner's own term never leaves the client
     c.params[:] = c.opt.step(slice(None), c.params, G)
+    c.count(local, 1, (plan.idx[:, 0] >= 0).sum(1))  # one step, on batch 0 (the E-step's others: losses only)
 
     state.neighbours = S
     state.held = held

@@ -92,6 +92,18 @@ def check_config(cfg: Config) -> None:
     check(m <= n - 1, "m", m, f"must be <= data.n_clients - 1 ({n - 1}): a client never draws itself")
 
 
+def held_out(val_frac: float, n: int) -> int:
+    """How many of a client's ``n`` training samples are held out for the weights
+    (at least one, and one left to train on, where it has two)."""
+    return min(n - 1, max(1, int(math.floor(val_frac * n)))) if n >= 2 else 0
+
+
+def selection_samples(p: Params, n_train: np.ndarray, n_val: np.ndarray) -> np.ndarray:
+    """Per client, the samples its weights w_ij are computed on: ``val_frac`` of its
+    training split, held out of its training (its validation split is not used)."""
+    return np.array([held_out(p.val_frac, int(n)) for n in np.asarray(n_train)], np.int64)
+
+
 @dataclass
 class State:
     affinity: np.ndarray = per_client()  # [n_local, N] P_i
@@ -107,7 +119,7 @@ def split(ctx: Context, r: int) -> tuple[np.ndarray, np.ndarray]:
     c = ctx.clients
     lo, hi = c.split_range(r, "train")
     n = hi - lo
-    k = min(n - 1, max(1, int(math.floor(ctx.params.val_frac * n)))) if n >= 2 else 0
+    k = held_out(ctx.params.val_frac, n)
     perm = ctx.rng(-1, int(c.ids[r]), VAL_PURPOSE).permutation(n)
     return lo + np.sort(perm[k:]), lo + np.sort(perm[:k])
 

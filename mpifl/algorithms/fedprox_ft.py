@@ -55,6 +55,7 @@ class Params(fedavg_ft.Params):
 
 State = fedavg_ft.State
 init = fedavg_ft.init
+selection_samples = fedavg_ft.selection_samples
 
 
 def round(ctx: Context, state: State, t: int) -> Round:

@@ -134,7 +134,8 @@ def _step(ctx: Context) -> Step:
 
 def adapted(ctx: Context, model: torch.Tensor, t: int) -> torch.Tensor:
     """[n_local, P]: the global ``model`` after one step of size alpha on one
-    training batch of each local client (a copy; nothing else changes)."""
+    training batch of each local client (a copy; nothing else changes but the
+    clients' step count, ``Clients.count``)."""
     c = ctx.clients
     local = np.arange(c.n)
     rows = model.repeat(c.n, 1)
@@ -143,6 +144,7 @@ def adapted(ctx: Context, model: torch.Tensor, t: int) -> torch.Tensor:
     plan = c.plan(local, 1, t, purpose="adapt", max_batches=1)
     x, y, w = c.batch(plan.idx[:, 0])
     g, _ = c.grads(rows, x, y, w, local)
+    c.count(local, 1, (plan.idx[:, 0] >= 0).sum(1))
     return rows.sub_(g, alpha=ctx.params.alpha)
 
 

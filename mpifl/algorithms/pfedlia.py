@@ -118,6 +118,12 @@ def check_config(cfg: Config) -> None:
     check(w < R, "warmup_rounds", w, f"must be < run.rounds ({R}) so that the clustering round happens")
 
 
+def selection_samples(p: Params, n_train: np.ndarray, n_val: np.ndarray) -> np.ndarray:
+    """Per client, the samples its clustering is computed on: its validation split
+    (the influences I(i, j) of Eq. 1 are validation losses), which Local never uses."""
+    return np.asarray(n_val)
+
+
 @dataclass
 class State:
     model: torch.Tensor  # [P] FedAvg model of the warm-up, then theta_0

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from mpifl.analysis import budget
 from mpifl.config.identity import flatten
 from mpifl.errors import ConfigError
 from mpifl.logging.h5 import Corrupt, Run, open_run
@@ -51,6 +52,7 @@ class Summary:
     rounds: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # 0-based round of each curve row
     provenance: dict[str, Any] = field(default_factory=dict)  # mpifl.run.provenance's facts; {} in an older log
     val_curve: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [logged rows] mean val acc, as curve
+    budget: dict[str, float] = field(default_factory=dict)  # what it spent: mpifl.analysis.budget.of_run
 
     @property
     def complete(self) -> bool:
@@ -196,7 +198,7 @@ class Mismatch(ValueError):
 
 
 # per-round datasets with one value per client: [rounds, n_clients]
-_PER_CLIENT = ("metrics/", "comm/")
+_PER_CLIENT = ("metrics/", "comm/", "train/")
 _MAX_CELLS = 1024  # per client pair and round: the largest extra axis a log may add (classes)
 
 
@@ -362,7 +364,7 @@ def _summarize(run: Run, window: int, ari: bool, points: dict[str, dict] | None)
         best_acc=float(nanmean(best)), best_acc_w=_wmean(best, n_test),
         client_final=client_final, curve=curve, ari=cluster_recovery(run, len(n_test), window) if ari else {},
         rounds=np.asarray(run.rounds, np.int64) if n_rounds else np.zeros(0, np.int64),
-        provenance=provenance.read(run.attrs), val_curve=val_curve,
+        provenance=provenance.read(run.attrs), val_curve=val_curve, budget=budget.of_run(run, cfg),
     )
 
 

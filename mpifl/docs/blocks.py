@@ -24,7 +24,9 @@ several records joined by commas (a seed method's beside the baselines'). ``<!--
 FILE x=KEY [method=A,B] [metric=M] -->`` renders each method's mean ± std over seeds at
 every x, as ``mpifl.analyze --x`` prints it; ``<!-- generated:rounds FILE rounds=R,R
 [method=A,B] -->`` the mean validation accuracy at those rounds per method and
-setting (a record written with ``--record-rounds``).
+setting (a record written with ``--record-rounds``); ``<!-- generated:settings FILE
+[keys=K,K] [method=A,B] -->`` each method's settings as its runs resolved them
+(:mod:`mpifl.docs.settings`, which also checks the settings a page's prose states).
 """
 
 from __future__ import annotations
@@ -153,8 +155,17 @@ def rounds_table(root: Path, arg: str) -> str:
 
 
 BLOCKS: dict[str, Callable[[Path], str]] = {"algorithms": algorithm_table, "config": config_reference}
+def settings_table(root: Path, arg: str) -> str:
+    """``FILE[,FILE] [keys=K,K] [method=A,B]``: each method's resolved settings (:mod:`mpifl.docs.settings`)."""
+    from mpifl.docs import settings
+
+    path, opts, methods = _options("settings", arg, ("keys", "method"), "a record FILE", lambda o: True)
+    return settings.render(root, path, [k for k in opts.get("keys", "").split(",") if k], methods)
+
+
 ARG_BLOCKS: dict[str, Callable[[Path, str], str]] = {"record": record_table, "versus": versus_table,
-                                                     "means": means_table, "rounds": rounds_table}
+                                                     "means": means_table, "rounds": rounds_table,
+                                                     "settings": settings_table}
 
 
 def render(text: str, root: Path = ROOT) -> str:
@@ -220,7 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print(f"mpifl.docs: stale generated blocks: {', '.join(bad)}; run python -m mpifl.docs --write",
               file=sys.stderr)
-    drift = doccounts.problems(tests=True) + typed.undeclared()
+    from mpifl.docs import settings
+
+    drift = doccounts.problems(tests=True) + typed.undeclared() + settings.problems()
     for line in drift:
         print(f"mpifl.docs: {line}", file=sys.stderr)
     return 1 if bad or drift else 0

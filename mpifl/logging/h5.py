@@ -12,6 +12,8 @@ Layout (rows are rounds, columns clients)::
     /metrics/{train_loss, val_loss, val_acc, test_loss, test_acc,
               skipped}  (updates dropped as non-finite that round)   [R, N]
     /comm/{bytes_sent, bytes_recv, models_recv}                     [R, N]
+    /train/{steps, samples}  (optimizer steps a client took that round, and the
+              training samples in them: mpifl.train.Clients.count)  [R, N]
     /graph/mixing                                                   [R, N, N]
     /<algorithm>/<extra>                                            [R, N, ...]
 

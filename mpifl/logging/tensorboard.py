@@ -29,9 +29,9 @@ MISSING = "needs TensorBoard, an optional dependency: pip install -e '.[tb]' (or
 MEANS = {"metrics/train_loss": "train/loss", "metrics/val_loss": "val/loss", "metrics/val_acc": "val/acc",
          "metrics/test_loss": "test/loss", "metrics/test_acc": "test/acc"}
 SUMS = {"comm/bytes_sent": "traffic/bytes_sent", "comm/bytes_recv": "traffic/bytes_recv",
-        "comm/models_recv": "traffic/models_recv"}
+        "comm/models_recv": "traffic/models_recv", "train/steps": "budget/steps", "train/samples": "budget/samples"}
 HISTOGRAM = "test/acc_clients"
-NOT_ALGORITHM = ("metrics/", "comm/", "rounds/", "clients/", "graph/")
+NOT_ALGORITHM = ("metrics/", "comm/", "train/", "rounds/", "clients/", "graph/")
 
 
 def installed() -> bool:

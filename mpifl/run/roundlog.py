@@ -104,7 +104,8 @@ def log_round(writer: Writer | None, ctx: Context, t: int, out: Round, metrics: 
     rows = {"metrics/train_loss": out.train_loss}
     rows.update({f"metrics/{k}": v for k, v in metrics.items()})
     rows.update({"comm/bytes_sent": comm.bytes_sent, "comm/bytes_recv": comm.bytes_recv,
-                 "comm/models_recv": comm.models_recv, "metrics/skipped": ctx.clients.skipped})
+                 "comm/models_recv": comm.models_recv, "metrics/skipped": ctx.clients.skipped,
+                 "train/steps": ctx.clients.steps, "train/samples": ctx.clients.samples})
     group = ctx.cfg.algorithm.name
     path = (lambda k: k if "/" in k else f"{group}/{k}")
     rows.update({path(k): v for k, v in out.extras.items()})

@@ -189,6 +189,7 @@ class _Rounds:
             os.kill(os.getpid(), signal.SIGKILL)
         comm.reset_counters()
         ctx.clients.skipped[:] = 0
+        ctx.clients.steps[:], ctx.clients.samples[:] = 0, 0
         t0 = time.perf_counter()
         out = self.algo.round(ctx, self.state, t)
         if evaluates(cfg, t):

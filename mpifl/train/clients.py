@@ -67,6 +67,10 @@ class Clients:
                          self.opt.state)
         self.skipped = np.zeros(self.n, np.int64)  # updates dropped as non-finite (reset per round)
         self.updates = 0  # client updates trained (skipped or not), to tell "all were skipped"
+        # the compute a client spent, per round (reset with skipped, logged as /train/*): a
+        # step is one batch trained on, whatever the path or a custom step does with it
+        self.steps = np.zeros(self.n, np.int64)
+        self.samples = np.zeros(self.n, np.int64)  # training samples those steps took (a sample per epoch)
         self.bn = has_batchnorm(model)
         self.stacked = stacked_mlp(model) if self.layout.B == 0 else None
         self.convnet = grouped_convnet(model) if self.layout.B == 0 else None
@@ -264,6 +268,8 @@ class Clients:
             return np.full(len(local), np.nan)
         bp = self.plan(local, epochs, round, purpose, batch_size=batch_size, subsets=subsets, max_batches=max_batches)
         self.updates += len(local)
+        real = bp.idx >= 0
+        self.count(local, real.any(2).sum(1), real.sum((1, 2)))
         skip = self.cfg.on_nonfinite == "skip"
         if skip:
             # the buffers are not put back: BatchNorm's statistics of a dropped update
@@ -285,6 +291,13 @@ class Clients:
             losses[bad] = np.nan
         return losses / np.maximum(seen, 1)
 
+    def count(self, local: np.ndarray, steps: np.ndarray | int, samples: np.ndarray | int) -> None:
+        """Add ``steps`` optimizer steps over ``samples`` training samples to each listed
+        client's count for the round (:meth:`train` counts its own; an algorithm that
+        steps ``opt`` itself counts what it took)."""
+        np.add.at(self.steps, np.asarray(local, np.int64), steps)
+        np.add.at(self.samples, np.asarray(local, np.int64), samples)
+
     def measure_paths(self, steps: int = 3, reps: int = 3) -> tuple[float, float]:
         """Seconds (best of ``reps``) that ``steps`` training steps of up to 8 of this
         rank's clients take batched and client by client, on copies of their rows
@@ -293,7 +306,8 @@ class Clients:
         if m == 0:
             return 0.0, 0.0
         local = np.arange(m)
-        saved = self.batched, self.buffers.clone(), self.skipped.copy(), self.updates
+        saved = self.batched, self.buffers.clone(), self.skipped.copy(), self.updates, self.steps.copy(), \
+            self.samples.copy()
         best = {True: float("inf"), False: float("inf")}
         try:
             for r in range(reps + 1):  # the first round warms both paths up
@@ -309,6 +323,7 @@ class Clients:
             self.buffers.copy_(saved[1])
             self.skipped[:] = saved[2]
             self.updates = saved[3]
+            self.steps[:], self.samples[:] = saved[4], saved[5]
         return best[True], best[False]
 
     # ------------------------------------------------------------------ evaluation
