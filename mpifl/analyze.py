@@ -56,6 +56,9 @@ baseline, paired by seed, the mean difference with its 95% interval and where
 each method stops being above it; with a ceiling (a positive control such as
 Oracle), the room it leaves over the baseline and each method's share of that
 room; with a second key, heatmaps of the share (``mpifl/analysis/curves.py``).
+``--from-records``: PATHS are per-seed records (``--record FILE``) instead of logs,
+and the paired comparison (``versus.csv``, ``versus.md``, the share heatmaps) is
+made from their values: the figures of sweeps whose logs are not at hand.
 """
 
 from __future__ import annotations
@@ -217,6 +220,28 @@ def _unwritable_out(e: OSError, out: Path, made: bool) -> int:
     return 2
 
 
+def _from_records(ap: argparse.ArgumentParser, a: argparse.Namespace) -> int:
+    """``--from-records``: the paired comparison of per-seed records, written to ``--out``."""
+    from mpifl.analysis import record as rec
+    from mpifl.analysis.curves import groups_of, write_versus
+
+    if not (a.x and a.versus):
+        ap.error("--from-records needs --x KEY and --versus NAME")
+    out = a.out or Path("analysis")
+    joined = ",".join(str(Path(p).absolute()) for p in a.paths)
+    try:
+        rows, cross = rec.versus_points(joined, Path("/"), x=a.x, versus=a.versus, y=a.y, ceiling=a.ceiling,
+                                        methods=tuple(a.method), metric=a.metric)
+        out.mkdir(parents=True, exist_ok=True)
+        md, made = write_versus(out, a.x, cross, a.metric, a.y, a.ceiling, groups_of([r.config for r in rows]))
+    except rec.RecordError as e:
+        print(f"mpifl.analyze: error: {e}", file=sys.stderr)
+        return 2
+    print(md, end="")
+    print("wrote " + ", ".join(str(p) for p in made))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     from mpifl.analysis.paper_table import LayoutError
 
@@ -257,7 +282,12 @@ def main(argv: list[str] | None = None) -> int:
                                                "with --ceiling a heatmap of each method's share over KEY2 x KEY")
     c.add_argument("--method", action="append", default=[], metavar="NAME",
                    help="with --versus: report this algorithm.name only (may be repeated; default all others)")
+    c.add_argument("--from-records", action="store_true",
+                   help="with --versus: PATHS are per-seed records (--record FILE; several are joined), not logs: "
+                        "versus.csv, versus.md and the share heatmaps made from their values")
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    if a.from_records:
+        return _from_records(ap, a)
     if (a.versus or a.method or a.y) and not a.x:
         ap.error("--versus, --method and --y need --x KEY")
     if a.record_rounds and (not a.record or a.layout):

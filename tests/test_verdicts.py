@@ -125,3 +125,31 @@ def test_groups_are_read_from_the_configs_defaults_filling_in():
     assert cv.groups_of([{"data.partition": "clusters", "data.n_clusters": 2},
                          {"data.partition": "clusters", "data.n_clusters": 4}]) is None
     assert cv.axis("data.n_clients", [8.0, 20.0], None) == ("data.n_clients", ["8", "20"])
+
+
+def test_analyze_from_records_writes_the_corrected_table_and_the_heatmap(tmp_path, capsys):
+    from mpifl import analyze as an
+    from mpifl.analysis import record
+
+    prov = {"mpifl": {"commit": "a" * 40, "dirty": False}, "cpu_capability": "AVX2", "device": "cpu"}
+    rows = []
+    for n in (8, 100):
+        for s in range(5):
+            for m, v in (("local", 50.0 + s), ("oracle", 60.0 + s + 0.1 * (s % 2)), ("fedx", 55.0 + s + 0.3 * s)):
+                rows.append(record.Row("table", "", m, f"data.n_clients={n}", s, "final_acc", v,
+                                       {"algorithm.name": m, "data.n_clients": n, "data.train_per_client": 10,
+                                        "data.partition": "permuted_clusters"}, prov))
+    record.write(tmp_path / "r.csv", rows)
+    out = tmp_path / "out"
+    assert an.main([str(tmp_path / "r.csv"), "--from-records", "--x", "data.train_per_client", "--y",
+                    "data.n_clients", "--versus", "local", "--ceiling", "oracle", "--out", str(out)]) == 0
+    import csv
+
+    got = list(csv.DictReader((out / "versus.csv").open()))
+    assert {r["method"] for r in got} == {"oracle", "fedx"} and all(r["verdict_holm"] == "above" for r in got)
+    fedx = next(r for r in got if r["method"] == "fedx")
+    assert float(fedx["gain_share"]) == pytest.approx(np.mean([(5 + 0.3 * s) / (10 + 0.1 * (s % 2)) for s in range(5)]))
+    assert (out / "share_fedx.png").stat().st_size > 1000
+    assert an.main([str(tmp_path / "r.csv"), "--from-records", "--x", "data.train_per_client", "--versus",
+                    "fedavg", "--out", str(out)]) == 2
+    assert "no runs of algorithm.name=fedavg" in capsys.readouterr().err

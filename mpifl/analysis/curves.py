@@ -585,6 +585,19 @@ def left_out_line(runs: list[Summary]) -> str:
             ", ".join(f"{r.name} ({r.rounds_done}/{r.rounds_planned or '?'} rounds)" for r in left))
 
 
+def write_versus(out: Path, key: str, cross: list[Crossover], metric: str, y: str | None = None,
+                 ceiling: str | None = None, groups: int | None = None) -> tuple[str, list[Path]]:
+    """``versus.csv``, ``versus.md`` and, with a ceiling and ``y``, the share heatmaps
+    under ``out``: the Markdown table and the files written."""
+    vs = versus_markdown(key, cross, y, ceiling, metric)
+    write_versus_csv(out / "versus.csv", cross, y, ceiling is not None)
+    (out / "versus.md").write_text(vs)
+    made = [out / "versus.csv", out / "versus.md"]
+    if ceiling and y:
+        made += share_heatmaps(out, key, y, cross, ceiling, groups)
+    return vs, made
+
+
 def report(runs: list[Summary], key: str, grouping: Grouping, out: Path, metric: str = "final_acc",
            versus: str | None = None, methods: list[str] = (), ddof: int = 1, echo=print,
            ceiling: str | None = None, y: str | None = None) -> dict[str, Any]:
@@ -599,19 +612,15 @@ def report(runs: list[Summary], key: str, grouping: Grouping, out: Path, metric:
     if cross:
         md += "\nCrossover (above: the paired 95% interval of the difference lies above 0):\n\n" + \
             "".join(f"- {c.sentence(key)}\n" for c in cross)
-        vs = versus_markdown(key, cross, y, ceiling, metric)
+        vs, files = write_versus(out, key, cross, metric, y, ceiling, groups_of([r.config for r in runs if r.complete]))
         md += "\n" + vs
-        write_versus_csv(out / "versus.csv", cross, y, ceiling is not None)
-        (out / "versus.md").write_text(vs)
-        made += [out / "versus.csv", out / "versus.md"]
+        made += files
     left = left_out_line(runs)
     if left:
         md += "\n" + left + "\n"
     base.with_suffix(".md").write_text(md)
     png = plot(base.with_suffix(".png"), key, metric, cs)
     made.append(png)
-    if cross and ceiling and y:
-        made += share_heatmaps(out, key, y, cross, ceiling, groups_of([r.config for r in runs if r.complete]))
     echo(md, end="")
     echo("wrote " + ", ".join(str(p) for p in made))
     return {"keys": keys, "curves": cs, "crossovers": cross, "figure": png, "files": made}
