@@ -239,6 +239,14 @@ class Grouping:
     not_applicable: str = "–"
 
 
+def run_value(r: Summary, metric: str) -> float:
+    """A run's metric as a fraction: a Summary accuracy (``final_acc``, ``es_acc``, ...)
+    or a per-round one (``test_acc@R``: ``mpifl.analysis.summary.metric_value``)."""
+    from mpifl.analysis.summary import AT_ROUND, metric_value
+
+    return metric_value(r, metric) / 100.0 if AT_ROUND.fullmatch(metric) else float(getattr(r, metric))
+
+
 def curves(runs: list[Summary], key: str, grouping: Grouping, metric: str = "final_acc",
            ddof: int = 1, y: str | None = None) -> tuple[list[str], list[Curve]]:
     """The grouping keys without ``key`` (and ``y``) and one curve per method
@@ -265,7 +273,7 @@ def curves(runs: list[Summary], key: str, grouping: Grouping, metric: str = "fin
         c = Curve(method, ", ".join(parts), y=yv)
         for x in sorted(points):
             rs = sorted(points[x], key=lambda r: r.seed)
-            c.add(x, [r.seed for r in rs], [float(getattr(r, metric)) for r in rs], ddof)
+            c.add(x, [r.seed for r in rs], [run_value(r, metric) for r in rs], ddof)
         out.append(c)
     return keys, out
 

@@ -24,7 +24,12 @@ several records joined by commas (a seed method's beside the baselines'). ``<!--
 FILE x=KEY [method=A,B] [metric=M] -->`` renders each method's mean ± std over seeds at
 every x, as ``mpifl.analyze --x`` prints it; ``<!-- generated:rounds FILE rounds=R,R
 [method=A,B] -->`` the mean validation accuracy at those rounds per method and
-setting (a record written with ``--record-rounds``).
+setting (a record written with ``--record-rounds``). ``<!-- generated:course FILE x=KEY
+versus=NAME [y=KEY2] [method=A,B] [rounds=R,R] -->`` renders each method minus NAME at
+fixed rounds (``test_acc@R``), ``<!-- generated:best FILE x=KEY versus=NAME [y=KEY2]
+[method=A,B] -->`` best-validation accuracy beside the final one and against NAME
+stopped at its best validation round (:mod:`mpifl.analysis.course`); a record made
+before those were recorded renders "not in this record".
 """
 
 from __future__ import annotations
@@ -152,9 +157,33 @@ def rounds_table(root: Path, arg: str) -> str:
     return render_rounds(path, root, rounds=_rounds(opts.pop("rounds")), methods=methods, **opts).rstrip("\n")
 
 
+def course_table(root: Path, arg: str) -> str:
+    """``FILE x=KEY versus=NAME [y=KEY2] [method=A,B] [rounds=R,R]``: each method minus
+    NAME at fixed rounds (:func:`mpifl.analysis.course.render_course`)."""
+    from mpifl.analysis.course import render_course
+
+    path, opts, methods = _options("course", arg, ("x", "versus", "y", "method", "rounds"), "x=KEY and versus=NAME",
+                                   lambda o: o.get("x") and o.get("versus") and (
+                                       "rounds" not in o or all(_rounds(o["rounds"])) and _rounds(o["rounds"])))
+    if "rounds" in opts:
+        opts["rounds"] = _rounds(opts["rounds"])
+    return render_course(path, root, methods=methods, **opts).rstrip("\n")
+
+
+def best_table(root: Path, arg: str) -> str:
+    """``FILE x=KEY versus=NAME [y=KEY2] [method=A,B]``: best-validation accuracy beside the
+    final one and against NAME+ES (:func:`mpifl.analysis.course.render_best`)."""
+    from mpifl.analysis.course import render_best
+
+    path, opts, methods = _options("best", arg, ("x", "versus", "y", "method"), "x=KEY and versus=NAME",
+                                   lambda o: o.get("x") and o.get("versus"))
+    return render_best(path, root, methods=methods, **opts).rstrip("\n")
+
+
 BLOCKS: dict[str, Callable[[Path], str]] = {"algorithms": algorithm_table, "config": config_reference}
 ARG_BLOCKS: dict[str, Callable[[Path, str], str]] = {"record": record_table, "versus": versus_table,
-                                                     "means": means_table, "rounds": rounds_table}
+                                                     "means": means_table, "rounds": rounds_table,
+                                                     "course": course_table, "best": best_table}
 
 
 def render(text: str, root: Path = ROOT) -> str:
