@@ -269,6 +269,31 @@ def _from_records(ap: argparse.ArgumentParser, a: argparse.Namespace) -> int:
     return 0
 
 
+def _curve_options(c: Any) -> None:
+    """The options of curves over a swept key (an argparse argument group)."""
+    c.add_argument("--x", metavar="KEY", help="per method, the metric's mean ± std over seeds against this config "
+                                              "key (a PNG, a CSV and a Markdown table)")
+    c.add_argument("--metric", choices=ACC, default="final_acc",
+                   help="with --x: the summary metric (default final_acc)")
+    c.add_argument("--versus", metavar="NAME", help="with --x: each method against this algorithm.name, paired by "
+                                                    "seed: mean difference, 95%% interval, above/level/below "
+                                                    "and the same under Holm over each method's cells (versus.csv, "
+                                                    "versus.md); the course over rounds and best-validation "
+                                                    "accuracy (course.*, best.*)")
+    c.add_argument("--ceiling", metavar="NAME", help="with --versus: a positive control (e.g. oracle); per seed "
+                                                     "its gain over the baseline is the room and each method's "
+                                                     "gain / room its share; 'no room' where the ceiling is not "
+                                                     "above the baseline, 'small room' where its interval reaches "
+                                                     "down to 2 points")
+    c.add_argument("--y", metavar="KEY2", help="with --x: a second swept numeric key; one curve per value, and "
+                                               "with --ceiling a heatmap of each method's share over KEY2 x KEY")
+    c.add_argument("--method", action="append", default=[], metavar="NAME",
+                   help="with --versus: report this algorithm.name only (may be repeated; default all others)")
+    c.add_argument("--from-records", action="store_true",
+                   help="with --versus: PATHS are per-seed records (--record FILE; several are joined), not logs: "
+                        "versus.csv, versus.md and the share heatmaps made from their values")
+
+
 def main(argv: list[str] | None = None) -> int:
     from mpifl.analysis.paper_table import LayoutError
 
@@ -294,24 +319,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --record and no --layout: also each run's mean validation accuracy at these "
                          "rounds, numbered from 1 (metric val_acc@R), e.g. 10,30,60")
     c = ap.add_argument_group("curves over a swept key (mpifl/analysis/curves.py)")
-    c.add_argument("--x", metavar="KEY", help="per method, the metric's mean ± std over seeds against this config "
-                                              "key (a PNG, a CSV and a Markdown table)")
-    c.add_argument("--metric", choices=ACC, default="final_acc",
-                   help="with --x: the summary metric (default final_acc)")
-    c.add_argument("--versus", metavar="NAME", help="with --x: each method against this algorithm.name, paired by "
-                                                    "seed: mean difference, 95%% interval, above/level/below "
-                                                    "(versus.csv, versus.md)")
-    c.add_argument("--ceiling", metavar="NAME", help="with --versus: a positive control (e.g. oracle); per seed "
-                                                     "its gain over the baseline is the room and each method's "
-                                                     "gain / room its share; 'no room' where the ceiling is not "
-                                                     "above the baseline")
-    c.add_argument("--y", metavar="KEY2", help="with --x: a second swept numeric key; one curve per value, and "
-                                               "with --ceiling a heatmap of each method's share over KEY2 x KEY")
-    c.add_argument("--method", action="append", default=[], metavar="NAME",
-                   help="with --versus: report this algorithm.name only (may be repeated; default all others)")
-    c.add_argument("--from-records", action="store_true",
-                   help="with --versus: PATHS are per-seed records (--record FILE; several are joined), not logs: "
-                        "versus.csv, versus.md and the share heatmaps made from their values")
+    _curve_options(c)
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
     if a.from_records:
         return _from_records(ap, a)
