@@ -49,15 +49,25 @@ name each group by its keys and values (``algorithm.name=oracle, train.lr=0.1``)
 ``--record FILE``: the per-seed values behind the table(s), one CSV row per
 run and metric with the run's config and provenance (``mpifl/analysis/record.py``): what
 ``python -m mpifl.reproduce`` re-runs and the docs render their tables from;
-``--record-rounds 10,30,60`` adds each run's mean validation accuracy at those rounds
-(``val_acc@R``: whether the curves had flattened, from a record too).
+without ``--layout`` it holds each run's accuracies (``ACC``), ``es_acc`` (Local+ES
+where the run is Local) and its time course, ``test_acc@R`` at 10, 30, 60, 100, 150
+(those the run evaluated) and its last round; ``--record-rounds 10,30,60`` adds each
+run's mean validation accuracy at those rounds (``val_acc@R``: whether the curves had
+flattened, from a record too).
 
 ``--x KEY [--versus NAME [--ceiling NAME]] [--y KEY2] [--method NAME] [--metric
 M]``: curves of a summary metric over a swept numeric key per method; against a
 baseline, paired by seed, the mean difference with its 95% interval and where
 each method stops being above it; with a ceiling (a positive control such as
 Oracle), the room it leaves over the baseline and each method's share of that
-room; with a second key, heatmaps of the share (``mpifl/analysis/curves.py``).
+room; with a second key, heatmaps of the share (``mpifl/analysis/curves.py``);
+against a baseline also the paired difference at every round (``course.csv``,
+``course.png``) and best-validation accuracy beside the final one, against the
+baseline stopped at its own best validation round (``best.csv``, ``best.md``:
+``mpifl/analysis/course.py``).
+``--from-records``: PATHS are per-seed records (``--record FILE``) instead of logs,
+and the paired comparison (``versus.csv``, ``versus.md``, the share heatmaps) is
+made from their values: the figures of sweeps whose logs are not at hand.
 With ``--versus``, also ``settings.md`` (printed): per compared method, every resolved
 config key whose value differs from the baseline's, and both budgets side by side.
 """
@@ -154,11 +164,19 @@ def _papers(chosen: list[tuple[Path, Any]], runs: list[Summary], paths: list[str
 def _record(record: Path, chosen: list[tuple[Path, Any]], runs: list[Summary], groups: list, keys: list[str],
             echo, rounds: tuple[int, ...] = ()) -> None:
     """The per-seed values behind the layout tables (else behind table.md) to ``record``;
-    ``rounds``: with table.md, each run's mean validation accuracy at those rounds too."""
-    from mpifl.analysis import record as rec
+    with table.md also each run's Local+ES metric (``es_acc``) and time course
+    (``test_acc@R`` at :data:`mpifl.analysis.course.COURSE`'s rounds, a run's rows
+    only those it has), and ``rounds``: each run's mean validation accuracy at those."""
+    import math
 
+    from mpifl.analysis import record as rec
+    from mpifl.analysis.course import course_metrics
+    from mpifl.analysis.summary import ES
+
+    metrics = ACC + (ES,) + course_metrics(runs) + tuple(f"val_acc@{r}" for r in rounds)
     rows = [x for f, layout in chosen for x in rec.layout_rows(f, layout, runs)] if chosen \
-        else rec.table_rows(groups, keys, ACC + tuple(f"val_acc@{r}" for r in rounds))
+        else [x for x in rec.table_rows(groups, keys, metrics)
+              if not (x.metric.startswith("test_acc@") and math.isnan(x.value))]
     rec.write(record, rows)
     echo(f"wrote the record of {len(rows)} per-seed value(s) to {record}")
 
@@ -249,6 +267,65 @@ def _unwritable_out(e: OSError, out: Path, made: bool) -> int:
     return 2
 
 
+def _curves(res: dict[str, Any], a: argparse.Namespace, out: Path) -> None:
+    """``--x``: the curves, and against ``--versus`` the paired tables, the time course
+    and best-validation accuracy, under ``out``."""
+    from mpifl.analysis import course
+    from mpifl.analysis.curves import Grouping, report
+
+    grouping = Grouping(res["keys"], setting, NOT_APPLICABLE)
+    report(res["runs"], a.x, grouping, out, a.metric, a.versus, a.method, a.ddof, ceiling=a.ceiling, y=a.y)
+    if a.versus:
+        course.report(res["runs"], a.x, grouping, out, a.versus, a.method, y=a.y)
+
+
+def _from_records(ap: argparse.ArgumentParser, a: argparse.Namespace) -> int:
+    """``--from-records``: the paired comparison of per-seed records, written to ``--out``."""
+    from mpifl.analysis import record as rec
+    from mpifl.analysis.curves import groups_of, write_versus
+
+    if not (a.x and a.versus):
+        ap.error("--from-records needs --x KEY and --versus NAME")
+    out = a.out or Path("analysis")
+    joined = ",".join(str(Path(p).absolute()) for p in a.paths)
+    try:
+        rows, cross = rec.versus_points(joined, Path("/"), x=a.x, versus=a.versus, y=a.y, ceiling=a.ceiling,
+                                        methods=tuple(a.method), metric=a.metric)
+        out.mkdir(parents=True, exist_ok=True)
+        md, made = write_versus(out, a.x, cross, a.metric, a.y, a.ceiling, groups_of([r.config for r in rows]))
+    except rec.RecordError as e:
+        print(f"mpifl.analyze: error: {e}", file=sys.stderr)
+        return 2
+    print(md, end="")
+    print("wrote " + ", ".join(str(p) for p in made))
+    return 0
+
+
+def _curve_options(c: Any) -> None:
+    """The options of curves over a swept key (an argparse argument group)."""
+    c.add_argument("--x", metavar="KEY", help="per method, the metric's mean ± std over seeds against this config "
+                                              "key (a PNG, a CSV and a Markdown table)")
+    c.add_argument("--metric", choices=ACC, default="final_acc",
+                   help="with --x: the summary metric (default final_acc)")
+    c.add_argument("--versus", metavar="NAME", help="with --x: each method against this algorithm.name, paired by "
+                                                    "seed: mean difference, 95%% interval, above/level/below "
+                                                    "and the same under Holm over each method's cells (versus.csv, "
+                                                    "versus.md); the course over rounds and best-validation "
+                                                    "accuracy (course.*, best.*)")
+    c.add_argument("--ceiling", metavar="NAME", help="with --versus: a positive control (e.g. oracle); per seed "
+                                                     "its gain over the baseline is the room and each method's "
+                                                     "gain / room its share; 'no room' where the ceiling is not "
+                                                     "above the baseline, 'small room' where its interval reaches "
+                                                     "down to 2 points")
+    c.add_argument("--y", metavar="KEY2", help="with --x: a second swept numeric key; one curve per value, and "
+                                               "with --ceiling a heatmap of each method's share over KEY2 x KEY")
+    c.add_argument("--method", action="append", default=[], metavar="NAME",
+                   help="with --versus: report this algorithm.name only (may be repeated; default all others)")
+    c.add_argument("--from-records", action="store_true",
+                   help="with --versus: PATHS are per-seed records (--record FILE; several are joined), not logs: "
+                        "versus.csv, versus.md and the share heatmaps made from their values")
+
+
 def main(argv: list[str] | None = None) -> int:
     from mpifl.analysis.paper_table import LayoutError
 
@@ -276,22 +353,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--force", action="store_true", help="analyze together the runs of several run folders "
                     "under one path (several sweeps, unrelated runs), which is refused without it")
     c = ap.add_argument_group("curves over a swept key (mpifl/analysis/curves.py)")
-    c.add_argument("--x", metavar="KEY", help="per method, the metric's mean ± std over seeds against this config "
-                                              "key (a PNG, a CSV and a Markdown table)")
-    c.add_argument("--metric", choices=ACC, default="final_acc",
-                   help="with --x: the summary metric (default final_acc)")
-    c.add_argument("--versus", metavar="NAME", help="with --x: each method against this algorithm.name, paired by "
-                                                    "seed: mean difference, 95%% interval, above/level/below "
-                                                    "(versus.csv, versus.md)")
-    c.add_argument("--ceiling", metavar="NAME", help="with --versus: a positive control (e.g. oracle); per seed "
-                                                     "its gain over the baseline is the room and each method's "
-                                                     "gain / room its share; 'no room' where the ceiling is not "
-                                                     "above the baseline")
-    c.add_argument("--y", metavar="KEY2", help="with --x: a second swept numeric key; one curve per value, and "
-                                               "with --ceiling a heatmap of each method's share over KEY2 x KEY")
-    c.add_argument("--method", action="append", default=[], metavar="NAME",
-                   help="with --versus: report this algorithm.name only (may be repeated; default all others)")
+    _curve_options(c)
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    if a.from_records:
+        return _from_records(ap, a)
     if (a.versus or a.method or a.y) and not a.x:
         ap.error("--versus, --method and --y need --x KEY")
     if a.record_rounds and (not a.record or a.layout):
@@ -306,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     if out is None:
         one = Path(a.paths[0])
         out = one / "analysis" if len(a.paths) == 1 and one.is_dir() else Path("analysis")
-    from mpifl.analysis.curves import CurveError, Grouping, compute, report
+    from mpifl.analysis.curves import CurveError, Grouping, compute
 
 
     def check(runs: list[Summary], keys: list[str]) -> None:
@@ -321,8 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         res = analyze(a.paths, out, a.heatmaps, a.rounds, a.ddof, window=max(1, a.window), layouts=a.layout,
                       check=check, record=a.record, record_rounds=tuple(a.record_rounds))
         if a.x:
-            report(res["runs"], a.x, Grouping(res["keys"], setting, NOT_APPLICABLE), out, a.metric, a.versus,
-                   a.method, a.ddof, ceiling=a.ceiling, y=a.y)
+            _curves(res, a, out)
         if a.versus:
             block = budget.versus_block(res["runs"], a.versus, a.method, setting, IGNORED)
             atomic_write_text(out / "settings.md", block)

@@ -233,7 +233,8 @@ def test_cli_ceiling_and_a_second_key_write_versus_csv_and_share_heatmaps(tmp_pa
 
     rows = list(csv.DictReader((out / "versus.csv").open()))
     assert list(rows[0]) == ["method", "train.lr", "x", "n_seeds", "seeds", "diff_mean", "ci_low", "ci_high",
-                             "verdict", "room", "room_low", "room_high", "gain_share", "gain_low", "gain_high"]
+                             "verdict", "p", "p_holm", "verdict_holm", "split_modes", "room", "room_low", "room_high",
+                             "gain_share", "gain_low", "gain_high"]
     got = {(r["method"], r["train.lr"], r["x"]): r for r in rows}
     assert set(got) == {(m, lr, x) for m in ("oracle", "fedprox") for lr in ("0.05", "0.5") for x in ("10", "80")}
     small = got["fedprox", "0.05", "10"]  # fedprox = local + 0.05, oracle - local = 0.3 at 10 samples

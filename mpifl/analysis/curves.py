@@ -26,20 +26,35 @@ interval's lower end is > 0, *below* where its upper end is < 0, else *level*
 (one seed gives no interval: level). Printed per method: the largest value at
 which it is above, and the first value after it at which it no longer is.
 
+Many cells at once: each cell's paired t-test p (``p``, under 0.05 exactly where
+the interval excludes 0) is adjusted by Holm's step-down over its family, one
+method's cells of the table (every x, and every value of KEY2), and the cell gets
+a second verdict under that (``verdict_holm``): a verdict the correction takes
+back to level is one the table's tests together do not find at 5%. A cell whose
+seeds' differences split into separate modes (``mpifl.analysis.stats.split_modes``:
+sorted, a gap more than 10 times the spread within the two sides) is flagged
+``split``: its mean and t-interval describe neither mode.
+
 The share of the gain, with ``--ceiling NAME`` (e.g. ``oracle``, a positive
 control): per seed, ceiling minus baseline is the *room* and (method minus
-baseline) / room the method's *share*; both are reported as a mean with its 95%
-t-interval. Where the ceiling is not above the baseline by its own paired
-interval the cell says "no room" and gets no share: there was nothing a method
-could have captured, or the seeds cannot show it. A share above 1 is a method
+baseline) / room the method's *share*; the room is reported as a mean with its
+95% t-interval, the share as the mean of the per-seed shares with a 95%
+percentile bootstrap interval over seeds (10,000 resamples, a fixed RNG seed: no
+normal ratio assumed). Where the ceiling is not above the baseline by its own paired
+interval the cell says "no room", and where that interval reaches down to
+``ROOM_FLOOR`` (2 points) "small room": neither gets a share, as there was nothing a
+method could have captured, or a room within the seeds' noise would make the share
+a measure of that noise. A share above 1 is a method
 beating the ceiling (Oracle's groups are fixed; a method may pool more).
 
 Written as ``versus.csv`` (columns ``method, [KEY2,] x, n_seeds, seeds,
-diff_mean, ci_low, ci_high, verdict``, with ``--ceiling`` also ``room,
-room_low, room_high, gain_share, gain_low, gain_high``; fractions) and
-``versus.md`` (points). With ``--y KEY2`` (a second swept numeric key) every
+diff_mean, ci_low, ci_high, verdict, p, p_holm, verdict_holm, split_modes``, with
+``--ceiling`` also ``room, room_low, room_high, gain_share, gain_low, gain_high``;
+fractions) and ``versus.md`` (points). With ``--y KEY2`` (a second swept numeric key) every
 method gets one curve per value of KEY2 and, with ``--ceiling``, a heatmap of
-its gain share over KEY2 x KEY (``share_<method>.png``; "no room" cells grey).
+its gain share over KEY2 x KEY (``share_<method>.png``: both verdicts in each
+cell, hatched where the one under Holm is level, grey where no share is given;
+``data.n_clients`` in clients per group where the partition has groups).
 
 The baseline (and ceiling) of a method is the one with the same values of the
 keys outside algorithm sections (a sweep over job files compares within each
@@ -59,11 +74,27 @@ from typing import Any
 import numpy as np
 
 from mpifl.analysis.figure import axes, finish, pyplot
-from mpifl.analysis.stats import mean_std, paired_interval, verdict
+from mpifl.analysis.stats import (
+    SPLIT_K,
+    bootstrap_mean_ratio,
+    holm,
+    holm_verdict,
+    mean_std,
+    paired_interval,
+    paired_p,
+    split_modes,
+    verdict,
+)
 from mpifl.analysis.summary import Summary
 
 LOG_SPAN = 10  # a log x axis once max/min reaches this
 NO_ROOM = "no room"
+# The share is given only where the room's 95% interval lies above this floor (a fraction:
+# 2 points of accuracy). Under it the room is within the seed-to-seed noise of the methods
+# compared in it (paired differences spread by 1-5 points over 5 seeds in the room
+# sweeps), and a share of it says how large that noise is, not what a method captured.
+ROOM_FLOOR = 0.02
+SMALL_ROOM = "small room"
 
 
 class CurveError(ValueError):
@@ -80,6 +111,12 @@ class Curve:
     seeds: list[list[int]] = field(default_factory=list)
     values: list[list[float]] = field(default_factory=list)  # per x, the metric of each seed in `seeds`
     y: float | None = None  # the value of --y KEY2 this curve is drawn at
+
+    @property
+    def family(self) -> str:
+        """The label without its ``--y`` part (appended last): one method's cells over
+        the whole table, the family its Holm adjustment runs over."""
+        return self.label.rsplit(", ", 1)[0] if self.y is not None else self.label
 
     def at(self, x: float) -> tuple[float, float] | None:
         return (self.mean[self.x.index(x)], self.std[self.x.index(x)]) if x in self.x else None
@@ -110,7 +147,9 @@ class Interval:
 @dataclass
 class Paired:
     """One method against the baseline at one x: the per-seed differences' mean
-    and 95% interval, and with a ceiling the room and the share of it."""
+    and 95% interval, their paired p, Holm-adjusted over the method's cells
+    (:func:`correct`), whether the differences split into modes, and with a ceiling
+    the room and the share of it."""
 
     method: str
     baseline: str
@@ -120,7 +159,18 @@ class Paired:
     diff: Interval
     verdict: str
     room: Interval | None = None  # ceiling minus baseline
-    share: Interval | None = None  # None with a ceiling: no room
+    share: Interval | None = None  # None with a ceiling: no room, or a room under ROOM_FLOOR
+    p: float = math.nan  # the paired t-test's two-sided p
+    p_holm: float = math.nan  # p adjusted over the family (one method's cells of the table)
+    holm_verdict: str = "level"
+    modes: bool = False  # the seeds' differences split into separate modes (stats.split_modes)
+    family: str = ""
+
+    @property
+    def no_share(self) -> str:
+        """Why no share is given: NO_ROOM (the ceiling not above the baseline) or
+        SMALL_ROOM (above, but the room's interval reaches down to ROOM_FLOOR)."""
+        return NO_ROOM if self.room is None or verdict(self.room.low, self.room.high) != "above" else SMALL_ROOM
 
     @property
     def n(self) -> int:
@@ -138,7 +188,7 @@ class Crossover:
 
     def sentence(self, key: str, scale: float = 100.0) -> str:
         xs = [x for x, _, _ in self.signs]
-        pattern = ", ".join(f"{_num(p.x)}: {scale * p.diff.mean:+.2f} {_ci(p.diff, scale)} {p.verdict} [{p.n}]"
+        pattern = ", ".join(f"{_num(p.x)}: {scale * p.diff.mean:+.2f} {_ci(p.diff, scale)} {_verdicts(p)} [{p.n}]"
                             for p in self.points)
         if not xs:
             return f"{self.method} vs {self.baseline}: no common seed at any value of {key}"
@@ -153,6 +203,16 @@ class Crossover:
 
 def _num(v: float) -> str:
     return f"{v:g}"
+
+
+def _verdicts(p: Paired) -> str:
+    """The verdict, the one under Holm where it differs, and a split into modes."""
+    text = p.verdict if p.holm_verdict == p.verdict else f"{p.verdict} (Holm: {p.holm_verdict})"
+    return text + (", seeds split" if p.modes else "")
+
+
+def _p(v: float) -> str:
+    return "–" if math.isnan(v) else f"{v:.2g}" if v >= 0.001 else "<0.001"
 
 
 def _ci(i: Interval, scale: float = 100.0, digits: int = 2) -> str:
@@ -177,6 +237,14 @@ class Grouping:
     keys: list[str]
     setting: Callable[[Summary, str], str]
     not_applicable: str = "–"
+
+
+def run_value(r: Summary, metric: str) -> float:
+    """A run's metric as a fraction: a Summary accuracy (``final_acc``, ``es_acc``, ...)
+    or a per-round one (``test_acc@R``: ``mpifl.analysis.summary.metric_value``)."""
+    from mpifl.analysis.summary import AT_ROUND, metric_value
+
+    return metric_value(r, metric) / 100.0 if AT_ROUND.fullmatch(metric) else float(getattr(r, metric))
 
 
 def curves(runs: list[Summary], key: str, grouping: Grouping, metric: str = "final_acc",
@@ -205,7 +273,7 @@ def curves(runs: list[Summary], key: str, grouping: Grouping, metric: str = "fin
         c = Curve(method, ", ".join(parts), y=yv)
         for x in sorted(points):
             rs = sorted(points[x], key=lambda r: r.seed)
-            c.add(x, [r.seed for r in rs], [float(getattr(r, metric)) for r in rs], ddof)
+            c.add(x, [r.seed for r in rs], [run_value(r, metric) for r in rs], ddof)
         out.append(c)
     return keys, out
 
@@ -217,16 +285,28 @@ def paired(c: Curve, base: Curve, x: float, ceiling: Curve | None = None, level:
     seeds = sorted(set(m) & set(b) & (set(top) if top is not None else set(m)))
     if not seeds:
         return None
-    d = paired_interval([m[s] - b[s] for s in seeds], level)
-    p = Paired(c.label, base.label, x, c.y, seeds, Interval(*d[:3]), verdict(d[1], d[2]))
+    diffs = [m[s] - b[s] for s in seeds]
+    d = paired_interval(diffs, level)
+    p = Paired(c.label, base.label, x, c.y, seeds, Interval(*d[:3]), verdict(d[1], d[2]), p=paired_p(diffs),
+               modes=split_modes(diffs), family=c.family)
     if top is not None:
         rooms = [top[s] - b[s] for s in seeds]
         r = paired_interval(rooms, level)
         p.room = Interval(*r[:3])
-        if verdict(r[1], r[2]) == "above":
-            sh = paired_interval([(m[s] - b[s]) / room for s, room in zip(seeds, rooms)], level)
-            p.share = Interval(*sh[:3])
+        if not math.isnan(r[1]) and r[1] > ROOM_FLOOR:
+            p.share = Interval(*bootstrap_mean_ratio(diffs, rooms, level))
     return p
+
+
+def correct(points: list[Paired]) -> None:
+    """Each point's p adjusted by Holm over its family (one method's cells of the
+    table: every x, and every y with a second key) and its verdict under that."""
+    families: dict[str, list[Paired]] = {}
+    for p in points:
+        families.setdefault(p.family, []).append(p)
+    for ps in families.values():
+        for p, adj in zip(ps, holm([p.p for p in ps])):
+            p.p_holm, p.holm_verdict = adj, holm_verdict(p.diff.mean, adj)
 
 
 def compare(c: Curve, base: Curve, ceiling: Curve | None = None) -> Crossover:
@@ -268,6 +348,7 @@ def crossovers(keys: list[str], cs: list[Curve], versus: str, methods: list[str]
         if base is not None:
             top = _partner(c, keys, cs, ceiling) if ceiling is not None else None
             out.append(compare(c, base, top if ceiling is not None and top is not None else None))
+    correct([p for c in out for p in c.points])
     return out
 
 
@@ -301,7 +382,8 @@ def _base_label(p: Paired, y: str | None) -> str:
 
 
 def write_versus_csv(path: Path, cross: list[Crossover], y: str | None, ceiling: bool) -> None:
-    head = ["method", *([y] if y else []), "x", "n_seeds", "seeds", "diff_mean", "ci_low", "ci_high", "verdict"]
+    head = ["method", *([y] if y else []), "x", "n_seeds", "seeds", "diff_mean", "ci_low", "ci_high", "verdict",
+            "p", "p_holm", "verdict_holm", "split_modes"]
     if ceiling:
         head += ["room", "room_low", "room_high", "gain_share", "gain_low", "gain_high"]
     with open(path, "w", newline="") as f:
@@ -310,36 +392,46 @@ def write_versus_csv(path: Path, cross: list[Crossover], y: str | None, ceiling:
         for c in cross:
             for p in c.points:
                 row = [_base_label(p, y), *([_num(p.y)] if y else []), _num(p.x), p.n, " ".join(map(str, p.seeds)),
-                       _g(p.diff.mean), _g(p.diff.low), _g(p.diff.high), p.verdict]
+                       _g(p.diff.mean), _g(p.diff.low), _g(p.diff.high), p.verdict, _g(p.p), _g(p.p_holm),
+                       p.holm_verdict, "yes" if p.modes else "no"]
                 if ceiling:
                     r = p.room or Interval(math.nan, math.nan, math.nan)
                     row += [_g(r.mean), _g(r.low), _g(r.high)]
-                    row += [_g(p.share.mean), _g(p.share.low), _g(p.share.high)] if p.share else [NO_ROOM, "", ""]
+                    row += [_g(p.share.mean), _g(p.share.low), _g(p.share.high)] if p.share else [p.no_share, "", ""]
                 w.writerow(row)
 
 
 def versus_markdown(key: str, cross: list[Crossover], y: str | None, ceiling: str | None, metric: str) -> str:
     """One row per method and x: the paired difference, its verdict and, with a
     ceiling, the room and the share of it (points; shares in percent)."""
-    cols = ["method", *([y] if y else []), key, "seeds", "diff (95% CI)", "verdict"]
+    cols = ["method", *([y] if y else []), key, "seeds", "diff (95% CI)", "verdict", "p (Holm)", "Holm verdict"]
     if ceiling:
-        cols += ["room (95% CI)", "gain share (95% CI)"]
+        cols += ["room (95% CI)", "gain share (95% bootstrap)"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for c in cross:
         for p in c.points:
-            cells = [_base_label(p, y), *([_num(p.y)] if y else []), _num(p.x), str(p.n),
-                     f"{100 * p.diff.mean:+.2f} {_ci(p.diff)}", p.verdict]
+            cells = [_base_label(p, y), *([_num(p.y)] if y else []), _num(p.x),
+                     str(p.n) + (" split" if p.modes else ""), f"{100 * p.diff.mean:+.2f} {_ci(p.diff)}", p.verdict,
+                     f"{_p(p.p)} ({_p(p.p_holm)})", p.holm_verdict]
             if ceiling:
                 cells.append(f"{100 * p.room.mean:+.2f} {_ci(p.room)}" if p.room else "–")
-                cells.append(f"{100 * p.share.mean:.0f}% {_ci(p.share, 100, 0)}" if p.share else NO_ROOM)
+                cells.append(f"{100 * p.share.mean:.0f}% {_ci(p.share, 100, 0)}" if p.share else p.no_share)
             lines.append("| " + " | ".join(cells) + " |")
     base = cross[0].baseline.split(",")[0] if cross else "the baseline"
     note = (f"\n{metric}: method minus {base}, paired by seed, in points, mean and 95% t-interval; verdict above/"
-            "below where the interval excludes 0, else level.")
+            f"below where the interval excludes 0, else level. {HOLM_NOTE}")
     if ceiling:
         note += (f" Room: {ceiling} minus {base}; gain share: (method - {base}) / room per seed, mean and 95% "
-                 f"interval; {NO_ROOM!r} where {ceiling} is not above {base} by its own interval.")
+                 f"percentile bootstrap interval over seeds; {NO_ROOM!r} where {ceiling} is not above {base} by "
+                 f"its own interval, {SMALL_ROOM!r} where that interval reaches down to {100 * ROOM_FLOOR:g} "
+                 "points (a room within the seeds' noise: no share given).")
     return "\n".join(lines) + "\n" + note + "\n"
+
+
+HOLM_NOTE = ("p: the paired t-test's; Holm: adjusted over the method's cells of this table (Holm's step-down), "
+             "its verdict above/below where under 0.05, else level; 'split': the seeds' differences fall into "
+             f"separate modes (a gap between sorted values over {SPLIT_K:g} times the spread within the two sides), "
+             "where a mean and t-interval describe neither mode.")
 
 
 def versus_grid(key: str, cross: list[Crossover], metric: str, labels: dict[float, str] | None = None) -> str:
@@ -354,13 +446,20 @@ def versus_grid(key: str, cross: list[Crossover], metric: str, labels: dict[floa
         cells = []
         for x in xs:
             p = at.get(x)
-            text = "–" if p is None else f"{100 * p.diff.mean:+.2f} {_ci(p.diff)} ({p.n})"
-            cells.append(f"**{text}**" if p is not None and p.verdict != "level" else text)
+            if p is None:
+                cells.append("–")
+                continue
+            text = f"{100 * p.diff.mean:+.2f} {_ci(p.diff)} ({p.n}{', split' if p.modes else ''})"
+            text = f"**{text}**" if p.verdict != "level" else text
+            cells.append(text + (f" Holm: {p.holm_verdict}" if p.verdict != "level" else ""))
         lines.append(f"| {c.method} | " + " | ".join(cells) + " |")
     base = cross[0].baseline if cross else "the baseline"
     return "\n".join(lines) + (f"\n\n{metric}: method minus {base}, paired by seed, in points, mean, 95% "
                                 "t-interval and (seeds); bold where the interval excludes 0 (above or below), "
-                                "else level.\n")
+                                "else level; beside a bold cell its verdict under Holm (adjusted over the row's "
+                                "cells: level where the correction takes it back). 'split': the seeds' differences "
+                                f"fall into separate modes (a gap between sorted values over {SPLIT_K:g} times the "
+                                "spread within the two sides).\n")
 
 
 def markdown(key: str, metric: str, cs: list[Curve], ddof: int) -> str:
@@ -403,9 +502,42 @@ def plot(path: Path, key: str, metric: str, cs: list[Curve]) -> Path:
     return finish(plt, fig, ax, path, key, f"{metric} (%)", f"{metric} vs {key} (mean ± std over seeds)")
 
 
-def share_heatmaps(out: Path, key: str, y: str, cross: list[Crossover], ceiling: str) -> list[Path]:
-    """Per method, its gain share over (y, x): the mean in each cell with the
-    interval beneath, grey where there is no room."""
+# partitions whose clients fall into data.n_clusters groups (client i in group i % k)
+GROUPED = ("clusters", "noisy_clusters", "permuted_clusters", "feature_shift")
+
+
+def groups_of(configs: list[dict[str, Any]]) -> int | None:
+    """The number of groups the runs' clients fall into, where every run has the same
+    one under a grouped partition (:data:`GROUPED`; a key a config leaves out has its
+    default), else None."""
+    from mpifl.analysis.summary import defaults
+
+    d = defaults()
+    seen = {(c.get("data.partition", d["data.partition"]), c.get("data.n_clusters", d["data.n_clusters"]))
+            for c in configs}
+    if len(seen) != 1:
+        return None
+    partition, k = seen.pop()
+    return int(k) if partition in GROUPED else None
+
+
+def axis(key: str, values: list[float], groups: int | None) -> tuple[str, list[str]]:
+    """An axis's label and tick labels in the reader's units: clients per group for
+    ``data.n_clients`` (with ``groups``), samples per client for
+    ``data.train_per_client``, else the key and its values."""
+    if key == "data.n_clients" and groups:
+        return f"clients per group ({key} / {groups} groups)", [_num(v / groups) for v in values]
+    if key == "data.train_per_client":
+        return f"training samples per client ({key})", [_num(v) for v in values]
+    return key, [_num(v) for v in values]
+
+
+def share_heatmaps(out: Path, key: str, y: str, cross: list[Crossover], ceiling: str,
+                   groups: int | None = None) -> list[Path]:
+    """Per method, its gain share over (y, x): the mean in each cell with its interval,
+    both verdicts and the seeds beneath, hatched where the verdict under Holm is level
+    (a colour there is no finding), grey where no share is given; axes in the reader's
+    units (:func:`axis`; ``groups``: how many groups ``data.n_clients`` is split into)."""
     plt = pyplot()
     by: dict[str, list[Paired]] = {}
     for c in cross:
@@ -415,24 +547,31 @@ def share_heatmaps(out: Path, key: str, y: str, cross: list[Crossover], ceiling:
     for method, ps in by.items():
         xs, ys = sorted({p.x for p in ps}), sorted({p.y for p in ps})
         grid = np.full((len(ys), len(xs)), np.nan)
-        fig, ax = plt.subplots(figsize=(1.6 * len(xs) + 2.2, 1.1 * len(ys) + 1.6))
+        fig, ax = plt.subplots(figsize=(1.7 * len(xs) + 2.4, 1.2 * len(ys) + 1.8))
         for p in ps:
             i, j = ys.index(p.y), xs.index(p.x)
             if p.share is not None:
                 grid[i, j] = p.share.mean
                 text = f"{100 * p.share.mean:.0f}%\n{_ci(p.share, 100, 0)}"
             else:
-                text = NO_ROOM
-            ax.text(j, i, f"{text}\n[{p.n}]", ha="center", va="center", fontsize=8)
+                text = p.no_share
+            if p.holm_verdict == "level":
+                ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="//", edgecolor="0.45",
+                                           linewidth=0))
+            ax.text(j, i, f"{text}\n{_verdicts(p)}\n[{p.n}]", ha="center", va="center", fontsize=8,
+                    bbox={"facecolor": "white", "alpha": 0.6, "edgecolor": "none", "pad": 1})
         cmap = plt.get_cmap("RdYlGn").copy()
         cmap.set_bad("0.85")
         im = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=-1, vmax=1, origin="lower", aspect="auto")
-        ax.set_xticks(range(len(xs)), [_num(v) for v in xs])
-        ax.set_yticks(range(len(ys)), [_num(v) for v in ys])
+        xlabel, xticks = axis(key, xs, groups)
+        ylabel, yticks = axis(y, ys, groups)
+        ax.set_xticks(range(len(xs)), xticks)
+        ax.set_yticks(range(len(ys)), yticks)
         fig.colorbar(im, ax=ax, label=f"share of the room ({ceiling} - {cross[0].baseline.split(',')[0]})")
         path = out / ("share_" + re.sub(r"[^A-Za-z0-9_.-]+", "_", method) + ".png")
-        paths.append(finish(plt, fig, ax, path, key, y, f"{method}: gain share (mean, 95% CI, [seeds])",
-                            legend=False))
+        paths.append(finish(plt, fig, ax, path, xlabel, ylabel,
+                            f"{method}: gain share (mean, 95% bootstrap, verdict, [seeds]);\n"
+                            "hatched: level under Holm", legend=False))
     return paths
 
 
@@ -454,6 +593,19 @@ def left_out_line(runs: list[Summary]) -> str:
             ", ".join(f"{r.name} ({r.rounds_done}/{r.rounds_planned or '?'} rounds)" for r in left))
 
 
+def write_versus(out: Path, key: str, cross: list[Crossover], metric: str, y: str | None = None,
+                 ceiling: str | None = None, groups: int | None = None) -> tuple[str, list[Path]]:
+    """``versus.csv``, ``versus.md`` and, with a ceiling and ``y``, the share heatmaps
+    under ``out``: the Markdown table and the files written."""
+    vs = versus_markdown(key, cross, y, ceiling, metric)
+    write_versus_csv(out / "versus.csv", cross, y, ceiling is not None)
+    (out / "versus.md").write_text(vs)
+    made = [out / "versus.csv", out / "versus.md"]
+    if ceiling and y:
+        made += share_heatmaps(out, key, y, cross, ceiling, groups)
+    return vs, made
+
+
 def report(runs: list[Summary], key: str, grouping: Grouping, out: Path, metric: str = "final_acc",
            versus: str | None = None, methods: list[str] = (), ddof: int = 1, echo=print,
            ceiling: str | None = None, y: str | None = None) -> dict[str, Any]:
@@ -468,19 +620,15 @@ def report(runs: list[Summary], key: str, grouping: Grouping, out: Path, metric:
     if cross:
         md += "\nCrossover (above: the paired 95% interval of the difference lies above 0):\n\n" + \
             "".join(f"- {c.sentence(key)}\n" for c in cross)
-        vs = versus_markdown(key, cross, y, ceiling, metric)
+        vs, files = write_versus(out, key, cross, metric, y, ceiling, groups_of([r.config for r in runs if r.complete]))
         md += "\n" + vs
-        write_versus_csv(out / "versus.csv", cross, y, ceiling is not None)
-        (out / "versus.md").write_text(vs)
-        made += [out / "versus.csv", out / "versus.md"]
+        made += files
     left = left_out_line(runs)
     if left:
         md += "\n" + left + "\n"
     base.with_suffix(".md").write_text(md)
     png = plot(base.with_suffix(".png"), key, metric, cs)
     made.append(png)
-    if cross and ceiling and y:
-        made += share_heatmaps(out, key, y, cross, ceiling)
     echo(md, end="")
     echo("wrote " + ", ".join(str(p) for p in made))
     return {"keys": keys, "curves": cs, "crossovers": cross, "figure": png, "files": made}

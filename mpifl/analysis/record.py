@@ -325,3 +325,18 @@ def render_rounds(path: str | Path, root: Path = REPO, *, rounds: tuple[int, ...
         out.append(f"| {method} | {setting} | {len(seeds)} | " + " | ".join(cells) + " |")
     out += ["", f"{metric} in %, mean over clients at each round (numbered from 1), then over seeds."]
     return "\n".join(out) + "\n\n" + _provenance([r for r in shown if r.metric == want[0]])  # a run once
+
+
+def versus_points(path: str | Path, root: Path = REPO, *, x: str, versus: str, y: str | None = None,
+                  ceiling: str | None = None, methods: tuple[str, ...] = (),
+                  metric: str = "final_acc") -> tuple[list[Row], list]:
+    """The record's rows of ``metric`` and its paired comparison (``mpifl.analysis.curves``
+    crossovers, Holm-corrected), as ``mpifl.analyze --x X --versus V`` makes it from logs:
+    what ``mpifl.analyze --from-records`` writes its tables and share heatmaps from."""
+    from mpifl.analysis import curves as cv
+
+    rows, _, cs = _curves(path, root, x, y, metric)
+    try:
+        return rows, cv.crossovers(["algorithm.name"], cs, versus, list(methods), ceiling)
+    except cv.CurveError as e:
+        raise RecordError(f"record {str(path)!r}: {e}") from None

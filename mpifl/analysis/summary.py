@@ -53,6 +53,7 @@ class Summary:
     provenance: dict[str, Any] = field(default_factory=dict)  # mpifl.run.provenance's facts; {} in an older log
     val_curve: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [logged rows] mean val acc, as curve
     budget: dict[str, float] = field(default_factory=dict)  # what it spent: mpifl.analysis.budget.of_run
+    es_acc: float = math.nan  # mean test acc at the round of best mean val acc (early_stopped); Local's: Local+ES
 
     @property
     def complete(self) -> bool:
@@ -61,6 +62,22 @@ class Summary:
 
 # accuracies of a Summary (fractions there), reported in percent as "<name>_pct"
 ACC = ("final_acc", "final_acc_w", "tail_acc", "tail_acc_w", "best_acc", "best_acc_w")
+# Early stopping on the run's own validation data, one round for all clients: the mean
+# test accuracy over clients at the (first) round where the mean validation accuracy
+# over clients is best. Local's is "Local+ES", the floor for a method that selects on
+# validation (best_acc picks a round per client; a method's collaborator choice reads
+# validation data): Local stopped where its own validation data says. Not in ACC, so
+# the tables' columns stay as they were; a record carries it (metric es_acc).
+ES = "es_acc"
+
+
+def early_stopped(curve: np.ndarray, val_curve: np.ndarray) -> float:
+    """``curve`` (mean test accuracy per logged round) at the first round of the best
+    ``val_curve``; NaN where no round has a validation accuracy."""
+    v = np.asarray(val_curve, np.float64)
+    if len(v) == 0 or np.isnan(v).all():
+        return math.nan
+    return float(curve[int(np.nanargmax(v))])
 
 
 # a per-round metric: "val_acc@60" is the mean over clients of round 60's validation accuracy
@@ -70,7 +87,8 @@ AT_ROUND = re.compile(r"(val_acc|test_acc)@([1-9][0-9]*)")
 def metric_value(s: Summary, metric: str) -> float:
     """A table's value of one run: an accuracy metric (``ACC``) in percent;
     ``val_acc@R`` or ``test_acc@R``, the mean over clients at round R (numbered from
-    1), in percent (NaN where that round was not evaluated); or ``ari:SOURCE``, the
+    1), in percent (NaN where that round was not evaluated); ``es_acc`` (:data:`ES`)
+    in percent; or ``ari:SOURCE``, the
     ARI of the clustering ``SOURCE`` (a key of ``Summary.ari``) against the true
     clusters, as it is (NaN where the run has no such source)."""
     if metric.startswith("ari:"):
@@ -365,6 +383,7 @@ def _summarize(run: Run, window: int, ari: bool, points: dict[str, dict] | None)
         client_final=client_final, curve=curve, ari=cluster_recovery(run, len(n_test), window) if ari else {},
         rounds=np.asarray(run.rounds, np.int64) if n_rounds else np.zeros(0, np.int64),
         provenance=provenance.read(run.attrs), val_curve=val_curve, budget=budget.of_run(run, cfg),
+        es_acc=early_stopped(curve, val_curve),
     )
 
 

@@ -27,6 +27,12 @@ every x, as ``mpifl.analyze --x`` prints it; ``<!-- generated:rounds FILE rounds
 setting (a record written with ``--record-rounds``); ``<!-- generated:settings FILE
 [keys=K,K] [method=A,B] -->`` each method's settings as its runs resolved them
 (:mod:`mpifl.docs.settings`, which also checks the settings a page's prose states).
+``<!-- generated:course FILE x=KEY
+versus=NAME [y=KEY2] [method=A,B] [rounds=R,R] -->`` renders each method minus NAME at
+fixed rounds (``test_acc@R``), ``<!-- generated:best FILE x=KEY versus=NAME [y=KEY2]
+[method=A,B] -->`` best-validation accuracy beside the final one and against NAME
+stopped at its best validation round (:mod:`mpifl.analysis.course`); a record made
+before those were recorded renders "not in this record".
 """
 
 from __future__ import annotations
@@ -154,6 +160,29 @@ def rounds_table(root: Path, arg: str) -> str:
     return render_rounds(path, root, rounds=_rounds(opts.pop("rounds")), methods=methods, **opts).rstrip("\n")
 
 
+def course_table(root: Path, arg: str) -> str:
+    """``FILE x=KEY versus=NAME [y=KEY2] [method=A,B] [rounds=R,R]``: each method minus
+    NAME at fixed rounds (:func:`mpifl.analysis.course.render_course`)."""
+    from mpifl.analysis.course import render_course
+
+    path, opts, methods = _options("course", arg, ("x", "versus", "y", "method", "rounds"), "x=KEY and versus=NAME",
+                                   lambda o: o.get("x") and o.get("versus") and (
+                                       "rounds" not in o or all(_rounds(o["rounds"])) and _rounds(o["rounds"])))
+    if "rounds" in opts:
+        opts["rounds"] = _rounds(opts["rounds"])
+    return render_course(path, root, methods=methods, **opts).rstrip("\n")
+
+
+def best_table(root: Path, arg: str) -> str:
+    """``FILE x=KEY versus=NAME [y=KEY2] [method=A,B]``: best-validation accuracy beside the
+    final one and against NAME+ES (:func:`mpifl.analysis.course.render_best`)."""
+    from mpifl.analysis.course import render_best
+
+    path, opts, methods = _options("best", arg, ("x", "versus", "y", "method"), "x=KEY and versus=NAME",
+                                   lambda o: o.get("x") and o.get("versus"))
+    return render_best(path, root, methods=methods, **opts).rstrip("\n")
+
+
 BLOCKS: dict[str, Callable[[Path], str]] = {"algorithms": algorithm_table, "config": config_reference}
 def settings_table(root: Path, arg: str) -> str:
     """``FILE[,FILE] [keys=K,K] [method=A,B]``: each method's resolved settings (:mod:`mpifl.docs.settings`)."""
@@ -165,7 +194,8 @@ def settings_table(root: Path, arg: str) -> str:
 
 ARG_BLOCKS: dict[str, Callable[[Path, str], str]] = {"record": record_table, "versus": versus_table,
                                                      "means": means_table, "rounds": rounds_table,
-                                                     "settings": settings_table}
+                                                     "settings": settings_table,
+                                                     "course": course_table, "best": best_table}
 
 
 def render(text: str, root: Path = ROOT) -> str:
