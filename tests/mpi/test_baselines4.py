@@ -1,0 +1,156 @@
+"""SCAFFOLD and FedDyn against plain single-process torch references of their
+update equations (3 clients, or one per rank, 3 rounds: the control variates and
+gradient states act from the second), their reductions to FedAvg (zero control
+variates; alpha = 0) bit for bit, and the same bits on any number of ranks as
+in one process."""
+
+import numpy as np
+import pytest
+import torch
+import serial_ref
+from plain_ref import fedavg as average
+from serial_ref import make_ctx
+
+from mpifl import algorithms
+from mpifl.algorithms import scaffold
+from mpifl.comm import solo
+
+ROUNDS = 3
+
+
+def make_cfg(mpi, **over):
+    """5 clients (at least one per rank), 3 of them sampled a round, 2 local epochs."""
+    return serial_ref.cfg_of(**{"data.n_clients": max(5, mpi.Get_size()), "data.partition": "dirichlet",
+                                "train.local_epochs": 2, "algorithm.fraction": 0.6, **over})
+
+
+def run(cfg, mpi, rounds=ROUNDS):
+    ctx = make_ctx(cfg, mpi)
+    algo = algorithms.get(cfg.algorithm.name)
+    state = algo.init(ctx)
+    return ctx, algo, state, [algo.round(ctx, state, t) for t in range(rounds)]
+
+
+def sgd(ref, w, k, t, epochs, **kw):
+    return serial_ref.sgd(ref.clients, w, k, t, epochs, ref.cfg.train.lr, **kw)
+
+
+def close(a, b):
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def plain_steps(ref, k: int, t: int) -> int:
+    """Client k's number of local steps in round t (its batches with samples)."""
+    return int((ref.clients.plan(np.array([k]), ref.cfg.train.local_epochs, t).idx >= 0).any(2).sum())
+
+
+@pytest.mark.parametrize("batched", ["on", "off"])
+def test_scaffold_matches_plain_torch(mpi, batched):
+    cfg = make_cfg(mpi, **{"algorithm.name": "scaffold", "scaffold.lr": 0.8, "train.batched": batched})
+    ctx, _, state, outs = run(cfg, mpi, rounds=ROUNDS)
+    ref = make_ctx(cfg, solo())
+    lr, p = cfg.train.lr, ref.p
+    x, c = ref.clients.init.clone(), torch.zeros_like(ref.clients.init)
+    ci = {k: torch.zeros_like(x) for k in range(ref.N)}
+    for t in range(ROUNDS):
+        sampled = [int(k) for k in ref.sample(t, cfg.algorithm.fraction)]
+        rows, dc = {}, torch.zeros_like(x)
+        for k in sampled:
+            rows[k] = sgd(ref, x, k, t, cfg.train.local_epochs, pull=lambda _, k=k, c=c: c - ci[k])
+            new = ci[k] - c + (x - rows[k]) / (plain_steps(ref, k, t) * lr)
+            dc, ci[k] = dc + p[k] * (new - ci[k]), new
+        x = x + 0.8 * (average(ref, rows) - x)
+        c = c + dc
+    close(state.model, x)
+    close(state.c, c)
+    for r, i in enumerate(ctx.comm.local_ids):
+        close(state.ci[r], ci[int(i)])
+        assert np.isclose(outs[-1].extras["ci_norm"][r], float(torch.linalg.vector_norm(ci[int(i)])), rtol=1e-4)
+        assert np.isclose(outs[-1].extras["correction_norm"][r], float(torch.linalg.vector_norm(c - ci[int(i)])),
+                          rtol=1e-4)
+    assert np.allclose(outs[-1].extras["c_norm"], float(torch.linalg.vector_norm(c)), rtol=1e-4)
+    # the server's variate is the p-weighted sum of the clients' at every round
+    every = torch.as_tensor(ctx.comm.allgather_rows(state.ci.cpu().numpy()), dtype=torch.float64)
+    close(state.c.double().cpu(), (torch.as_tensor(p)[:, None] * every).sum(0))
+
+
+@pytest.mark.parametrize("threads", [1, 2])  # one thread: the fused SGD path of plain training
+def test_scaffold_with_zero_control_variates_is_fedavg_bit_for_bit(mpi, threads):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        cfg = make_cfg(mpi, **{"algorithm.name": "scaffold"})
+        ctx = make_ctx(cfg, mpi)
+        state = scaffold.init(ctx)
+        for t in range(ROUNDS):
+            state.c.zero_()
+            state.ci.zero_()
+            scaffold.round(ctx, state, t)
+        _, _, avg, _ = run(make_cfg(mpi, **{"algorithm.name": "fedavg"}), mpi, rounds=ROUNDS)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(state.model, avg.model)
+
+
+@pytest.mark.parametrize("alpha", [0.1, 0.5])
+def test_feddyn_matches_plain_torch(mpi, alpha):
+    cfg = make_cfg(mpi, **{"algorithm.name": "feddyn", "feddyn.alpha": alpha})
+    ctx, _, state, outs = run(cfg, mpi, rounds=ROUNDS)
+    ref = make_ctx(cfg, solo())
+    theta, h = ref.clients.init.clone(), torch.zeros_like(ref.clients.init)
+    grad = {k: torch.zeros_like(theta) for k in range(ref.N)}
+    for t in range(ROUNDS):
+        sampled = [int(k) for k in ref.sample(t, cfg.algorithm.fraction)]
+        # grad R_k = grad L_k - grad L_k(theta_k^{t-1}) + alpha (theta - theta^{t-1})
+        rows = {k: sgd(ref, theta, k, t, cfg.train.local_epochs,
+                       pull=lambda v, k=k, c=theta: alpha * (v - c) - grad[k]) for k in sampled}
+        for k in sampled:
+            grad[k] = grad[k] - alpha * (rows[k] - theta)
+        h = h - alpha * sum(float(ref.p[k]) * (rows[k] - theta) for k in sampled)
+        theta = average(ref, rows) - h / alpha
+    torch.testing.assert_close(state.model, theta, rtol=1e-4, atol=1e-5)
+    close(state.h, h)
+    for r, i in enumerate(ctx.comm.local_ids):
+        torch.testing.assert_close(state.grad[r], grad[int(i)], rtol=1e-4, atol=1e-6)
+        assert np.isclose(outs[-1].extras["grad_norm"][r], float(torch.linalg.vector_norm(grad[int(i)])), rtol=1e-3)
+    assert np.allclose(outs[-1].extras["h_norm"], float(torch.linalg.vector_norm(h)), rtol=1e-4)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_feddyn_with_alpha_0_is_fedavg_bit_for_bit(mpi, threads):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        _, _, dyn, _ = run(make_cfg(mpi, **{"algorithm.name": "feddyn", "feddyn.alpha": 0}), mpi, rounds=ROUNDS)
+        _, _, avg, _ = run(make_cfg(mpi, **{"algorithm.name": "fedavg"}), mpi, rounds=ROUNDS)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(dyn.model, avg.model) and not dyn.h.any()
+
+
+@pytest.mark.parametrize("batched", ["off", "on"])
+@pytest.mark.parametrize("name", ["scaffold", "feddyn", "fedbn"])
+def test_the_same_bits_on_any_number_of_ranks_as_in_one_process(mpi, name, batched):
+    """Every rank also runs all clients in one process: client by client
+    (``train.batched=off``) the global state, each client's rows and per-client
+    state and logs agree bit for bit; batched, to float tolerance, as FedAvg's
+    own (the stacked MLP's products of 3 clients and of 5 round apart: 6e-8 on
+    these models)."""
+    cfg = make_cfg(mpi, **{"algorithm.name": name, "train.batched": batched, "feddyn.alpha": 0.1})
+    ctx, algo, state, outs = run(cfg, mpi)
+    one = make_ctx(cfg, solo())
+    alone = algo.init(one)
+    last = [algo.round(one, alone, t) for t in range(ROUNDS)][-1]
+    ids = torch.as_tensor(ctx.comm.local_ids)
+    same = torch.equal if batched == "off" else (lambda a, b: torch.allclose(a, b, rtol=1e-5, atol=1e-6))
+    pairs = [("model", state.model, alone.model), ("rows", ctx.clients.params, one.clients.params[ids])]
+    pairs += [(f, getattr(state, f), getattr(alone, f)) for f in ("c", "h") if hasattr(state, f)]
+    pairs += [(f, getattr(state, f), getattr(alone, f)[ids]) for f in ("ci", "grad") if hasattr(state, f)]
+    bad = [k for k, a, b in pairs if not same(a, b)]
+    extras = [(k, v, last.extras[k][ctx.comm.local_ids]) for k, v in outs[-1].extras.items()]
+    bad += [k for k, a, b in extras if not same(torch.as_tensor(a), torch.as_tensor(b))]
+    assert not bad, bad
+    # evaluation batches the clients a rank holds: its losses round apart, as FedAvg's
+    got, want = algo.evaluate(ctx, state, ROUNDS - 1), algo.evaluate(one, alone, ROUNDS - 1)
+    for k, v in got.items():
+        np.testing.assert_allclose(v, want[k][ctx.comm.local_ids], rtol=1e-5, err_msg=k)
