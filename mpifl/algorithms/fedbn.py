@@ -12,7 +12,7 @@ all others, in round t each sampled client k (Algorithm 1 of the paper)
 
 Client k is evaluated with (phi^{t+1}, beta_k) and its own running statistics.
 
-    mpiexec -n 2 python -m mpi4py -m mpifl.main jobs/quickstart.yaml algorithm.name=fedbn model.name=resnet18 data.name=digits data.image_size=32
+    mpiexec -n 2 python -m mpi4py -m mpifl.main jobs/fedc2i-featshift.yaml algorithm.name=fedbn model.name=resnet18
 
 The models with BatchNorm: ``resnet18`` (torchvision's, every ``BatchNorm2d``,
 the downsample branches' too). ``mlp``, ``lenet``, ``cnn_dpfl`` and ``cnn2`` have

@@ -61,7 +61,8 @@ if TYPE_CHECKING:
     from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
-SUMMARY = "FedDyn: FedAvg with each client's dynamic regulariser (linear term + (alpha/2)||w - w_global||^2, `feddyn.alpha`)"
+SUMMARY = ("FedDyn: FedAvg whose clients add a dynamic regulariser (their last gradient's linear term + "
+           "(alpha/2)||w - w_global||^2, `feddyn.alpha`); the server corrects the average by its state h")
 MIXING_ROW = "as fedavg"
 
 

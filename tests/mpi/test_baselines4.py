@@ -6,8 +6,8 @@ in one process."""
 
 import numpy as np
 import pytest
-import torch
 import serial_ref
+import torch
 from plain_ref import fedavg as average
 from serial_ref import make_ctx
 
