@@ -40,8 +40,8 @@ clients, of the shared part), ``/fedbn/personal_drift``, ||beta_k - beta^0|| of
 every client (how far its BatchNorm parameters moved from the initial ones), and
 the attribute ``fedbn_personal_params`` (entries of a row kept local).
 
-The same partial averaging, with another personal part, is FedPer's and
-LG-FedAvg's: :class:`PartState`, :func:`part_round` and :func:`part_evaluate`.
+The same partial averaging, with another personal part, is FedPer's,
+LG-FedAvg's and FedBABU's: :class:`PartState`, :func:`part_round` and :func:`part_evaluate`.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from torch import nn
 from mpifl.algorithms.base import Context, Round, own_rows_metrics, sampled_weights
 from mpifl.algorithms.mixing import Shared
 from mpifl.algorithms.state import transient
-from mpifl.train import Clients
+from mpifl.train import Clients, Objective
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "FedBN: FedAvg whose BatchNorm parameters and statistics stay local (no BatchNorm: FedAvg)"
@@ -94,10 +94,11 @@ def init(ctx: Context) -> PartState:
     return part_state(ctx.clients, batchnorm_names(ctx.clients.model))
 
 
-def part_round(ctx: Context, state: PartState, t: int, name: str) -> Round:
+def part_round(ctx: Context, state: PartState, t: int, name: str, objective: Objective | None = None) -> Round:
     """One round: sampled clients download the shared columns, keep their personal
-    ones, train E epochs; the shared columns become their p-weighted average.
-    Logs ``personal_drift`` and the attribute ``<name>_personal_params``."""
+    ones, train E epochs (on ``objective``: FedBABU's frozen head); the shared
+    columns become their p-weighted average. Logs ``personal_drift`` and the
+    attribute ``<name>_personal_params``."""
     c, comm, shared = ctx.clients, ctx.comm, state.shared
     sampled = ctx.sample(t, ctx.cfg.algorithm.fraction)
     mine = ctx.local_of(sampled)
@@ -107,7 +108,7 @@ def part_round(ctx: Context, state: PartState, t: int, name: str) -> Round:
         c.opt.reset(idx)
         comm.count(mine, recv=len(shared) * comm.itemsize, models=1)
     loss = np.full(comm.n_local, np.nan)
-    loss[mine] = c.train(mine, ctx.cfg.train.local_epochs, t)
+    loss[mine] = c.train(mine, ctx.cfg.train.local_epochs, t, objective=objective)
     row, w = sampled_weights(ctx, sampled)
     model = state.model.clone()
     model[shared] = comm.weighted_sum(c.params[:, shared], w)

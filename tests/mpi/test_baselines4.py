@@ -129,7 +129,7 @@ def test_feddyn_with_alpha_0_is_fedavg_bit_for_bit(mpi, threads):
 
 
 @pytest.mark.parametrize("batched", ["off", "on"])
-@pytest.mark.parametrize("name", ["scaffold", "feddyn", "fedbn", "fedper", "lg_fedavg"])
+@pytest.mark.parametrize("name", ["scaffold", "feddyn", "fedbn", "fedper", "lg_fedavg", "fedbabu"])
 def test_the_same_bits_on_any_number_of_ranks_as_in_one_process(mpi, name, batched):
     """Every rank also runs all clients in one process: client by client
     (``train.batched=off``) the global state, each client's rows and per-client

@@ -1,7 +1,8 @@
-"""FedPer and LG-FedAvg against a plain single-process torch reference (3
-clients, or one per rank, 3 rounds, the same batches): the whole model trains,
-the shared layers are averaged and the others stay with each client; with no
-personal part both are FedAvg bit for bit."""
+"""FedPer, LG-FedAvg and FedBABU against plain single-process torch references (3
+clients, or one per rank, 3 rounds, the same batches): FedPer's and LG-FedAvg's
+whole model trains, the shared layers are averaged and the others stay with each
+client (with no personal part both are FedAvg bit for bit); FedBABU's body trains
+under a frozen initial head and is fine-tuned whole at evaluation."""
 
 import numpy as np
 import pytest
@@ -84,3 +85,32 @@ def test_no_personal_part_is_fedavg_bit_for_bit(mpi, over, threads):
 def test_more_layers_than_the_model_has_is_refused(mpi, over, message):
     with pytest.raises(ConfigError, match=f"^{message} model.name='mlp''s 2 layers"):
         run(make_cfg(mpi, **over), mpi)
+
+
+@pytest.mark.parametrize("batched", ["on", "off"])
+def test_fedbabu_matches_plain_torch(mpi, batched):
+    """The body trains with the head frozen at h^0 and is averaged; evaluation
+    fine-tunes the whole model from (body, h^0) and keeps nothing of it."""
+    cfg = make_cfg(mpi, **{"algorithm.name": "fedbabu", "fedbabu.ft_epochs": 3, "train.batched": batched})
+    ctx, algo, state, outs = run(cfg, mpi)
+    ref = make_ctx(cfg, solo())
+    c = ref.clients
+    head = torch.zeros(c.P, dtype=torch.bool, device=c.device)
+    for s in c.layout.slices(PERSONAL["fedper"]):  # the last Linear
+        head[s] = True
+    x = c.init.clone()
+    for t in range(ROUNDS):
+        sampled = [int(k) for k in ref.sample(t, cfg.algorithm.fraction)]
+        rows = {k: serial_ref.sgd(c, x, k, t, cfg.train.local_epochs, cfg.train.lr, mask=(~head).float())
+                for k in sampled}
+        x = torch.where(head, x, fedavg(ref, rows))
+    torch.testing.assert_close(state.model, x, rtol=1e-5, atol=1e-6)
+    assert torch.equal(state.model[head], c.init[head])  # h^0, exactly
+    assert not outs[-1].extras["personal_drift"].any()
+    own = ctx.clients.params.clone()
+    got = algo.evaluate(ctx, state, ROUNDS - 1)
+    assert torch.equal(ctx.clients.params, own)
+    for r, i in enumerate(ctx.comm.local_ids):
+        tuned = serial_ref.sgd(c, x, int(i), ROUNDS - 1, 3, cfg.train.lr, purpose="finetune")
+        lo, hi = c.split_range(int(i), "test")
+        assert np.isclose(got["test_loss"][r], float(serial_ref.loss_of(c, tuned, np.arange(lo, hi))), rtol=1e-4)
