@@ -276,7 +276,7 @@ def _stand_ins() -> None:
             importlib.import_module(name)
         except ImportError:
             mod = types.ModuleType(name)
-            mod.size = str  # calmsize.size: only formats a memory report
+            mod.size = float  # calmsize.size: formats a memory report with "{:.2f}"
             sys.modules[name] = mod
 
 
