@@ -104,6 +104,9 @@ METHODS: dict[str, tuple[str, dict[str, str | float | int | Callable[[dict], obj
     # PFLlib's head is the model's fc (PeerModel's last Linear): fedper.personal_layers=1, lg_fedavg.global_layers=1
     "fedper": ("FedPer", {}),
     "lg_fedavg": ("LG-FedAvg", {}),
+    # serverbabu.py fine-tunes once, after its last round, each client's own last local
+    # model (no send_models before it), not the global model (the paper's, mpifl's)
+    "fedbabu": ("FedBABU", {"-fte": "fedbabu.ft_epochs"}),
 }
 
 

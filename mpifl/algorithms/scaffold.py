@@ -23,10 +23,12 @@ throughout, SCAFFOLD is FedAvg (eta_g = 1).
 
 Choices where the paper leaves room:
 
-- Weights: the paper averages Delta y over S uniformly and adds Delta c with weight
-  1/N; here p_i (training-set size) takes the place of both, FedAvg's weights, so
-  that c = sum_i p_i c_i at every round, and equal sizes give the paper's 1/|S| and
-  1/N exactly.
+- Weights (``scaffold.weights``): the paper averages Delta y over S uniformly and
+  adds Delta c with weight 1/N (``uniform``, as PFLlib); by default (``p``) p_i
+  (training-set size) takes the place of both, FedAvg's weights, so that zero
+  control variates give mpifl's FedAvg and c = sum_i p_i c_i at every round. Equal
+  sizes make the two the same; on unequal ones they differ by much
+  (bench/README.md, the PFLlib peer check: 35 points on digits Dir(0.1)).
 - Option II (the paper's experiments) for c_i^+: no extra pass over the data.
   K counts the client's steps that had samples; eta_l is ``train.lr`` whatever
   ``train.optimizer`` and momentum do with the corrected gradient (the paper's
@@ -50,7 +52,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
@@ -66,13 +68,17 @@ if TYPE_CHECKING:
     from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
-SUMMARY = "SCAFFOLD: FedAvg whose local steps add the control-variate correction c - c_i (option II, `scaffold.lr`)"
-MIXING_ROW = "as fedavg"
+SUMMARY = ("SCAFFOLD: FedAvg whose local steps add the control-variate correction c - c_i (option II, "
+           "`scaffold.lr`, `scaffold.weights`)")
+MIXING_ROW = "p over sampled clients (`scaffold.weights=uniform`: 1/|S|)"
 
 
 @dataclass
 class Params:
     lr: float = 1.0  # global step size eta_g (paper's experiments: 1; 1 takes the average itself)
+    # weights of Delta y and Delta c: p = training-set size (FedAvg's; zero variates = mpifl's
+    # FedAvg), uniform = the paper's 1/|S| and 1/N (and PFLlib's)
+    weights: Literal["p", "uniform"] = "p"
 
     def validate(self, cfg: Config) -> None:
         check(self.lr > 0 and math.isfinite(self.lr), "lr", self.lr, "must be a finite number > 0")
@@ -126,14 +132,25 @@ def round(ctx: Context, state: State, t: int) -> Round:
         new = state.ci[k] - state.c + (x - c.params[k]) / (K * ctx.cfg.train.lr)
         delta_c[k] = new - state.ci[k]
         state.ci[k] = new
-    row, w = sampled_weights(ctx, sampled)
+    row, w, cw = weights(ctx, sampled)
     average = comm.weighted_sum(c.params, w)
     lr = ctx.params.lr
     state.model = average if lr == 1 else x + lr * (average - x)
-    state.c = state.c + comm.weighted_sum(delta_c, ctx.p[comm.local_ids] * np.isin(comm.local_ids, sampled))
+    state.c = state.c + comm.weighted_sum(delta_c, cw)
     extras = {"ci_norm": _norms(state.ci), "correction_norm": _norms(state.c - state.ci),
               "c_norm": np.full(comm.n_local, float(torch.linalg.vector_norm(state.c)))}
     return Round(train_loss=loss, mixing=Shared(row), extras=extras)
+
+
+def weights(ctx: Context, sampled: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(the mixing row [N], this rank's weights of Delta y, of Delta c): p_i over the
+    sampled clients and p_i, or the paper's 1/|S| and 1/N (``scaffold.weights``)."""
+    if ctx.params.weights == "p":
+        row, w = sampled_weights(ctx, sampled)
+        return row, w, ctx.p[ctx.comm.local_ids] * np.isin(ctx.comm.local_ids, sampled)
+    row = np.zeros(ctx.N)
+    row[sampled] = 1 / len(sampled)
+    return row, row[ctx.comm.local_ids], np.isin(ctx.comm.local_ids, sampled) / ctx.N
 
 
 def _norms(rows: torch.Tensor) -> np.ndarray:

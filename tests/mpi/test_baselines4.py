@@ -44,12 +44,14 @@ def plain_steps(ref, k: int, t: int) -> int:
     return int((ref.clients.plan(np.array([k]), ref.cfg.train.local_epochs, t).idx >= 0).any(2).sum())
 
 
-@pytest.mark.parametrize("batched", ["on", "off"])
-def test_scaffold_matches_plain_torch(mpi, batched):
-    cfg = make_cfg(mpi, **{"algorithm.name": "scaffold", "scaffold.lr": 0.8, "train.batched": batched})
+@pytest.mark.parametrize(("batched", "weights"), [("on", "p"), ("off", "p"), ("on", "uniform")])
+def test_scaffold_matches_plain_torch(mpi, batched, weights):
+    cfg = make_cfg(mpi, **{"algorithm.name": "scaffold", "scaffold.lr": 0.8, "train.batched": batched,
+                           "scaffold.weights": weights})
     ctx, _, state, outs = run(cfg, mpi, rounds=ROUNDS)
     ref = make_ctx(cfg, solo())
-    lr, p = cfg.train.lr, ref.p
+    lr = cfg.train.lr
+    p = ref.p if weights == "p" else np.full(ref.N, 1 / ref.N)  # the paper's 1/N for Delta c
     x, c = ref.clients.init.clone(), torch.zeros_like(ref.clients.init)
     ci = {k: torch.zeros_like(x) for k in range(ref.N)}
     for t in range(ROUNDS):
@@ -59,7 +61,8 @@ def test_scaffold_matches_plain_torch(mpi, batched):
             rows[k] = sgd(ref, x, k, t, cfg.train.local_epochs, pull=lambda _, k=k, c=c: c - ci[k])
             new = ci[k] - c + (x - rows[k]) / (plain_steps(ref, k, t) * lr)
             dc, ci[k] = dc + p[k] * (new - ci[k]), new
-        x = x + 0.8 * (average(ref, rows) - x)
+        mean = average(ref, rows) if weights == "p" else sum(rows.values()) / len(rows)
+        x = x + 0.8 * (mean - x)
         c = c + dc
     close(state.model, x)
     close(state.c, c)
@@ -69,7 +72,7 @@ def test_scaffold_matches_plain_torch(mpi, batched):
         assert np.isclose(outs[-1].extras["correction_norm"][r], float(torch.linalg.vector_norm(c - ci[int(i)])),
                           rtol=1e-4)
     assert np.allclose(outs[-1].extras["c_norm"], float(torch.linalg.vector_norm(c)), rtol=1e-4)
-    # the server's variate is the p-weighted sum of the clients' at every round
+    # the server's variate is the clients' sum weighted as Delta c (p, or 1/N) at every round
     every = torch.as_tensor(ctx.comm.allgather_rows(state.ci.cpu().numpy()), dtype=torch.float64)
     close(state.c.double().cpu(), (torch.as_tensor(p)[:, None] * every).sum(0))
 
