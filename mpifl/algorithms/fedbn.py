@@ -52,6 +52,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from mpifl.algorithms import fedavg
 from mpifl.algorithms.base import Context, Round, own_rows_metrics, sampled_weights
 from mpifl.algorithms.mixing import Shared
 from mpifl.algorithms.state import transient
@@ -102,11 +103,7 @@ def part_round(ctx: Context, state: PartState, t: int, name: str, objective: Obj
     c, comm, shared = ctx.clients, ctx.comm, state.shared
     sampled = ctx.sample(t, ctx.cfg.algorithm.fraction)
     mine = ctx.local_of(sampled)
-    if len(mine):
-        idx = torch.as_tensor(mine, device=c.device)
-        c.params[idx[:, None], shared[None, :]] = state.model[shared]
-        c.opt.reset(idx)
-        comm.count(mine, recv=len(shared) * comm.itemsize, models=1)
+    fedavg.download(ctx, state.model, mine, shared)
     loss = np.full(comm.n_local, np.nan)
     loss[mine] = c.train(mine, ctx.cfg.train.local_epochs, t, objective=objective)
     row, w = sampled_weights(ctx, sampled)
