@@ -107,6 +107,8 @@ METHODS: dict[str, tuple[str, dict[str, str | float | int | Callable[[dict], obj
     # serverbabu.py fine-tunes once, after its last round, each client's own last local
     # model (no send_models before it), not the global model (the paper's, mpifl's)
     "fedbabu": ("FedBABU", {"-fte": "fedbabu.ft_epochs"}),
+    # clientmoon.py: the representation is model.base(x), the input of fc, as mpifl's
+    "moon": ("MOON", {"-mu": "moon.mu", "-tau": "moon.tau"}),
 }
 
 
