@@ -96,6 +96,19 @@ METHODS: dict[str, tuple[str, dict[str, str | float | int | Callable[[dict], obj
                         "-pls": lambda flat: flat["ditto.personal_epochs"] or flat["train.local_epochs"]}),
     # clientRep: plocal_epochs of head (body frozen), then local_epochs of body (head frozen)
     "fedrep": ("FedRep", {"-pls": "fedrep.head_epochs"}),
+    # serverscaffold.py: Delta y averaged uniformly (1/num_join_clients) x -slr, Delta c with
+    # 1/num_clients (the paper's); mpifl weighs both by p (equal on equal-size clients)
+    "scaffold": ("SCAFFOLD", {"-slr": "scaffold.lr"}),
+    # clientdyn.py: (alpha/2) x the norm, not its square, of w - w_global (mpifl: the paper's square)
+    "feddyn": ("FedDyn", {"-al": "feddyn.alpha"}),
+    # PFLlib's head is the model's fc (PeerModel's last Linear): fedper.personal_layers=1, lg_fedavg.global_layers=1
+    "fedper": ("FedPer", {}),
+    "lg_fedavg": ("LG-FedAvg", {}),
+    # serverbabu.py fine-tunes once, after its last round, each client's own last local
+    # model (no send_models before it), not the global model (the paper's, mpifl's)
+    "fedbabu": ("FedBABU", {"-fte": "fedbabu.ft_epochs"}),
+    # clientmoon.py: the representation is model.base(x), the input of fc, as mpifl's
+    "moon": ("MOON", {"-mu": "moon.mu", "-tau": "moon.tau"}),
 }
 
 
@@ -247,12 +260,29 @@ def child(system: str, out: str, cfg_json: str, argv: list[str]) -> None:
         except Exception:  # noqa: BLE001 - a server whose extra dependency is missing is not ours
             pass
     wrap_all()
+    _stand_ins()
     torch.set_num_threads(max(1, int(os.environ.get("PEER_THREADS", "1"))))
     sys.argv = ["main.py", *argv]
     runpy.run_path("main.py", run_name="__main__")
     n, correct = np.array(last["n"]), np.array(last["correct"])
     Path(out).write_text(json.dumps({"acc_mean": float(np.mean(correct / np.maximum(n, 1))),
                                      "acc_weighted": float(correct.sum() / n.sum())}))
+
+
+def _stand_ins() -> None:
+    """Empty modules for PFLlib's imports that no compared method uses, where they are
+    not installed: main.py imports every server (FedPAC's needs cvxpy) and its memory
+    reporter (calmsize, a size formatter)."""
+    import importlib
+    import types
+
+    for name in ("cvxpy", "calmsize"):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            mod = types.ModuleType(name)
+            mod.size = float  # calmsize.size: formats a memory report with "{:.2f}"
+            sys.modules[name] = mod
 
 
 def run_mpifl(method: str, cfg, overrides: list[str], work: Path, ranks: int, threads: int = 1) -> dict:
@@ -281,6 +311,18 @@ def run_mpifl(method: str, cfg, overrides: list[str], work: Path, ranks: int, th
     return {"acc_mean": float(np.nanmean(acc)), "acc_weighted": float(np.nansum(acc * n_test) / n_test.sum()),
             "wall_s": wall, "round_s": float(np.mean(round_s[1:])) if len(round_s) > 1 else float(round_s[0]),
             "train_path": path}
+
+
+def paired_interval(gaps: list[float]) -> tuple[float, float, float]:
+    """(low, mean, high): the mean of per-seed gaps with its two-sided 95% Student t
+    interval (nan bounds for one seed)."""
+    from scipy import stats
+
+    d = np.asarray(gaps, dtype=float)
+    if len(d) < 2:
+        return float("nan"), float(d.mean()), float("nan")
+    half = stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))
+    return float(d.mean() - half), float(d.mean()), float(d.mean() + half)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -338,6 +380,9 @@ def main(argv: list[str] | None = None) -> int:
         whole = np.mean([r["pfllib"]["wall_s"] / r["mpifl"]["wall_s"] for r in rows])
         print(f"  gap (mpifl - PFLlib, weighted): {100 * gap:+.2f} pp; mpifl faster per round x{speed:.2f}, "
               f"whole process x{whole:.2f}")
+        for key in ("acc_mean", "acc_weighted"):
+            lo, mid, hi = paired_interval([r["mpifl"][key] - r["pfllib"][key] for r in rows])
+            print(f"  paired by seed, {key}: {100 * mid:+.2f} pp, 95% interval [{100 * lo:+.2f}, {100 * hi:+.2f}]")
     return 0
 
 

@@ -34,15 +34,20 @@ def init(ctx: Context) -> State:
     return State(model=ctx.clients.init.clone())
 
 
-def download(ctx: Context, start: torch.Tensor, mine: np.ndarray) -> None:
+def download(ctx: Context, start: torch.Tensor, mine: np.ndarray, cols: torch.Tensor | None = None) -> None:
     """Local clients ``mine`` (positions) receive ``start`` ([P], or [n_local, P] per
-    client) as their rows, with a fresh optimizer; the model counts as received."""
+    client) as their rows, with a fresh optimizer; the model counts as received.
+    ``cols``: only these columns of a [P] ``start`` (a shared part: FedRep's body), the
+    rest of each row stays the client's own."""
     c = ctx.clients
     if len(mine):
         idx = torch.as_tensor(mine, device=c.device)
-        c.params[idx] = start if start.dim() == 1 else start[idx]
+        if cols is None:
+            c.params[idx] = start if start.dim() == 1 else start[idx]
+        else:
+            c.params[idx[:, None], cols[None, :]] = start[cols]
         c.opt.reset(idx)
-        ctx.comm.count(mine, recv=c.P * ctx.comm.itemsize, models=1)
+        ctx.comm.count(mine, recv=(c.P if cols is None else len(cols)) * ctx.comm.itemsize, models=1)
 
 
 def local_update(ctx: Context, start: torch.Tensor, sampled: np.ndarray, t: int,

@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.func import functional_call, vmap
+from torch.func import vmap
 
 from mpifl.algorithms.base import Context, Round, identity_rows
 from mpifl.algorithms.head import Head, find_head
@@ -106,13 +106,7 @@ def make_step(head: Head, protos: torch.Tensor, counts: torch.Tensor, lam: float
     has = (counts > 0).to(protos.dtype)
 
     def one(state: dict[str, torch.Tensor], x, y, w, bufs=None):
-        body = {k: v for k, v in state.items() if k not in head.names}
-        if bufs is not None:
-            body.update(bufs)
-        h = functional_call(head.module, body, (x,))
-        z = h @ state[head.names[0]].T
-        if len(head.names) > 1:
-            z = z + state[head.names[1]]
+        h, z = head.forward_parts(state, x, bufs)
         ce = per_sample_loss(z, y)
         reg = ((h - protos[y]) ** 2).mean(-1) * has[y]
         return ((ce + lam * reg) * w).sum() / w.sum().clamp_min(1.0)

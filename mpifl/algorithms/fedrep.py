@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from mpifl.algorithms import fedavg
 from mpifl.algorithms.base import Context, Round, own_rows_metrics, sampled_weights
 from mpifl.algorithms.head import Head, body_slices, find_head
 from mpifl.algorithms.mixing import Shared
@@ -83,11 +84,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
     c, comm, body = ctx.clients, ctx.comm, state.body
     sampled = ctx.sample(t, ctx.cfg.algorithm.fraction)
     mine = ctx.local_of(sampled)
-    if len(mine):
-        idx = torch.as_tensor(mine, device=c.device)
-        c.params[idx[:, None], body[None, :]] = state.model[body]
-        c.opt.reset(idx)
-        comm.count(mine, recv=len(body) * comm.itemsize, models=1)
+    fedavg.download(ctx, state.model, mine, body)
     body_names = [n for n in c.layout.names if n not in state.head.names]
     head_loss = np.full(comm.n_local, np.nan)
     with c.using(c.params):  # the head's own optimizer, fresh: same rows

@@ -75,6 +75,18 @@ class Head:
             bufs = [c.buffers[k] if c.layout.B else None for k in local]
             return torch.stack([self.features(rows[i], x[i], bufs[i]) for i in range(len(rows))])
 
+    def forward_parts(self, params: dict[str, torch.Tensor], x: torch.Tensor,
+                      bufs: dict[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(features, logits) of one client's per-parameter tensors ``params`` (and
+        BatchNorm buffers ``bufs``) on ``x``, differentiable (through :attr:`module`):
+        FedProto's and MOON's losses on the features."""
+        body = {k: v for k, v in params.items() if k not in self.names}
+        if bufs is not None:
+            body.update(bufs)
+        h = functional_call(self.module, body, (x,))
+        z = h @ params[self.names[0]].T
+        return h, (z + params[self.names[1]] if len(self.names) > 1 else z)
+
     def logits(self, h: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Logits ``[m, b, C]`` of features ``h [m, b, d]`` under classifier rows
         ``v [m, C, width]`` (:meth:`rows`)."""
