@@ -24,10 +24,10 @@ throughout, SCAFFOLD is FedAvg (eta_g = 1).
 Choices where the paper leaves room:
 
 - Weights (``scaffold.weights``): the paper averages Delta y over S uniformly and
-  adds Delta c with weight 1/N (``uniform``, as PFLlib); by default (``p``) p_i
-  (training-set size) takes the place of both, FedAvg's weights, so that zero
-  control variates give mpifl's FedAvg and c = sum_i p_i c_i at every round. Equal
-  sizes make the two the same; on unequal ones they differ by much
+  adds Delta c with weight 1/N (``uniform``, the default, as PFLlib); ``p`` puts
+  p_i (training-set size) in the place of both, FedAvg's weights, so that zero
+  control variates give mpifl's FedAvg bit for bit and c = sum_i p_i c_i at every
+  round. Equal sizes make the two the same; on unequal ones they differ by much
   (bench/README.md, the PFLlib peer check: 35 points on digits Dir(0.1)).
 - Option II (the paper's experiments) for c_i^+: no extra pass over the data.
   K counts the client's steps that had samples; eta_l is ``train.lr`` whatever
@@ -76,9 +76,9 @@ MIXING_ROW = "p over sampled clients (`scaffold.weights=uniform`: 1/|S|)"
 @dataclass
 class Params:
     lr: float = 1.0  # global step size eta_g (paper's experiments: 1; 1 takes the average itself)
-    # weights of Delta y and Delta c: p = training-set size (FedAvg's; zero variates = mpifl's
-    # FedAvg), uniform = the paper's 1/|S| and 1/N (and PFLlib's)
-    weights: Literal["p", "uniform"] = "p"
+    # weights of Delta y and Delta c: uniform = the paper's 1/|S| and 1/N (and PFLlib's);
+    # p = training-set size (FedAvg's: with zero variates, mpifl's FedAvg)
+    weights: Literal["p", "uniform"] = "uniform"
 
     def validate(self, cfg: Config) -> None:
         check(self.lr > 0 and math.isfinite(self.lr), "lr", self.lr, "must be a finite number > 0")

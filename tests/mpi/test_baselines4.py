@@ -96,7 +96,7 @@ def test_scaffold_matches_plain_torch(mpi, batched, weights):
 @pytest.mark.parametrize("threads", [1, 2])  # one thread: the fused SGD path of plain training
 def test_scaffold_with_zero_control_variates_is_fedavg_bit_for_bit(mpi, threads):
     with torch_threads(threads):
-        ctx = make_ctx(make_cfg(mpi, **{"algorithm.name": "scaffold"}), mpi)
+        ctx = make_ctx(make_cfg(mpi, **{"algorithm.name": "scaffold", "scaffold.weights": "p"}), mpi)
         state = scaffold.init(ctx)
         for t in range(ROUNDS):
             state.c.zero_()
