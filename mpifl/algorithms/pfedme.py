@@ -23,9 +23,10 @@ K = ``pfedme.K`` and beta = ``pfedme.beta``. Clients are evaluated on theta_i.
 
 Reduction: lam = 0 leaves w_i (and so w^t) at the initial model w^0, and each
 client's theta_i after round t is w^0 trained by plain SGD (step eta_p) K times
-on each of that round's batches: with K = 1 and eta_p = ``train.lr``, exactly
-the model a ``local`` client would reach in round t from w^0 (Local restarted
-every round from the initial model; tests/mpi/test_baselines4b.py).
+on each of that round's batches: with K = 1 and eta_p = ``train.lr``, the model
+a ``local`` client would reach in round t from w^0 (Local restarted every round
+from the initial model), to float rounding: the algorithm step and Local's plain
+step order their sums apart (tests/mpi/test_baselines4b.py, to 1e-5).
 
 Choices where the paper leaves room:
 
