@@ -109,6 +109,15 @@ METHODS: dict[str, tuple[str, dict[str, str | float | int | Callable[[dict], obj
     "fedbabu": ("FedBABU", {"-fte": "fedbabu.ft_epochs"}),
     # clientmoon.py: the representation is model.base(x), the input of fc, as mpifl's
     "moon": ("MOON", {"-mu": "moon.mu", "-tau": "moon.tau"}),
+    # clientpFedMe.py trains only the selected clients (pfedme.all_train=false; the same at
+    # -jr 1); its pFedMeOptimizer (fedoptimizer.py:34, :45) adds mu theta, mu = 0.001, to the
+    # inner gradient; its "personalized" evaluation reads the model's parameters, which
+    # set_parameters made w^t (clientpFedMe.py:56 aliases them): it reports the global model
+    "pfedme": ("pFedMe", {"-lam": "pfedme.lam", "-K": "pfedme.K", "-lrp": "pfedme.personal_lr",
+                          "-bt": "pfedme.beta"}),
+    # clientamp.py:42: (lam/alpha)/2 x the norm, not its square, of w - u (mpifl: the paper's
+    # square); serveramp.py:84-91 weighs the previous round's uploads (the same set at -jr 1)
+    "fedamp": ("FedAMP", {"-alk": "fedamp.alpha", "-lam": "fedamp.lam", "-sg": "fedamp.sigma"}),
 }
 
 
