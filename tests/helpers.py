@@ -1,6 +1,7 @@
 """Shared helpers of the tests: launching ``python -m mpifl.main``, comparing logs, and the
 device the tests' own clients go on."""
 
+import contextlib
 import fcntl
 import json
 import os
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,3 +78,16 @@ def assert_same_logs(a, b) -> None:
     for k in sorted(ka):
         x, y = a.get(k), b.get(k)
         assert x.shape == y.shape and np.array_equal(x, y, equal_nan=True), k  # bitwise
+
+
+@contextlib.contextmanager
+def mounted(*args: str):
+    """``mount args``, unmounted after; skipped where this user cannot mount."""
+    where = args[-1]
+    res = subprocess.run(["mount", *args], capture_output=True, text=True, check=False)
+    if res.returncode:
+        pytest.skip(f"needs mount {' '.join(args)}: {res.stderr.strip()}")
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", where], check=False)

@@ -115,3 +115,28 @@ def ggc(k: int, candidates: Sequence[int], models: Mapping[int, torch.Tensor], p
             in_y, r_y = rem_y, r_yj
     members = sorted(ids[pos] for pos in range(1, len(ids)) if in_x[pos] > 0)
     return Choice(members, r_x, mean(in_x).to(dtype))
+
+
+def baseline_cfg(mpi, **over) -> config.Config:
+    """5 clients (at least one per rank), 3 of them sampled a round, 2 local epochs:
+    the setting of the baselines' MPI tests."""
+    return cfg_of(**{"data.n_clients": max(5, mpi.Get_size()), "data.partition": "dirichlet",
+                     "train.local_epochs": 2, "algorithm.fraction": 0.6, **over})
+
+
+def run_rounds(cfg, mpi, rounds: int):
+    """(ctx, algorithm, state, the rounds' results) of ``rounds`` rounds of the config's algorithm."""
+    from mpifl import algorithms
+
+    ctx = make_ctx(cfg, mpi)
+    algo = algorithms.get(cfg.algorithm.name)
+    state = algo.init(ctx)
+    return ctx, algo, state, [algo.round(ctx, state, t) for t in range(rounds)]
+
+
+def in_one_process(cfg, algo, rounds: int):
+    """(ctx, state, the last round's result) of the same config with every client in
+    one process: what the MPI tests compare a rank's share of against."""
+    one = make_ctx(cfg, solo())
+    state = algo.init(one)
+    return one, state, [algo.round(one, state, t) for t in range(rounds)][-1]

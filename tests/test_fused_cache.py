@@ -9,7 +9,6 @@ making it again is a link of the intact object file, not a compile."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -18,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import mounted
 
 from mpifl.train import fused
 
@@ -29,7 +29,7 @@ LOAD = ("from mpifl.train import fused\n"
 
 @pytest.fixture(scope="module")
 def built() -> Path:
-    """The folder of this session's build of the kernel (skipped where it does not build)."""
+    """The folder of this test run's build of the kernel (skipped where it does not build)."""
     module = fused._build()
     if isinstance(module, str):
         pytest.skip(f"the fused kernel does not build here: {module}")
@@ -55,16 +55,6 @@ def _library(folder: Path) -> Path:
     return folder / f"{folder.name}.so"
 
 
-@contextlib.contextmanager
-def _mounted(*args: str):
-    """``mount args`` (unmounted after); skipped where this user cannot mount."""
-    res = subprocess.run(["mount", *args], capture_output=True, text=True, check=False)
-    if res.returncode:
-        pytest.skip(f"needs mount {' '.join(args)}: {res.stderr.strip()}")
-    try:
-        yield
-    finally:
-        subprocess.run(["umount", args[-1]], check=False)
 
 
 def _truncate(so: Path) -> None:
@@ -112,13 +102,13 @@ def test_the_digest_vouches_for_the_object_file_and_a_build_without_one_for_noth
 
 @pytest.mark.slow  # a bind mount, two interpreters
 def test_a_read_only_cache_loads_a_sound_build_and_refuses_a_damaged_one_in_one_line(cache):
-    with _mounted("--bind", str(cache), str(cache)):
-        with _mounted("-o", "remount,bind,ro", str(cache)):
+    with mounted("--bind", str(cache), str(cache)):
+        with mounted("-o", "remount,bind,ro", str(cache)):
             res = _load(cache)
             assert res.returncode == 0 and res.stdout.strip() == f"loaded {_library(cache)}", res.stderr[-2000:]
     _truncate(_library(cache))
-    with _mounted("--bind", str(cache), str(cache)):
-        with _mounted("-o", "remount,bind,ro", str(cache)):
+    with mounted("--bind", str(cache), str(cache)):
+        with mounted("-o", "remount,bind,ro", str(cache)):
             res = _load(cache)
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.strip() == (f"refused: its cache {str(cache)!r} holds no complete build and cannot be written "
@@ -132,7 +122,7 @@ def test_a_full_disk_under_the_cache_is_refused_in_one_line_and_never_loaded(cac
     room = tmp_path / "full"
     room.mkdir()
     used = sum(p.stat().st_size for p in cache.iterdir() if p != so)
-    with _mounted("-t", "tmpfs", "-o", f"size={used // 1024 + 64}k", "tmpfs", str(room)):
+    with mounted("-t", "tmpfs", "-o", f"size={used // 1024 + 64}k", "tmpfs", str(room)):
         folder = room / cache.name
         shutil.copytree(cache, folder, ignore=shutil.ignore_patterns(so.name))
         for _ in range(2):  # the link the full disk cut short is not taken for a build the next time

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import mounted
 
 from mpifl import analyze, config
 from mpifl.comm import world
@@ -38,17 +39,6 @@ def tree(root: Path) -> dict[str, int]:
     return {str(p.relative_to(root)): p.lstat().st_size for p in sorted(root.rglob("*"))}
 
 
-@contextlib.contextmanager
-def mounted(*args: str):
-    """``mount args``, unmounted after; skipped where this user cannot mount."""
-    where = args[-1]
-    res = subprocess.run(["mount", *args], capture_output=True, text=True, check=False)
-    if res.returncode:
-        pytest.skip(f"needs mount {' '.join(args)}: {res.stderr.strip()}")
-    try:
-        yield
-    finally:
-        subprocess.run(["umount", where], check=False)
 
 
 def test_a_binary_config_file_is_one_line(tmp_path, capsys):

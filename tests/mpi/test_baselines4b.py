@@ -20,16 +20,11 @@ ROUNDS = 3
 
 
 def make_cfg(mpi, **over):
-    """5 clients (at least one per rank), 3 of them sampled a round, 2 local epochs."""
-    return serial_ref.cfg_of(**{"data.n_clients": max(5, mpi.Get_size()), "data.partition": "dirichlet",
-                                "train.local_epochs": 2, "algorithm.fraction": 0.6, **over})
+    return serial_ref.baseline_cfg(mpi, **over)
 
 
 def run(cfg, mpi, rounds=ROUNDS):
-    ctx = make_ctx(cfg, mpi)
-    algo = algorithms.get(cfg.algorithm.name)
-    state = algo.init(ctx)
-    return ctx, algo, state, [algo.round(ctx, state, t) for t in range(rounds)]
+    return serial_ref.run_rounds(cfg, mpi, rounds)
 
 
 def close(a, b):
@@ -164,9 +159,7 @@ def test_the_same_bits_on_any_number_of_ranks_as_in_one_process(mpi, name, batch
     batched, to float tolerance."""
     cfg = make_cfg(mpi, **{"algorithm.name": name, "train.batched": batched, "fedamp.sigma": 2.0, "pfedme.K": 2})
     ctx, algo, state, outs = run(cfg, mpi)
-    one = make_ctx(cfg, solo())
-    alone = algo.init(one)
-    last = [algo.round(one, alone, t) for t in range(ROUNDS)][-1]
+    one, alone, last = serial_ref.in_one_process(cfg, algo, ROUNDS)
     ids = torch.as_tensor(ctx.comm.local_ids)
     same = torch.equal if batched == "off" else (lambda a, b: torch.allclose(a, b, rtol=1e-5, atol=1e-6))
     pairs = [("rows", ctx.clients.params, one.clients.params[ids])]
