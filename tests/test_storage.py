@@ -200,3 +200,22 @@ def test_a_run_directory_the_disk_cannot_hold_is_a_storage_error(tmp_path, monke
                                            r"run over, as no checkpoint was written yet \(the first comes after "
                                            r"round 10\)$"):
         runtime.run(cfg, world())
+
+
+def test_a_refused_round_buffer_before_the_log_reopens_leaves_no_writers_mark(tmp_path, monkeypatch):
+    """log.flush_s > 0: a round refused on its way into run.h5.rounds, before run.h5
+    was opened again after its creation, is one StorageError; the writer's empty
+    journal (the mark readers copy a live log by) goes with the writer."""
+    path = tmp_path / "run.h5"
+    w = Writer(path, {"n_ranks": 1, "n_clients": N}, {"cluster": np.arange(N) % 2}, N, flush_s=3600)
+    assert journal_path(path).exists() and read_journal(journal_path(path)) is None  # the mark
+
+    def refuse(record: bytes) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(w._appender, "append", refuse)
+    with pytest.raises(StorageError, match="the log"):
+        w.write_round(0, {"wall_s": 0.5}, _rows(0))
+    w.close()
+    assert not journal_path(path).exists()
+    assert open_run(path).n_rounds == 0

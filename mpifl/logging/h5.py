@@ -446,8 +446,10 @@ class Writer:
         if self._file is not None:
             self._file.close()
             self._file = None
-            if read_journal(journal_path(self.path)) is None:
-                journal_path(self.path).unlink(missing_ok=True)
+        # the writer's empty mark too (made when the log was created): a refusal in
+        # run.h5.rounds, before the log was opened again, left it behind for readers
+        if read_journal(journal_path(self.path)) is None:
+            journal_path(self.path).unlink(missing_ok=True)
 
     def _open(self) -> _Log:
         if self._log is None:
