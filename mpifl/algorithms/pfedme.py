@@ -90,7 +90,9 @@ class Params:
 
     def validate(self, cfg: Config) -> None:
         check(self.lam >= 0 and math.isfinite(self.lam), "lam", self.lam, "must be a finite number >= 0")
-        check(self.K >= 1, "K", self.K, "must be an integer >= 1")
+        # K multiplies every batch's work and no epoch count sees it (the run-time estimate
+        # reads *epochs keys): bounded here, so 10^18 is refused rather than run forever
+        check(1 <= self.K <= 1000, "K", self.K, "must be an integer in [1, 1000]")
         check(self.personal_lr > 0 and math.isfinite(self.personal_lr), "personal_lr", self.personal_lr,
               "must be a finite number > 0")
         check(self.beta > 0 and math.isfinite(self.beta), "beta", self.beta, "must be a finite number > 0")
