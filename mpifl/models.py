@@ -2,7 +2,9 @@
 
 ==============  ==========================================================================
 ``mlp``         Flatten + ``model.hidden`` ReLU layers + linear classifier (FedeRiCo's
-                Office-Home MLP is ``hidden=[1000, 200]`` on ``features``)
+                Office-Home MLP is ``hidden=[1000, 200]`` on ``features``); with
+                ``model.batchnorm=true`` a BatchNorm1d before each hidden ReLU (FedBN's
+                setting; such an MLP trains batched through vmap, not the stacked path)
 ``lenet``       FedC2I's LeNet (Table 7): conv5(64) ReLU pool2, conv5(64) ReLU pool2,
                 fc 384, fc 192, fc C. The paper's first fc takes 64*13*13, i.e. 64x64
                 inputs (Office-10); the width follows the input here
@@ -39,18 +41,20 @@ if TYPE_CHECKING:  # a type hint only: importing the schema (a leaf) would run t
     from mpifl.config.sections import ModelConfig
 
 
-def _dense(width: int, widths: list[int], n_classes: int) -> list[nn.Module]:
+def _dense(width: int, widths: list[int], n_classes: int, batchnorm: bool = False) -> list[nn.Module]:
     """ReLU fc layers of ``widths`` after ``width`` inputs, then the linear classifier
-    (made in this order: the order of their initial weights' draws)."""
+    (made in this order: the order of their initial weights' draws). With
+    ``batchnorm`` a BatchNorm1d sits between each hidden fc and its ReLU, where
+    FedBN's paper places it (its draws are none: ones and zeros)."""
     layers: list[nn.Module] = []
     for w in widths:
-        layers += [nn.Linear(width, w), nn.ReLU()]
+        layers += [nn.Linear(width, w), *([nn.BatchNorm1d(w)] if batchnorm else []), nn.ReLU()]
         width = w
     return [*layers, nn.Linear(width, n_classes)]
 
 
-def mlp(in_shape: tuple[int, ...], n_classes: int, hidden: list[int]) -> nn.Module:
-    return nn.Sequential(nn.Flatten(), *_dense(math.prod(in_shape), hidden, n_classes))
+def mlp(in_shape: tuple[int, ...], n_classes: int, hidden: list[int], batchnorm: bool = False) -> nn.Module:
+    return nn.Sequential(nn.Flatten(), *_dense(math.prod(in_shape), hidden, n_classes, batchnorm))
 
 
 def _pooled(n: int, k: int, s: int, p: int, d: int, ceil: bool = False) -> int:
@@ -152,7 +156,7 @@ def architecture(cfg: ModelConfig, in_shape: tuple[int, ...], n_classes: int) ->
     ``model.weights``; under ``torch.device("meta")`` nothing is allocated (how
     :func:`sizes` counts parameters of any size)."""
     if cfg.name == "mlp":
-        return mlp(in_shape, n_classes, cfg.hidden)
+        return mlp(in_shape, n_classes, cfg.hidden, cfg.batchnorm)
     if cfg.name not in IMAGE_MODELS:
         raise ValueError(cfg.name)  # config validation names the choices
     if len(in_shape) != 3:

@@ -15,8 +15,9 @@ Client k is evaluated with (phi^{t+1}, beta_k) and its own running statistics.
     mpiexec -n 2 python -m mpi4py -m mpifl.main jobs/fedc2i-featshift.yaml algorithm.name=fedbn model.name=resnet18
 
 The models with BatchNorm: ``resnet18`` (torchvision's, every ``BatchNorm2d``,
-the downsample branches' too). ``mlp``, ``lenet``, ``cnn_dpfl`` and ``cnn2`` have
-none: their personal part is empty and FedBN is FedAvg bit for bit (the same
+the downsample branches' too) and ``mlp`` with ``model.batchnorm=true`` (a
+BatchNorm1d before each hidden ReLU). The plain ``mlp``, ``lenet``, ``cnn_dpfl`` and
+``cnn2`` have none: their personal part is empty and FedBN is FedAvg bit for bit (the same
 download and average; ``tests/mpi/test_fedbn.py``); the log's root attribute
 ``fedbn_personal_params`` = 0 says so.
 

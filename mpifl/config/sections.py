@@ -83,6 +83,9 @@ class DataConfig:
 class ModelConfig:
     name: Literal["mlp", "lenet", "cnn_dpfl", "cnn2", "resnet18"] = "mlp"
     hidden: list[int] = field(default_factory=lambda: [128, 128])  # mlp hidden widths
+    # mlp only: a BatchNorm1d between each hidden layer and its ReLU (running
+    # statistics per client; FedBN keeps them and the BatchNorm parameters local)
+    batchnorm: bool = False
     weights: str = ""  # optional state_dict (.pt) on disk; tensors whose name and shape match are loaded
 
 

@@ -112,6 +112,8 @@ def validate(cfg: Any, n_ranks: int = 1) -> None:
     check(d.synthetic_classes >= 2, "data.synthetic_classes", d.synthetic_classes, "must be >= 2")
     check(len(m.hidden) >= 1 and all(h >= 1 for h in m.hidden), "model.hidden", m.hidden,
            "must be a non-empty list of positive widths")
+    check(not m.batchnorm or m.name == "mlp", "model.batchnorm", m.batchnorm,
+           f"applies to model.name=mlp only (model.name={m.name!r} has its own layers)")
     check(t.lr > 0 and math.isfinite(t.lr), "train.lr", t.lr, "must be a finite number > 0")
     check(0 <= t.momentum < 1, "train.momentum", t.momentum, "must be in [0, 1)")
     check(0 <= t.weight_decay < math.inf, "train.weight_decay", t.weight_decay, "must be a finite number >= 0")
