@@ -1,6 +1,9 @@
 """Models: forward/backward on every dataset shape they apply to, parameter
 counts as the papers describe the architectures, BatchNorm per client, weights
-from a local file."""
+from a local file.
+
+Bits: the exact comparisons are of weights loaded from a file and of a template left
+untouched (copies): any CPU. Gradients are compared within tolerances."""
 
 from __future__ import annotations
 
