@@ -2,8 +2,9 @@
 counts as the papers describe the architectures, BatchNorm per client, weights
 from a local file.
 
-Bits: the exact comparisons are of weights loaded from a file and of a template left
-untouched (copies): any CPU. Gradients are compared within tolerances."""
+Bits: the exact comparisons are of copies (weights loaded from a file, a template
+left untouched) and of weights built twice from one seed in one process (the same
+draws): any CPU. Gradients are compared within tolerances."""
 
 from __future__ import annotations
 
