@@ -1,5 +1,8 @@
 """Shared helpers of the tests: launching ``python -m mpifl.main``, comparing logs, and the
-device the tests' own clients go on."""
+device the tests' own clients go on.
+
+Bits: ``assert_same_logs`` compares two logs bit for bit (timings aside); each test
+that calls it says on what that holds."""
 
 import contextlib
 import fcntl

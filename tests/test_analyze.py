@@ -1,5 +1,8 @@
 """python -m mpifl.analyze on logs written by real short runs (complete, in
-progress and killed) and on hand-written logs holding the seed algorithms' extras."""
+progress and killed) and on hand-written logs holding the seed algorithms' extras.
+
+Bits: the one exact comparison is of a hand-written log's mixing rows read back from
+its compact and dense forms (stored values): any CPU."""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
 """What each run spent, from its log: the engine counts every optimizer step and
 the samples in it (``/train/steps``, ``/train/samples``), the algorithm declares
 the samples it chooses collaborators on, and ``analyze --versus`` names every
-setting that differs between the compared methods beside both budgets."""
+setting that differs between the compared methods beside both budgets.
+
+Bits: the exact comparisons are of step and sample counts (integers) only."""
 
 from __future__ import annotations
 

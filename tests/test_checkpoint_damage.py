@@ -3,7 +3,11 @@ or truncated file, a dangling ``latest``, a lost ``run.h5`` stop the resume in o
 line naming the damage and the ways forward, and change nothing; the ways
 forward work (``run.resume=previous`` bitwise, ``run.resume=never`` keeping the
 user's files). A symlinked ``checkpoint/`` is refused before anything there is
-deleted."""
+deleted.
+
+Bits: ``run.resume=previous`` is compared bit for bit with an uninterrupted run: two
+launches on one machine with the same ranks, settings and one thread per rank
+(``run.threads=1``), so it holds on whichever CPU runs both, AVX2 or AVX-512."""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """A checkpoint written before a State field existed still resumes: the new field
-keeps the value ``init`` gave it (fedavg_ft gained its best-validation fields)."""
+keeps the value ``init`` gave it (fedavg_ft gained its best-validation fields).
+
+Bits: the one exact comparison is of a model saved and loaded back (a copy): any
+CPU."""
 
 import hashlib
 import json

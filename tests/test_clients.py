@@ -1,7 +1,10 @@
 """Clients: batched (vmap) and per-client training agree; evaluation is right.
 
-Bitwise comparisons here are of two paths in one process, on one CPU with one
-thread count (docs/reliability.md, "Not guaranteed")."""
+Bits: bitwise comparisons here are of two paths or two calls in one process, on one
+CPU with one thread count (the ``threads`` fixture: one in the fast tier, two in the
+slow one, or the test's own); they pass under torch's AVX-512 and AVX2 kernels
+(``ATEN_CPU_CAPABILITY=avx2``), and other CPUs are not promised (docs/reliability.md,
+"Not guaranteed")."""
 
 import numpy as np
 import pytest

@@ -1,6 +1,9 @@
 """The on-disk cache of built-in datasets: what a run reads back is what it would
 have made; a bad file is made again; an empty MPIFL_CACHE or an unwritable folder
-only costs the time."""
+only costs the time.
+
+Bits: the exact comparisons are of arrays read back from the cache against those
+made in the same process (copies through a file): any CPU."""
 
 from __future__ import annotations
 

@@ -1,6 +1,9 @@
 """The preparation scripts docs/data.md gives for the hand-prepared datasets, run
 on tiny inputs in their sources' formats: what they write is what ``data.root``
-reads, and what ``verify`` finds present."""
+reads, and what ``verify`` finds present.
+
+Bits: the exact comparisons are of labels, domains and counts (integers); features
+are compared within tolerances."""
 
 from __future__ import annotations
 

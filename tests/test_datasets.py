@@ -1,5 +1,8 @@
 """On-disk loaders: tiny datasets written in the real formats, read back through
-mpifl (torchvision, download=False); missing or malformed roots give one line."""
+mpifl (torchvision, download=False); missing or malformed roots give one line.
+
+Bits: the exact comparisons are of images and labels read back as they were written
+(no arithmetic), and of two loads of one subsample in one process: any CPU."""
 
 from __future__ import annotations
 

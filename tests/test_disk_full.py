@@ -4,7 +4,11 @@ round committed before the failure, no temporary file stays, and once space is
 freed the same command finishes a log bitwise equal to an uninterrupted run's.
 
 Mounting a tmpfs needs root; where it cannot be mounted the tests are skipped,
-saying why. tests/test_storage.py covers the same without a mount (a fake disk)."""
+saying why. tests/test_storage.py covers the same without a mount (a fake disk).
+
+Bits: the finished log is compared bit for bit with an uninterrupted run's: two-rank
+launches on one machine with the same settings and one thread per rank
+(``run.threads=1``), so it holds on whichever CPU runs both."""
 
 from __future__ import annotations
 

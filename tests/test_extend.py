@@ -1,7 +1,12 @@
 """Extending and moving runs: a larger run.rounds continues a finished run to the
 same result as a run that had that many rounds from the start; a run directory
 moved or renamed resumes; the stored config is the latest, so mpifl.analyze and
-mpifl.sweep take the extended run as complete. In this process, one rank."""
+mpifl.sweep take the extended run as complete. In this process, one rank.
+
+Bits: an extended, a moved and a resumed run are compared bit for bit with a
+straight run in this process (one rank, one thread, the same training path: a resume
+keeps its checkpoint's), so it holds on whichever CPU runs both. A conv net's two
+paths are asserted to differ, not to agree."""
 
 from __future__ import annotations
 

@@ -2,6 +2,10 @@
 losses against a loop, and config checks.
 
     python -m pytest -x -q tests/test_fedc2i_parts.py
+
+Bits: the exact comparisons are of rows written into and read back from the
+classifier's slots (copies): any CPU. Logits and losses are compared within
+tolerances.
 """
 
 import numpy as np

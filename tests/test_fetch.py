@@ -2,7 +2,10 @@
 real format (IDX .gz files, EMNIST's gzip.zip, CIFAR's tar.gz of pickled
 batches) with their own md5s, served over HTTP from 127.0.0.1; what fetch
 writes is read back through ``data.root``; failures are one line, exit 2, and
-leave nothing that looks complete."""
+leave nothing that looks complete.
+
+Bits: the exact comparisons are of images and labels read back as fetched (integers,
+no arithmetic)."""
 
 from __future__ import annotations
 

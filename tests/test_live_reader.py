@@ -1,6 +1,9 @@
 """Reading a log while its writer commits rounds (a sweep driver's progress, the
 status command, a test polling a run): the reader gets one commit's rounds, never
-pieces of two, which HDF5's C code may crash on rather than refuse."""
+pieces of two, which HDF5's C code may crash on rather than refuse.
+
+Bits: the exact comparisons are of values read back as they were written (numpy's
+draws for one seed): any CPU."""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""The HDF5 log's compact N x N storage and the ``log:`` config section."""
+"""The HDF5 log's compact N x N storage and the ``log:`` config section.
+
+Bits: the exact comparisons are of values read back as they were written and of
+mixing forms densified (the stored weights, copied): any CPU."""
 
 import h5py
 import numpy as np

@@ -1,7 +1,10 @@
 """The CRC-32 of every dataset of a closed run.h5 (mpifl.logging.sums): a flip
 that HDF5's Fletcher-32 cannot see (an int64 0 read as -1) is reported as
 corrupt, a scan of flips over the whole file changes no value silently, and a
-log reopened by a writer (resume, extension) is sealed again when it closes."""
+log reopened by a writer (resume, extension) is sealed again when it closes.
+
+Bits: the exact comparisons are of a log's values read back before and after a flip
+(stored values): any CPU."""
 
 from __future__ import annotations
 

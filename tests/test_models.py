@@ -1,6 +1,10 @@
 """Models: forward/backward on every dataset shape they apply to, parameter
 counts as the papers describe the architectures, BatchNorm per client, weights
-from a local file."""
+from a local file.
+
+Bits: the exact comparisons are of copies (weights loaded from a file, a template
+left untouched) and of weights built twice from one seed in one process (the same
+draws): any CPU. Gradients are compared within tolerances."""
 
 from __future__ import annotations
 

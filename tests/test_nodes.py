@@ -2,7 +2,12 @@
 splits ``MPI_COMM_TYPE_SHARED`` into K node-local groups (ranks dealt round-robin,
 node = rank % K), so the node-local rules and MPI's node-aware algorithms run as on
 K nodes. A run's log does not depend on the layout: bit for bit the same on 1 or
-2 ranks of one node as on 8 or 16 ranks over 4 nodes, at the same threads per rank."""
+2 ranks of one node as on 8 or 16 ranks over 4 nodes, at the same threads per rank.
+
+Bits: the runs compared are launches on one machine with one thread per rank
+(``run.threads=1``), MLPs on their batched path, every sum over clients in client
+order: the same bits on every layout, on whichever CPU runs them all; runs on two
+CPU kinds are not compared."""
 
 import numpy as np
 import pytest

@@ -13,6 +13,9 @@ split and one full-batch step, and SGD without momentum, so restarting the
 optimizer changes nothing. The papers' equations that were lost in extraction
 are read as docs/algorithms.md reads them; each reference names its section and
 equation.
+
+Bits: the exact comparisons are of partitions and collaborator sets (booleans);
+values are compared with the references within float tolerances.
 """
 
 from __future__ import annotations

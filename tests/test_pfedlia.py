@@ -1,5 +1,8 @@
 """pFedLIA pieces serially: clustering helpers, the noisy_clusters partition,
-config checks, and an end-to-end run on tiny synthetic data."""
+config checks, and an end-to-end run on tiny synthetic data.
+
+Bits: the exact comparisons are of collaborator masks and cluster labels (booleans,
+integers) only."""
 
 import h5py
 import numpy as np

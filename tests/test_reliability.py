@@ -1,5 +1,11 @@
 """Kill, preempt, crash and resume: a run never hangs, never loses finished
-rounds, and resumes to the same result."""
+rounds, and resumes to the same result.
+
+Bits: a killed, preempted or stopped run is compared bit for bit with an
+uninterrupted one: launches on one machine with the same ranks, settings and one
+thread per rank (``run.threads=1``), so it holds on whichever CPU runs both. Across
+1 and 4 ranks only decisions (integers, booleans) and the mixing rows are compared
+exactly; values within tolerances."""
 
 import json
 import os

@@ -1,5 +1,9 @@
 """mpifl.analysis.record and mpifl.reproduce on a shrunk record: tiny synthetic runs, 2 rounds,
-2 methods x 3 seeds, re-made in this process (the CLI's warm workers: the slow test)."""
+2 methods x 3 seeds, re-made in this process (the CLI's warm workers: the slow test).
+
+Bits: 'bitwise' verdicts compare a record made here with its re-run here (the same
+code, machine and settings), so they hold on any CPU; a record from another CPU kind
+need not re-run bitwise, and mpifl.reproduce names that difference."""
 
 from __future__ import annotations
 

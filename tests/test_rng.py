@@ -1,4 +1,7 @@
-"""rng.streams gives exactly rng()'s streams, client after client."""
+"""rng.streams gives exactly rng()'s streams, client after client.
+
+Bits: numpy generators' draws are compared with the same generators' (one algorithm,
+the same bits on any CPU)."""
 
 import numpy as np
 

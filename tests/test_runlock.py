@@ -1,6 +1,10 @@
 """One job per run directory (mpifl.run.lock): a second launch into a directory a
 job holds exits 2 naming the holder and changes nothing; a killed holder never
-blocks the next job."""
+blocks the next job.
+
+Bits: the runs that held the lock are compared bit for bit with a reference run:
+launches on one machine with the same settings and one thread per rank, so it holds
+on whichever CPU runs them."""
 
 from __future__ import annotations
 

@@ -5,7 +5,10 @@ temporary file stays, and writing on once there is space gives the same log.
 A fake disk stands in for the file system: ``os.pwrite``/``os.pwritev`` (the
 journal's only writes) take bytes from a budget, cut the write that exhausts it
 short and refuse the next one, as a filling disk does. The mounted-tmpfs runs of
-the whole program are in tests/test_disk_full.py."""
+the whole program are in tests/test_disk_full.py.
+
+Bits: a log written on after refused writes is compared bit for bit with one written
+from the same hand-made values in this process: stored values, equal on any CPU."""
 
 from __future__ import annotations
 

@@ -1,8 +1,14 @@
 """The fused first layer (mpifl.train.fused): torch's convolution, max-pooling and
 ReLU to the bit where every sum is exact, up to rounding elsewhere, and a client's
-bits whatever clients share its call (two calls in one process: one CPU, and the
-thread counts each test names). The kernel is built by the ``fused_kernel``
-fixture (tests/conftest.py), not at import: collecting compiles nothing."""
+bits whatever clients share its call. The kernel is built by the ``fused_kernel``
+fixture (tests/conftest.py), not at import: collecting compiles nothing.
+
+Bits: every bitwise comparison is of two calls in one process on one CPU, at the
+thread counts each test names: the kernel against torch's where every sum is exact
+(small integers in floats, the same on any CPU), a client alone against in company
+and on 1 against 2 threads (the kernel's own order of sums), a kernel kept on resume
+against a straight run. The kernel is compiled for the CPU it runs on
+(``-march=native``): its bits are that x86 kind's (AVX2, AVX-512), not another's."""
 
 import numpy as np
 import pytest

@@ -1,8 +1,8 @@
 """The grouped conv-net path (mpifl.train.grouped): vmap's results up to the order of
 its sums, and a client's bits whatever clients share its call.
 
-Every bitwise comparison here is of two calls in one process: the same CPU (its
-torch capability and oneDNN's choice of kernels) and the same thread count (the
+Bits: every bitwise comparison here is of two calls in one process: the same CPU
+(its torch capability and oneDNN's choice of kernels) and the same thread count (the
 ``threads`` parameter, or torch's default where there is none); docs/reliability.md
 says which of them hold on other CPUs."""
 

@@ -1,5 +1,10 @@
 """The training package's small pieces: the layout's slices, the write-back of
-selected rows, and the forms of the one loss."""
+selected rows, and the forms of the one loss.
+
+Bits: the exact comparisons are of copies (flattened and unflattened rows,
+written-back rows) and of ``per_sample_loss`` against the ``F.cross_entropy`` call
+it makes, on the same shapes in one process: any CPU. The loss's two forms agree
+within tolerances."""
 
 import numpy as np
 import pytest

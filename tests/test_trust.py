@@ -2,7 +2,11 @@
 
 A user on a shared disk may find files planted by someone else in a run
 directory, a dataset folder or a sweep; none of them may run code, and mpifl
-may not delete or damage what it did not write."""
+may not delete or damage what it did not write.
+
+Bits: bench/kill_test.py compares resumed runs bit for bit with uninterrupted ones
+launched on the same machine with the same settings, so it holds on whichever CPU
+runs both."""
 
 from __future__ import annotations
 

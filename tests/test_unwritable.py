@@ -1,6 +1,9 @@
 """One line, exit 2, where a traceback used to be: a run directory that cannot
 be written (read-only file system, no permission), analyze's default --out
-there, an invalid override value, a sweep base or layout that is not YAML."""
+there, an invalid override value, a sweep base or layout that is not YAML.
+
+Bits: a run resumed from its previous checkpoint is compared bit for bit with a
+straight run in this process (one rank, one thread): any CPU."""
 
 from __future__ import annotations
 

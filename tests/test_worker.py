@@ -1,6 +1,10 @@
 """Warm workers of ``--local`` sweeps (mpifl/sweep/worker.py): one-rank points run in a
 child forked from a worker that imported everything once give bitwise the logs
-of ``mpiexec -n 1``; a crash, a kill or a user error fails that point alone."""
+of ``mpiexec -n 1``; a crash, a kill or a user error fails that point alone.
+
+Bits: a warm worker's log is compared bit for bit with ``mpiexec -n 1``'s: runs on
+one machine with the same settings and threads, the conv net's path pinned
+(``train.batched=on``), so it holds on whichever CPU runs both."""
 
 from __future__ import annotations
 

@@ -1,5 +1,9 @@
 """APFL under MPI equals a plain single-process reference of the paper's
-equations (3 clients, 2 rounds, the same batches)."""
+equations (3 clients, 2 rounds, the same batches).
+
+Bits: the one exact comparison is of the training state before and after an
+evaluation (copies, nothing recomputed): it holds on any CPU. The comparisons with
+the reference use tolerances."""
 
 import numpy as np
 import pytest

@@ -1,7 +1,14 @@
 """FedProx, FedProx+FT, Ditto and FedRep against plain single-process torch
 references of their equations (3 clients, or one per rank, 2 rounds, the same
 batches through ``clients.plan``), and the identities FedProx(mu=0) = FedAvg and
-Ditto(lam=0) = Local, under any number of ranks."""
+Ditto(lam=0) = Local, under any number of ranks.
+
+Bits: FedProx(mu = 0) = FedAvg and Ditto(lam = 0) = Local compare two runs in one
+process or one job, on one CPU, at the thread count each test names (``threads``),
+on the batched MLP path both take: the same torch calls on the same rows, so they
+hold on AVX2 and AVX-512 alike. The other exact comparisons are of the state before
+and after an evaluation (copies). The comparisons with the references use
+tolerances."""
 
 import numpy as np
 import pytest

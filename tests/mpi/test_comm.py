@@ -1,5 +1,11 @@
 """comm.py verbs against a serial reference computed from all rows, with the
-per-client byte counters; run under mpiexec -n 1, 2 and 4."""
+per-client byte counters; run under mpiexec -n 1, 2 and 4.
+
+Bits: ``weighted_sum`` and ``grouped_sum`` are compared bit for bit with one
+left-to-right fold over the clients (``left_fold``) on any number of ranks: each
+product and each sum is rounded once in float32, in client order, so the order and
+not the CPU's vector width makes the bits, on any x86 kind. The other exact
+comparisons are of ids, byte and model counters and copied rows."""
 
 import numpy as np
 import pytest

@@ -1,5 +1,8 @@
 """The partition and each client's samples do not depend on the number of ranks:
-every rank's clients get exactly what a one-process build gives them."""
+every rank's clients get exactly what a one-process build gives them.
+
+Bits: two builds in one process (a rank's clients, and all clients as one process
+builds them) on one CPU: the arrays are the same pool's samples, equal on any CPU."""
 
 import numpy as np
 import pytest

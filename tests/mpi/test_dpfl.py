@@ -1,6 +1,11 @@
 """DPFL under MPI: BGGC driven through ``pull`` gives GGC's sets and never hands
 a client more than B_c models in one batch (byte counters); a full run keeps
-every round within the budget and matches a one-rank run."""
+every round within the budget and matches a one-rank run.
+
+Bits: the exact comparisons are of counters and of the candidate and collaborator
+sets (booleans) of a run on every rank and the same run on rank 0 alone, in one job
+on one CPU with one thread (``run.threads=1``): both runs decide on the same CPU,
+whichever kind it is. Accuracies are compared within a tolerance."""
 
 from __future__ import annotations
 

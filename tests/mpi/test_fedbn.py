@@ -3,11 +3,11 @@ BatchNorm (3 clients, or one per rank, 3 rounds, the same batches): the shared
 part is the p-weighted average, each client keeps its BatchNorm parameters and
 running statistics; without BatchNorm FedBN is FedAvg bit for bit.
 
-Every bit-for-bit comparison here is of runs in one process or one job on one CPU
-with one thread count: client by client (``train.batched=off``) the ranks make the
-same torch calls on the same rows as one process, so it holds on AVX2 and AVX-512
-alike; batched, the stacked products of different client counts round apart, and
-those comparisons use a tolerance (docs/reliability.md)."""
+Bits: every bit-for-bit comparison here is of runs in one process or one job on one
+CPU with one thread count: client by client (``train.batched=off``) the ranks make
+the same torch calls on the same rows as one process, so it holds on AVX2 and
+AVX-512 alike; batched, the stacked products of different client counts round apart,
+and those comparisons use a tolerance (docs/reliability.md)."""
 
 import math
 

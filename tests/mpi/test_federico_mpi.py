@@ -3,6 +3,11 @@ by hand (plain torch autograd, explicit Adam), on every rank.
 
     mpiexec -n 2 python -m mpi4py -m pytest -x -q tests/mpi/test_federico_mpi.py
     mpiexec -n 4 python -m mpi4py -m pytest -x -q tests/mpi/test_federico_mpi.py
+
+Bits: the exact comparisons are of neighbour draws (integers), against the reference
+and between a run on one rank and on all, of traffic counters, and of each client's
+initial row against ``models.build`` with its seed (the same torch calls on one CPU:
+any kind). Losses, weights and accuracies are compared within tolerances.
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@ training data, the affinity update, the first-order model update and SGD on
 the rest of the training data.
 
     mpiexec -n 2 python -m mpi4py -m pytest -x -q tests/mpi/test_fedfomo.py
+
+Bits: the one exact comparison is of model counters (integers); weights and models
+are compared within tolerances.
 """
 
 from __future__ import annotations

@@ -2,7 +2,13 @@
 clients, or one per rank, 3 rounds, the same batches): FedPer's and LG-FedAvg's
 whole model trains, the shared layers are averaged and the others stay with each
 client (with no personal part both are FedAvg bit for bit); FedBABU's body trains
-under a frozen initial head and is fine-tuned whole at evaluation."""
+under a frozen initial head and is fine-tuned whole at evaluation.
+
+Bits: FedPer and LG-FedAvg without a personal part against FedAvg compare two runs
+in one job, on one CPU, at the thread count the test names (``threads``): the same
+training path and sums on the same rows, so it holds on AVX2 and AVX-512 alike.
+FedBABU's head against h^0 and the state before and after an evaluation are copies,
+equal on any CPU. The comparisons with the references use tolerances."""
 
 import numpy as np
 import pytest

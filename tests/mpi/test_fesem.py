@@ -2,6 +2,9 @@
 assigned centre, E-step (nearest centre by L2), M-step (p-weighted mean).
 
     mpiexec -n 2 python -m mpi4py -m pytest -x -q tests/mpi/test_fesem.py
+
+Bits: the exact comparisons are of cluster assignments (integers); distances and
+centres are compared within tolerances.
 """
 
 from __future__ import annotations

@@ -1,6 +1,13 @@
 """cnn_dpfl on the fused conv kernel (mpifl.train.fused) under MPI: the same bits on
 every rank count and on resume, the kernel named in the log, and torch's kernels
-where asked."""
+where asked.
+
+Bits: the runs compared bit for bit (on every rank, on one rank, resumed; torch's
+kernels where one rank cannot build the fused one, against a torch run) are runs of
+one job on one CPU, one thread per rank (``run.threads=1``), batched; the fused
+kernel is compiled for that CPU (``-march=native``): they agree on whichever x86
+kind runs them all, not between kinds. The fused and torch's kernels are asserted to
+differ in the last bits, and compared within a tolerance."""
 
 from pathlib import Path
 

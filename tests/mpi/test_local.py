@@ -1,7 +1,12 @@
 """Local, both protocols, against a plain single-process torch reference on the
 same batches: every client every round (default), or with ``local.sampled_only``
 only the clients each round's draw samples (FL-bench's Local-only), under any
-number of ranks."""
+number of ranks.
+
+Bits: ``local.sampled_only`` with every client sampled is compared bit for bit with
+plain Local: two runs in one job on one CPU at one thread count, on the same
+training path and rows, so it holds on AVX2 and AVX-512 alike. The comparisons with
+the reference use tolerances."""
 
 import numpy as np
 import pytest

@@ -1,6 +1,10 @@
 """Logging under MPI: compact N x N storage gathered from every rank reads
 back as the dense log does; ``log.every`` thins rows without changing results; every
-log records its provenance (mpifl.run.provenance)."""
+log records its provenance (mpifl.run.provenance).
+
+Bits: the one exact comparison is of Local's mixing rows read back as the identity
+(stored values, no arithmetic): any CPU. Compact against dense logs is compared
+within tolerances."""
 
 import json
 

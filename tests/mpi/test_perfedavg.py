@@ -1,6 +1,9 @@
 """Per-FedAvg (FO and HF) under MPI equals a plain single-process reference of
 the paper's equations (3 clients, 2 rounds, the same batches), and its
-evaluation is the one-step adaptation on a copy."""
+evaluation is the one-step adaptation on a copy.
+
+Bits: the one exact comparison is of the state before and after an evaluation
+(copies): any CPU. The comparisons with the reference use tolerances."""
 
 import numpy as np
 import pytest

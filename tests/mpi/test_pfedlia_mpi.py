@@ -2,6 +2,11 @@
 the ring verb's accounting, and a run's clusters do not depend on the ranks.
 
     mpiexec -n 3 python -m mpi4py -m pytest -x -q tests/mpi/test_pfedlia_mpi.py
+
+Bits: the exact comparisons are of a visited block's first column (client ids stored
+as floats: copies), of traffic counters, and of the clusters and collaborator sets
+(integers, booleans) of a run on every rank and the same run on rank 0 alone, in one
+job on one CPU. Influences are compared within tolerances.
 """
 
 import h5py

@@ -2,7 +2,11 @@
 stops every rank with the same StorageError instead of leaving the others in a
 collective; the published checkpoint and the committed rounds stay, no
 temporary file is left, and running again finishes the log an undisturbed run
-writes. (tests/test_disk_full.py does this with a real full disk.)"""
+writes. (tests/test_disk_full.py does this with a real full disk.)
+
+Bits: a log finished after a refused write is compared bit for bit with an
+undisturbed run's: runs of one job with the same settings on one CPU, so it holds on
+whichever x86 kind runs both."""
 
 import io
 import re
