@@ -28,7 +28,8 @@ In round t each sampled client i (Algorithm 1)
 
 eta = ``fedala.eta``, s = ``fedala.rand_percent``, p = ``fedala.layers``.
 Clients are evaluated on their own theta_i (Algorithm 1's output, the trained
-local models).
+local models), or with ``fedala.evaluate=adapted`` on the theta^_i their ALA makes
+from the new global model (what the authors' code and PFLlib report).
 
     python -m mpifl.main jobs/quickstart.yaml algorithm.name=fedala fedala.layers=1 fedala.rand_percent=80
 
@@ -59,6 +60,12 @@ Choices where the paper leaves room:
   PFLlib has no bound.
 - W_i steps by plain gradient descent at eta, whatever ``train.optimizer``; a
   client's optimizer restarts for its local training every round, as FedAvg's.
+- The paper does not say which model its accuracies are of. ``trained`` (the
+  default) evaluates theta_i, as mpifl's other personalized methods evaluate the
+  model a client trained; ``adapted`` evaluates, for every client, the theta^_i of
+  an ALA from Theta^{t+1} (one epoch of W, a start phase for a client that has not
+  had one) run on copies of W_i, as PFLlib's ``serverala.py:26-31`` evaluates after
+  ``send_models``; nothing of it is kept, its batches come from streams of their own.
 
 Batched: every training path; W's steps are an algorithm step (``mpifl.train.Step``)
 on the rank's adapting clients together, each on its own D_i^s, the start-phase
@@ -75,7 +82,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -106,6 +113,9 @@ class Params:
     threshold: float = 0.1  # start phase ends when the std of the last num_pre_loss losses is below (authors': 0.1)
     num_pre_loss: int = 10  # losses that std is taken over (authors' code: 10)
     start_limit: int = 100  # at most this many epochs of W in the start phase (the paper has no bound)
+    # the model each client is evaluated on: trained = theta_i after local training (Algorithm 1's
+    # output); adapted = theta^_i from the new global model (the authors' code's and PFLlib's)
+    evaluate: str = "trained"
 
     def validate(self, cfg: Config) -> None:
         check(self.eta >= 0 and math.isfinite(self.eta), "eta", self.eta, "must be a finite number >= 0")
@@ -116,6 +126,7 @@ class Params:
         check(1 <= self.num_pre_loss <= 1000, "num_pre_loss", self.num_pre_loss, "must be an integer in [1, 1000]")
         # every epoch of it passes over the client's data: bounded, so 10^18 is refused rather than run forever
         check(1 <= self.start_limit <= 10000, "start_limit", self.start_limit, "must be an integer in [1, 10000]")
+        check(self.evaluate in ("trained", "adapted"), "evaluate", self.evaluate, "must be one of trained, adapted")
 
 
 @dataclass
@@ -142,15 +153,16 @@ def init(ctx: Context) -> State:
                  started=np.zeros(c.n, bool), top=top, groups=groups)
 
 
-def ala_subsets(ctx: Context, mine: np.ndarray, t: int) -> list[np.ndarray]:
-    """D_i^s of each client ``mine`` (positions) for round t: indices into the rank's samples."""
+def ala_subsets(ctx: Context, mine: np.ndarray, t: int, purpose: str) -> list[np.ndarray]:
+    """D_i^s of each client ``mine`` (positions) for round t, from the stream of
+    ``purpose``: indices into the rank's samples."""
     c, s = ctx.clients, ctx.params.rand_percent
     out = []
     for k in mine:
         lo, hi = c.split_range(int(k), "train")
         m = max(1, (hi - lo) * s // 100) if hi > lo else 0
-        pick = ctx.rng(t, int(c.ids[k]), "fedala/sample").choice(hi - lo, m, replace=False) if m else np.zeros(0, int)
-        out.append(lo + np.sort(pick))
+        g = ctx.rng(t, int(c.ids[k]), f"{purpose}/sample")
+        out.append(lo + np.sort(g.choice(hi - lo, m, replace=False) if m else np.zeros(0, np.int64)))
     return out
 
 
@@ -176,22 +188,24 @@ def converged(losses: list[float], f: Params) -> bool:
     return len(losses) >= f.num_pre_loss and float(np.std(losses[-f.num_pre_loss:])) < f.threshold
 
 
-def adapt(ctx: Context, state: State, mine: np.ndarray, t: int) -> tuple[torch.Tensor, np.ndarray]:
-    """ALA for clients ``mine`` (positions): (theta^ rows [n_local, P], Theta in the
+def adapt(ctx: Context, state: State, mine: np.ndarray, t: int,
+          purpose: str = "fedala") -> tuple[torch.Tensor, np.ndarray]:
+    """ALA for clients ``mine`` (positions), updating ``state.W`` and ``state.started``
+    (batches from the streams of ``purpose``): (theta^ rows [n_local, P], Theta in the
     rows of the others; the epochs of W each client took)."""
     c, f, top = ctx.clients, ctx.params, state.top
     centre = state.model[top]
     d = c.params[:, top] - centre  # theta_i - Theta, [n_local, P_top]
     hat = state.model.repeat(c.n, 1)
     hat[:, top] = centre + d * (1 - state.W)  # a client before its start phase has W_i at ones (init)
-    subsets = dict(zip(mine.tolist(), ala_subsets(ctx, mine, t)))
+    subsets = dict(zip(mine.tolist(), ala_subsets(ctx, mine, t, purpose)))
     step = Step(weight_step(top, centre, f.eta), {"W": state.W, "d": d})
     epochs = np.zeros(c.n, np.int64)
     history: dict[int, list[float]] = {k: [] for k in subsets}
     active = mine
     with c.using(hat):
         for e in range(f.start_limit):
-            loss = c.train(active, 1, t, purpose=f"fedala/{e}", subsets=[subsets[k] for k in active.tolist()],
+            loss = c.train(active, 1, t, purpose=f"{purpose}/{e}", subsets=[subsets[k] for k in active.tolist()],
                            step=step)
             epochs[active] += 1
             for k, v in zip(active.tolist(), loss.tolist()):
@@ -226,4 +240,11 @@ def round(ctx: Context, state: State, t: int) -> Round:
 
 
 def evaluate(ctx: Context, state: State, t: int) -> dict[str, np.ndarray]:
-    return own_rows_metrics(ctx)
+    """Every client on theta_i, or (``fedala.evaluate=adapted``) on the theta^_i its ALA
+    makes from the new global model, run on copies of W_i and of the start-phase flags
+    (its batches from streams of their own): nothing of it is kept."""
+    if ctx.params.evaluate == "trained" or not len(state.top) or ctx.clients.n == 0:
+        return own_rows_metrics(ctx)
+    trial = replace(state, W=state.W.clone(), started=state.started.copy())
+    hat, _ = adapt(ctx, trial, np.arange(ctx.clients.n), t, "fedala-eval")
+    return own_rows_metrics(ctx, hat)

@@ -37,15 +37,16 @@ def run(cfg, mpi, rounds=ROUNDS):
     return serial_ref.run_rounds(cfg, mpi, rounds)
 
 
-def plain_ala(ref, model, theta, W, k, t, cols, started):
-    """Client k's theta^ and W after its ALA in round t, and the epochs it took."""
+def plain_ala(ref, model, theta, W, k, t, cols, started, purpose="fedala"):
+    """Client k's theta^ and W after its ALA in round t (batches of ``purpose``'s
+    streams), and the epochs it took."""
     c, f = ref.clients, ref.cfg.fedala
     lo, n = int(c.offsets[k, 0]), int(c.sizes[k, 0])
-    sub = lo + np.sort(rng(ref.cfg.run.seed, t, k, "fedala/sample").choice(n, max(1, n * f.rand_percent // 100),
-                                                                            replace=False))
+    sub = lo + np.sort(rng(ref.cfg.run.seed, t, k, f"{purpose}/sample").choice(n, max(1, n * f.rand_percent // 100),
+                                                                                replace=False))
     losses = []
     for e in range(f.start_limit):
-        plan = c.plan(np.array([k]), 1, t, f"fedala/{e}", subsets=[sub])
+        plan = c.plan(np.array([k]), 1, t, f"{purpose}/{e}", subsets=[sub])
         total = seen = 0.0
         for s in range(plan.steps):
             idx = plan.idx[0, s]
@@ -88,14 +89,14 @@ def plain_fedala(cfg, rounds):
                 started.add(k)
             theta[k] = serial_ref.sgd(c, start, k, t, cfg.train.local_epochs, cfg.train.lr)
         model = average(ref, {k: theta[k] for k in sampled})
-    return model, theta, W, epochs, sampled
+    return model, theta, W, epochs, started
 
 
 @pytest.mark.parametrize(("batched", "layers"), [("on", 1), ("off", 1), ("on", 2)])
 def test_fedala_matches_plain_torch(mpi, batched, layers):
     cfg = make_cfg(mpi, **{"train.batched": batched, "fedala.layers": layers})
     ctx, _, state, outs = run(cfg, mpi)
-    model, theta, W, epochs, sampled = plain_fedala(cfg, ROUNDS)
+    model, theta, W, epochs, _ = plain_fedala(cfg, ROUNDS)
     torch.testing.assert_close(state.model, model, rtol=1e-4, atol=1e-5)
     for r, i in enumerate(ctx.comm.local_ids):
         torch.testing.assert_close(ctx.clients.params[r], theta[int(i)], rtol=1e-4, atol=1e-5)
@@ -113,6 +114,29 @@ def test_fedala_matches_plain_torch(mpi, batched, layers):
     assert first.max() <= f.start_limit and any(f.num_pre_loss <= e < f.start_limit for e in first)
     # round 3: one epoch for a client past its start phase (a client first sampled now starts it)
     assert 1 in serial_ref.gathered(ctx, outs[2].extras["ala_epochs"])
+
+
+@pytest.mark.parametrize("batched", ["on", "off"])
+def test_the_adapted_evaluation_is_alas_model_from_the_new_global_model_and_keeps_nothing(mpi, batched):
+    """``fedala.evaluate=adapted``: every client's theta^ from Theta^{t+1} (a start
+    phase for those never sampled), on copies: W, the flags and the rows stay."""
+    cfg = make_cfg(mpi, **{"train.batched": batched, "fedala.evaluate": "adapted"})
+    ctx, algo, state, _ = run(cfg, mpi)
+    before = (ctx.clients.params.clone(), state.W.clone(), state.started.copy())
+    got = algo.evaluate(ctx, state, ROUNDS - 1)
+    assert torch.equal(ctx.clients.params, before[0]) and torch.equal(state.W, before[1])
+    assert np.array_equal(state.started, before[2])
+    model, theta, W, _, started = plain_fedala(cfg, ROUNDS)
+    ref = make_ctx(cfg, solo())
+    cols = columns(ref.clients, cfg.fedala.layers)
+    hats = torch.stack([plain_ala(ref, model, theta[k], W[k], k, ROUNDS - 1, cols, k in started, "fedala-eval")[0]
+                        for k in range(ref.N)])
+    loss, acc = ref.clients.evaluate("test", hats)
+    ids = ctx.comm.local_ids
+    np.testing.assert_allclose(got["test_loss"], loss[ids], rtol=1e-4)
+    np.testing.assert_allclose(got["test_acc"], acc[ids], atol=1e-6)
+    ctx.cfg.fedala.evaluate = "trained"  # the default: theta_i, another model
+    assert not np.allclose(algo.evaluate(ctx, state, ROUNDS - 1)["test_loss"], got["test_loss"])
 
 
 @pytest.mark.parametrize("batched", ["on", "off"])
