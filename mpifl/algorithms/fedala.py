@@ -60,6 +60,9 @@ Choices where the paper leaves room:
   PFLlib has no bound.
 - W_i steps by plain gradient descent at eta, whatever ``train.optimizer``; a
   client's optimizer restarts for its local training every round, as FedAvg's.
+  W's forward passes normalise a BatchNorm model's batches by their own statistics
+  and leave the client's running statistics as they were (PFLlib's ALA trains a
+  copy of the model).
 - The paper does not say which model its accuracies are of. ``trained`` (the
   default) evaluates theta_i, as mpifl's other personalized methods evaluate the
   model a client trained; ``adapted`` evaluates, for every client, the theta^_i of
@@ -203,6 +206,7 @@ def adapt(ctx: Context, state: State, mine: np.ndarray, t: int,
     epochs = np.zeros(c.n, np.int64)
     history: dict[int, list[float]] = {k: [] for k in subsets}
     active = mine
+    stats = c.buffers.clone() if c.layout.B else None
     with c.using(hat):
         for e in range(f.start_limit):
             loss = c.train(active, 1, t, purpose=f"{purpose}/{e}", subsets=[subsets[k] for k in active.tolist()],
@@ -214,6 +218,8 @@ def adapt(ctx: Context, state: State, mine: np.ndarray, t: int,
                               np.int64)
             if not len(active):
                 break
+    if stats is not None:  # W's passes leave BatchNorm's running statistics as they were (PFLlib's ALA runs a copy)
+        c.buffers.copy_(stats)
     state.started[mine] = True
     return hat, epochs
 

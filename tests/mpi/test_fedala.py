@@ -14,7 +14,7 @@ import pytest
 import serial_ref
 import torch
 from plain_ref import fedavg as average
-from serial_ref import loss_of, make_ctx
+from serial_ref import bn_ctx, loss_of, make_ctx
 
 from mpifl.algorithms import fedala
 from mpifl.comm import solo
@@ -137,6 +137,27 @@ def test_the_adapted_evaluation_is_alas_model_from_the_new_global_model_and_keep
     np.testing.assert_allclose(got["test_acc"], acc[ids], atol=1e-6)
     ctx.cfg.fedala.evaluate = "trained"  # the default: theta_i, another model
     assert not np.allclose(algo.evaluate(ctx, state, ROUNDS - 1)["test_loss"], got["test_loss"])
+
+
+@pytest.mark.parametrize("batched", ["on", "off"])
+def test_alas_passes_leave_batchnorm_statistics_alone(mpi, batched):
+    """On an MLP with BatchNorm, W's epochs (a round's start phase, the adapted
+    evaluation) change no running statistic; local training does."""
+    cfg = make_cfg(mpi, **{"train.batched": batched, "fedala.evaluate": "adapted"})
+    ctx = bn_ctx(cfg, mpi)
+    state = fedala.init(ctx)
+    fedala.round(ctx, state, 0)
+    for t in (1, 2):
+        before = ctx.clients.buffers.clone()
+        mine = ctx.local_of(ctx.sample(t, cfg.algorithm.fraction))
+        fedala.adapt(ctx, state, mine, t)
+        assert torch.equal(ctx.clients.buffers, before)
+        fedala.evaluate(ctx, state, t)
+        assert torch.equal(ctx.clients.buffers, before)
+    assert serial_ref.gathered(ctx, state.started).any()
+    fedala.round(ctx, state, 3)
+    moved = ~torch.isclose(ctx.clients.buffers, before).all(1)
+    assert moved.any() == bool(len(ctx.local_of(ctx.sample(3, cfg.algorithm.fraction))))
 
 
 @pytest.mark.parametrize("batched", ["on", "off"])
