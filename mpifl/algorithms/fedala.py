@@ -35,13 +35,13 @@ from the new global model (what the authors' code and PFLlib report).
 
 Reductions: ``fedala.layers=0`` (no layer adapts) and ``fedala.eta=0`` (W_i stays
 at ones, theta^_i = Theta) are FedAvg bit for bit: theta^_i is computed as
-Theta + (theta_i - Theta) (.) (1 - W_i), the same sum reordered, which is Theta
+Theta + (theta_i - Theta) (.) (1 - W_i), algebraically the same, which is Theta
 exactly at W = 1 (tests/mpi/test_fedala.py).
 
 Choices where the paper leaves room:
 
 - A layer is a module holding parameters of its own, counted from the output, as
-  FedPer's (``fedper.layers``); the default p = 1 is the classifier, the paper's
+  FedPer's (``mpifl.algorithms.fedper.layers``); the default p = 1 is the classifier, the paper's
   p = 1 (PFLlib's ``-p 2`` counts its weight and bias tensors, ``main.py``'s
   "more fine-grained than its original paper").
 - Sampling and weights are FedAvg's (``algorithm.fraction``, p-weighted); only the
@@ -63,7 +63,7 @@ Choices where the paper leaves room:
   W's forward passes normalise a BatchNorm model's batches by their own statistics
   and leave the client's running statistics as they were (PFLlib's ALA trains a
   copy of the model).
-- The paper does not say which model its accuracies are of. ``trained`` (the
+- Which model is evaluated is mpifl's choice (``fedala.evaluate``). ``trained`` (the
   default) evaluates theta_i, as mpifl's other personalized methods evaluate the
   model a client trained; ``adapted`` evaluates, for every client, the theta^_i of
   an ALA from Theta^{t+1} (one epoch of W, a start phase for a client that has not
