@@ -118,6 +118,13 @@ METHODS: dict[str, tuple[str, dict[str, str | float | int | Callable[[dict], obj
     # clientamp.py:42: (lam/alpha)/2 x the norm, not its square, of w - u (mpifl: the paper's
     # square); serveramp.py:84-91 weighs the previous round's uploads (the same set at -jr 1)
     "fedamp": ("FedAMP", {"-alk": "fedamp.alpha", "-lam": "fedamp.lam", "-sg": "fedamp.sigma"}),
+    # PFLlib's -p (layer_idx) counts parameter tensors, mpifl's fedala.layers modules: a Linear
+    # is two (weight, bias). Its threshold 0.1 and num_pre_loss 10 are fixed (ALA's defaults,
+    # clientala.py:17 passes neither), mpifl's defaults. serverala.py:73 runs ALA on every
+    # client every round (the paper: the sampled; the same at -jr 1), and serverala.py:26-31
+    # evaluates after it: the ALA-initialised models from Theta^R (mpifl: each client's trained model)
+    "fedala": ("FedALA", {"-et": "fedala.eta", "-s": "fedala.rand_percent",
+                          "-p": lambda flat: 2 * int(flat["fedala.layers"])}),
 }
 
 

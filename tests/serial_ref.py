@@ -4,12 +4,14 @@ the batches ``Clients.plan`` draws (the same indices the runtime trains on)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from helpers import DEVICE
+from torch import nn
 from torch.func import functional_call
 
 from mpifl import config, models
@@ -27,6 +29,17 @@ def make_ctx(cfg, mpi_comm) -> Context:
     model = models.build(cfg.model, data.in_shape, data.n_classes, cfg.run.seed)
     clients = Clients(model, data, cfg.train, DEVICE, cfg.run.seed)
     return Context(cfg, comm, clients, data)
+
+
+def bn_ctx(cfg, mpi_comm) -> Context:
+    """The clients of ``cfg`` on an MLP with one BatchNorm layer (the same initial
+    weights on every rank)."""
+    comm = Comm(cfg.data.n_clients, mpi_comm)
+    data = build(cfg.data, cfg.run.seed, comm.local_ids)
+    torch.manual_seed(cfg.run.seed)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(math.prod(data.in_shape), 8), nn.BatchNorm1d(8), nn.ReLU(),
+                          nn.Linear(8, data.n_classes))
+    return Context(cfg, comm, Clients(model, data, cfg.train, DEVICE, cfg.run.seed), data)
 
 
 def serial(cfg) -> Context:

@@ -9,23 +9,18 @@ the same torch calls on the same rows as one process, so it holds on AVX2 and
 AVX-512 alike; batched, the stacked products of different client counts round apart,
 and those comparisons use a tolerance (docs/reliability.md)."""
 
-import math
-
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import DEVICE
 from plain_ref import batch_indices, fedavg, valid
-from serial_ref import make_ctx
+from serial_ref import bn_ctx, make_ctx
 from torch import nn
 from torch.func import functional_call
 
 from mpifl import algorithms, config, models
 from mpifl.algorithms import fedbn
-from mpifl.algorithms.base import Context
-from mpifl.comm import Comm, solo
-from mpifl.data import build
+from mpifl.comm import solo
 from mpifl.train import Clients
 
 ROUNDS = 3
@@ -36,17 +31,6 @@ def make_cfg(mpi, **over) -> config.Config:
             "data.partition": "dirichlet", "data.dirichlet_alpha": 0.5, "train.local_epochs": 2,
             "train.batch_size": 16, "train.lr": 0.1, "algorithm.fraction": 0.67, "algorithm.name": "fedbn", **over}
     return config.load(None, [f"{k}={v}" for k, v in args.items()])
-
-
-def bn_ctx(cfg, mpi_comm) -> Context:
-    """The clients of ``cfg`` on an MLP with one BatchNorm layer (the same initial
-    weights on every rank)."""
-    comm = Comm(cfg.data.n_clients, mpi_comm)
-    data = build(cfg.data, cfg.run.seed, comm.local_ids)
-    torch.manual_seed(cfg.run.seed)
-    model = nn.Sequential(nn.Flatten(), nn.Linear(math.prod(data.in_shape), 8), nn.BatchNorm1d(8), nn.ReLU(),
-                          nn.Linear(8, data.n_classes))
-    return Context(cfg, comm, Clients(model, data, cfg.train, DEVICE, cfg.run.seed), data)
 
 
 def forward(c: Clients, row: torch.Tensor, bufs: torch.Tensor, idx: np.ndarray, train: bool) -> torch.Tensor:
