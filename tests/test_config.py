@@ -48,7 +48,7 @@ def test_every_algorithm_module_is_registered_with_its_contract_and_section():
     from mpifl import algorithms
     from mpifl.algorithms.base import Algorithm
 
-    files = {m.name for m in pkgutil.iter_modules(algorithms.__path__)} - {"base", "head", "mixing", "state"}
+    files = {m.name for m in pkgutil.iter_modules(algorithms.__path__)} - algorithms.NOT_ALGORITHMS
     assert set(algorithms.NAMES) == {f for f in files if not f.startswith("_")}
     assert typing.get_type_hints(config.AlgorithmConfig)["name"] is str  # the schema knows no algorithm
     assert f"one of {', '.join(algorithms.NAMES)} |" in config.reference()  # the registry's names, documented

@@ -127,6 +127,34 @@ def test_lower_layers_never_import_the_config_runtime_or_tools():
             assert not bad, f"{m} imports {bad}"
 
 
+def borrowed(g: dict[str, set[str]], names: tuple[str, ...]) -> list[str]:
+    """``algorithm -> algorithm`` imports other than a variant's of its parent (the
+    name before its last ``_``: ``fedprox_ft`` of ``fedprox``); shared pieces come
+    from ``mpifl.algorithms.blocks``."""
+    pkg = "mpifl.algorithms."
+    out = []
+    for name in names:
+        parent = name.rsplit("_", 1)[0]
+        for dep in sorted(g.get(pkg + name, set())):
+            other = dep.removeprefix(pkg)
+            if dep.startswith(pkg) and other in names and other != parent:
+                out.append(f"{name} imports {other}")
+    return out
+
+
+def test_no_algorithm_imports_another_but_its_parent():
+    from mpifl import algorithms
+
+    assert borrowed(graph(), algorithms.NAMES) == []
+
+
+def test_the_borrowing_check_sees_a_helper_taken_from_another_algorithm():
+    g = {"mpifl.algorithms.fedfomo": {"mpifl.algorithms.federico", "mpifl.algorithms.blocks"},
+         "mpifl.algorithms.fedprox_ft": {"mpifl.algorithms.fedprox"}}
+    names = ("fedfomo", "federico", "fedprox", "fedprox_ft")
+    assert borrowed(g, names) == ["fedfomo imports federico"]
+
+
 def test_the_top_level_holds_the_commands_and_shared_pieces_only():
     """Everything else sits in a package named for its job (README, Layout)."""
     top = sorted(p.name for p in PKG.glob("*.py"))

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from mpifl.algorithms.base import Algorithm
     from mpifl.config.sections import ConfigBase
 
-NOT_ALGORITHMS = {"base", "head", "mixing", "state"}  # shared parts, not algorithms
+NOT_ALGORITHMS = {"base", "blocks", "head", "mixing", "shared_params", "state"}  # shared parts, not algorithms
 
 # the order of the README's table: these baselines first, then alphabetical
 _FIRST = ("local", "fedavg", "fedavg_ft", "oracle")

@@ -51,8 +51,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from mpifl.algorithms import fedavg
-from mpifl.algorithms.base import Context, Round, own_rows_metrics, sampled_weights
+from mpifl.algorithms.base import Context, Round
+from mpifl.algorithms.blocks import local_update, own_rows_metrics, sampled_weights
 from mpifl.algorithms.mixing import Shared
 from mpifl.algorithms.state import per_client
 from mpifl.errors import check
@@ -103,7 +103,7 @@ def mixture(state: State, w: torch.Tensor) -> torch.Tensor:
 def round(ctx: Context, state: State, t: int) -> Round:
     c = ctx.clients
     sampled = ctx.sample(t, ctx.cfg.algorithm.fraction)
-    _, loss = fedavg.local_update(ctx, state.model, sampled, t, step=_step(ctx, state))
+    _, loss = local_update(ctx, state.model, sampled, t, step=_step(ctx, state))
     row, w = sampled_weights(ctx, sampled)
     state.model = ctx.comm.weighted_sum(c.params, w)
     return Round(train_loss=loss, mixing=Shared(row), extras={"alpha": state.alpha.cpu().numpy().copy()})

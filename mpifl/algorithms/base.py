@@ -3,9 +3,8 @@
 An algorithm is a module of this package satisfying :class:`Algorithm`; it gets
 a :class:`Context` and returns a :class:`Round` each round. It talks to other
 ranks only through ``ctx.comm`` (never mpi4py) and writes nothing itself: what it
-returns is logged by the runtime. The FedAvg building blocks many methods share
-(the sampled clients' weights, FedAvg within groups, whether a round evaluates,
-the clients' own-row metrics) are here too.
+returns is logged by the runtime. The building blocks algorithms share are in
+:mod:`mpifl.algorithms.blocks`.
 """
 
 from __future__ import annotations
@@ -14,9 +13,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
-import torch
 
-from mpifl.algorithms.mixing import Dense, Mixing
+from mpifl.algorithms.mixing import Mixing
 from mpifl.config.sections import sampled_count
 from mpifl.data import FederatedData
 from mpifl.rng import GLOBAL, rng
@@ -123,41 +121,3 @@ class Algorithm(Protocol):
 def evaluates(cfg: Config, t: int) -> bool:
     """Whether round t evaluates (``run.eval_every``, and always the last round)."""
     return (t + 1) % cfg.run.eval_every == 0 or t == cfg.run.rounds - 1
-
-
-def sampled_weights(ctx: Context, sampled: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """FedAvg's weights: (row [N]: p normalised over the ``sampled`` clients, 0
-    elsewhere, the same on every rank; this rank's share of it [n_local], the
-    weights of its rows in ``ctx.comm.weighted_sum``)."""
-    row = np.zeros(ctx.N)
-    row[sampled] = ctx.p[sampled] / ctx.p[sampled].sum()
-    return row, row[ctx.comm.local_ids]
-
-
-def group_weights(ctx: Context, groups: np.ndarray, sampled: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """FedAvg inside groups: (weights [N]: p normalised within each group's
-    ``sampled`` members, 0 elsewhere; this rank's share [n_local]) for
-    ``ctx.comm.grouped_sum`` with ``groups`` ([N] ids, the same on every rank)."""
-    w = np.zeros(ctx.N)
-    for k in np.unique(groups[sampled]):
-        s = sampled[groups[sampled] == k]
-        w[s] = ctx.p[s] / ctx.p[s].sum()
-    return w, w[ctx.comm.local_ids]
-
-
-def own_rows_metrics(ctx: Context, params: torch.Tensor | None = None) -> dict[str, np.ndarray]:
-    """val/test loss and accuracy of each client's own row (or one shared model)."""
-    out = {}
-    for split in ("val", "test"):
-        loss, acc = ctx.clients.evaluate(split, params)
-        out[f"{split}_loss"], out[f"{split}_acc"] = loss, acc
-    return out
-
-
-def identity_rows(ctx: Context) -> Dense:
-    """This rank's rows of the identity, sparse ``[n_local, N]`` (no dense
-    ``n_local x N`` array at large N; ``.densify()`` gives the dense one)."""
-    from scipy import sparse  # here: a run whose algorithm makes no sparse rows never loads it
-
-    n = ctx.comm.n_local
-    return Dense(sparse.csr_matrix((np.ones(n, np.float32), (np.arange(n), ctx.comm.local_ids)), shape=(n, ctx.N)))

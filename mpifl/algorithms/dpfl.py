@@ -72,7 +72,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from mpifl.algorithms.base import Context, Round, evaluates, own_rows_metrics
+from mpifl.algorithms.base import Context, Round, evaluates
+from mpifl.algorithms.blocks import own_rows_metrics
 from mpifl.algorithms.mixing import Dense
 from mpifl.algorithms.state import per_client
 from mpifl.errors import ConfigError, check

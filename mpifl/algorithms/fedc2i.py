@@ -55,7 +55,8 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import torch
 
-from mpifl.algorithms.base import Context, Round, identity_rows, own_rows_metrics
+from mpifl.algorithms.base import Context, Round
+from mpifl.algorithms.blocks import identity_rows, own_rows_metrics
 from mpifl.algorithms.head import Head, find_head
 from mpifl.algorithms.mixing import Dense
 from mpifl.algorithms.state import transient

@@ -50,7 +50,8 @@ import numpy as np
 import torch
 
 from mpifl import models
-from mpifl.algorithms.base import Context, Round, sampled_weights
+from mpifl.algorithms.base import Context, Round
+from mpifl.algorithms.blocks import sampled_weights
 from mpifl.algorithms.mixing import Shared
 from mpifl.algorithms.state import per_client
 from mpifl.errors import check

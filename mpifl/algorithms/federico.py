@@ -80,6 +80,7 @@ import torch
 
 from mpifl import models
 from mpifl.algorithms.base import Context, Round
+from mpifl.algorithms.blocks import sample_neighbours
 from mpifl.algorithms.mixing import Dense
 from mpifl.algorithms.state import per_client, transient
 from mpifl.errors import check
@@ -157,18 +158,6 @@ class State:
 
 
 # --------------------------------------------------------------------------- the steps
-
-
-def sample_neighbours(w: np.ndarray, i: int, k: int, eps: float, g: np.random.Generator) -> np.ndarray:
-    """Step 1 for client i: k ids != i, uniform with probability eps, else the k
-    largest ``w[j]``; one permutation of the others from ``g`` orders both cases
-    (it is the uniform draw and the tie-break of the top-k)."""
-    explore = g.random() < eps
-    others = np.delete(np.arange(len(w)), i)
-    perm = g.permutation(others)
-    if explore:
-        return perm[:k]
-    return perm[np.argsort(-w[perm], kind="stable")][:k]
 
 
 def ema(tracked: np.ndarray, ids: np.ndarray, losses: np.ndarray, beta: float) -> np.ndarray:

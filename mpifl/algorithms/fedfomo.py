@@ -50,8 +50,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from mpifl.algorithms.base import Context, Round, own_rows_metrics
-from mpifl.algorithms.federico import sample_neighbours
+from mpifl.algorithms.base import Context, Round
+from mpifl.algorithms.blocks import own_rows_metrics, sample_neighbours
 from mpifl.algorithms.mixing import Dense
 from mpifl.algorithms.state import per_client
 from mpifl.errors import check

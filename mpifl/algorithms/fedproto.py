@@ -59,7 +59,8 @@ import torch
 import torch.nn.functional as F
 from torch.func import vmap
 
-from mpifl.algorithms.base import Context, Round, identity_rows
+from mpifl.algorithms.base import Context, Round
+from mpifl.algorithms.blocks import identity_rows
 from mpifl.algorithms.head import Head, find_head
 from mpifl.algorithms.state import transient
 from mpifl.errors import check

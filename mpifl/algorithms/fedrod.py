@@ -43,8 +43,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mpifl.algorithms import fedavg
-from mpifl.algorithms.base import Context, Round, evaluates, own_rows_metrics, sampled_weights
+from mpifl.algorithms.base import Context, Round, evaluates
+from mpifl.algorithms.blocks import local_update, own_rows_metrics, sampled_weights
 from mpifl.algorithms.head import Head, find_head
 from mpifl.algorithms.mixing import Shared
 from mpifl.algorithms.state import per_client
@@ -92,7 +92,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
     sampled = ctx.sample(t, ctx.cfg.algorithm.fraction)
     n = ctx.comm.n_local
     bsm, seen = np.zeros(n), np.zeros(n)
-    mine, loss = fedavg.local_update(ctx, state.model, sampled, t, step=_step(ctx, state, bsm, seen))
+    mine, loss = local_update(ctx, state.model, sampled, t, step=_step(ctx, state, bsm, seen))
     bsm[mine] /= np.maximum(seen[mine], 1)
     bsm[np.setdiff1d(np.arange(n), mine)] = np.nan
     row, w = sampled_weights(ctx, sampled)

@@ -50,8 +50,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from mpifl.algorithms.base import Context, Round, group_weights, own_rows_metrics
-from mpifl.algorithms.fedavg import local_update
+from mpifl.algorithms.base import Context, Round
+from mpifl.algorithms.blocks import group_weights, local_update, own_rows_metrics
 from mpifl.algorithms.mixing import Grouped
 from mpifl.config.sections import sampled_count
 from mpifl.errors import ConfigError, check

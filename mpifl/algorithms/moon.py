@@ -49,8 +49,8 @@ import torch
 import torch.nn.functional as F
 from torch.func import vmap
 
-from mpifl.algorithms import fedavg
-from mpifl.algorithms.base import Context, Round, sampled_weights
+from mpifl.algorithms.base import Context, Round
+from mpifl.algorithms.blocks import evaluate_global, local_update, sampled_weights
 from mpifl.algorithms.head import Head, find_head
 from mpifl.algorithms.mixing import Shared
 from mpifl.algorithms.state import per_client, transient
@@ -143,7 +143,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
     sampled = ctx.sample(t, ctx.cfg.algorithm.fraction)
     con_sum, steps = np.zeros(comm.n_local), np.zeros(comm.n_local)
     step = make_step(ctx, state, con_sum, steps) if ctx.params.mu else None
-    mine, loss = fedavg.local_update(ctx, state.model, sampled, t, step=step)
+    mine, loss = local_update(ctx, state.model, sampled, t, step=step)
     trained = mine[np.isfinite(loss[mine])]  # a dropped update keeps its previous model
     k = torch.as_tensor(trained, device=c.device)
     state.prev[k] = c.params[k]
@@ -154,4 +154,4 @@ def round(ctx: Context, state: State, t: int) -> Round:
     return Round(train_loss=loss, mixing=Shared(row), extras={"contrastive": con})
 
 
-evaluate = fedavg.evaluate
+evaluate = evaluate_global

@@ -52,7 +52,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from mpifl.algorithms.base import Context, Round, own_rows_metrics
+from mpifl.algorithms.base import Context, Round
+from mpifl.algorithms.blocks import own_rows_metrics
 from mpifl.algorithms.mixing import Dense
 from mpifl.algorithms.state import per_client
 from mpifl.errors import check

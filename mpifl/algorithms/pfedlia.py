@@ -20,7 +20,7 @@ Lazy Influence Approximation (LIA) step, clustering, then FedAvg per cluster.
    influence (i is added if 2-means put it in the other one; counted in the
    ``lia_self_outside`` attribute).
 4. Training, in the same round and after: ``central`` = FedAvg inside each found
-   cluster (oracle's ``cluster_fedavg`` with the found labels). ``p2p``: the
+   cluster (``blocks.cluster_fedavg`` with the found labels). ``p2p``: the
    sampled clients train from their own model, then every client i sets its model
    to the p-weighted average of the models of ``S_i ∩ sampled`` (pulled
    point-to-point), keeping its own when that set is empty. The docs/algorithms.md
@@ -61,10 +61,9 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import torch
 
-from mpifl.algorithms import fedavg
-from mpifl.algorithms.base import Context, Round, own_rows_metrics
+from mpifl.algorithms.base import Context, Round
+from mpifl.algorithms.blocks import cluster_fedavg, own_rows_metrics, step
 from mpifl.algorithms.mixing import Dense
-from mpifl.algorithms.oracle import cluster_fedavg
 from mpifl.algorithms.state import per_client
 from mpifl.errors import ConfigError, check
 
@@ -143,7 +142,7 @@ def init(ctx: Context) -> State:
 def round(ctx: Context, state: State, t: int) -> Round:
     cfg = ctx.params
     if t < cfg.warmup_rounds:
-        state.model, out = fedavg.step(ctx, state.model, t, cfg.fraction)
+        state.model, out = step(ctx, state.model, t, cfg.fraction)
         return out
     once, attrs = {}, {}
     if t == cfg.warmup_rounds:
