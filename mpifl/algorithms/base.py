@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from mpifl.algorithms.mixing import Mixing
 from mpifl.config.sections import sampled_count
 from mpifl.data import FederatedData
+from mpifl.logging.mixing import Mixing
 from mpifl.rng import GLOBAL, rng
 from mpifl.train import Clients
 
@@ -80,7 +80,7 @@ class Round:
 
     def __post_init__(self) -> None:
         if self.mixing is not None and not isinstance(self.mixing, Mixing):
-            raise TypeError(f"Round.mixing must be a mpifl.algorithms.mixing.Mixing (Dense, Shared or Grouped), "
+            raise TypeError(f"Round.mixing must be a mpifl.logging.mixing.Mixing (Dense, Shared or Grouped), "
                             f"not {type(self.mixing).__name__}")
 
 

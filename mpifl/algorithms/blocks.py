@@ -36,10 +36,10 @@ import torch
 from torch import nn
 
 from mpifl.algorithms.base import Context, Round
-from mpifl.algorithms.mixing import Dense, Grouped, Shared
 from mpifl.algorithms.shared_params import AdaptiveParams
 from mpifl.algorithms.state import transient
 from mpifl.errors import ConfigError
+from mpifl.logging.mixing import Dense, Grouped, Shared
 from mpifl.train import Clients, NonFiniteError, Objective, Step
 
 

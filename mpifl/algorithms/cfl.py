@@ -61,8 +61,8 @@ import torch
 
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import group_weights, local_update, own_rows_metrics
-from mpifl.algorithms.mixing import Grouped
 from mpifl.errors import check
+from mpifl.logging.mixing import Grouped
 
 if TYPE_CHECKING:
     from mpifl.config.sections import ConfigBase as Config

@@ -74,9 +74,9 @@ import torch
 
 from mpifl.algorithms.base import Context, Round, evaluates
 from mpifl.algorithms.blocks import own_rows_metrics
-from mpifl.algorithms.mixing import Dense
 from mpifl.algorithms.state import per_client
 from mpifl.errors import ConfigError, check
+from mpifl.logging.mixing import Dense
 from mpifl.rng import GLOBAL
 
 if TYPE_CHECKING:

@@ -72,8 +72,8 @@ import torch
 
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import own_rows_metrics
-from mpifl.algorithms.mixing import Dense
 from mpifl.errors import check
+from mpifl.logging.mixing import Dense
 from mpifl.train import Objective
 
 if TYPE_CHECKING:

@@ -58,9 +58,9 @@ import torch
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import identity_rows, own_rows_metrics
 from mpifl.algorithms.head import Head, find_head
-from mpifl.algorithms.mixing import Dense
 from mpifl.algorithms.state import transient
 from mpifl.errors import check
+from mpifl.logging.mixing import Dense
 from mpifl.train import Clients, per_sample_loss
 
 if TYPE_CHECKING:

@@ -52,9 +52,9 @@ import torch
 
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import evaluate_global, local_update, sampled_weights
-from mpifl.algorithms.mixing import Shared
 from mpifl.algorithms.state import per_client
 from mpifl.errors import check
+from mpifl.logging.mixing import Shared
 from mpifl.train import Objective
 
 if TYPE_CHECKING:

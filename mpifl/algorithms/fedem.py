@@ -52,9 +52,9 @@ import torch
 from mpifl import models
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import sampled_weights
-from mpifl.algorithms.mixing import Shared
 from mpifl.algorithms.state import per_client
 from mpifl.errors import check
+from mpifl.logging.mixing import Shared
 from mpifl.rng import GLOBAL, rng
 from mpifl.train import Objective, loss_acc_from_probs, per_sample_loss
 

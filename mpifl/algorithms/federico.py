@@ -81,9 +81,9 @@ import torch
 from mpifl import models
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import sample_neighbours
-from mpifl.algorithms.mixing import Dense
 from mpifl.algorithms.state import per_client, transient
 from mpifl.errors import check
+from mpifl.logging.mixing import Dense
 from mpifl.train import loss_acc_from_probs, per_sample_loss
 from mpifl.train.evaluation import clients_per_chunk
 

@@ -52,9 +52,9 @@ import torch
 
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import own_rows_metrics, sample_neighbours
-from mpifl.algorithms.mixing import Dense
 from mpifl.algorithms.state import per_client
 from mpifl.errors import check
+from mpifl.logging.mixing import Dense
 from mpifl.train import per_sample_loss
 
 if TYPE_CHECKING:

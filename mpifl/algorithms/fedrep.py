@@ -45,9 +45,9 @@ import torch
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import download, own_rows_metrics, sampled_weights
 from mpifl.algorithms.head import Head, body_slices, find_head
-from mpifl.algorithms.mixing import Shared
 from mpifl.algorithms.state import transient
 from mpifl.errors import check
+from mpifl.logging.mixing import Shared
 from mpifl.train import Objective
 
 # one line each for the README's algorithm table (python -m mpifl.docs)

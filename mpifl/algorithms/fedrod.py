@@ -46,8 +46,8 @@ import torch.nn.functional as F
 from mpifl.algorithms.base import Context, Round, evaluates
 from mpifl.algorithms.blocks import local_update, own_rows_metrics, sampled_weights
 from mpifl.algorithms.head import Head, find_head
-from mpifl.algorithms.mixing import Shared
 from mpifl.algorithms.state import per_client
+from mpifl.logging.mixing import Shared
 from mpifl.train import RowOptimizer, Step, StepView
 
 # one line each for the README's algorithm table (python -m mpifl.docs)

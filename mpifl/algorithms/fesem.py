@@ -52,9 +52,9 @@ import torch
 
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import group_weights, local_update, own_rows_metrics
-from mpifl.algorithms.mixing import Grouped
 from mpifl.config.sections import sampled_count
 from mpifl.errors import ConfigError, check
+from mpifl.logging.mixing import Grouped
 from mpifl.rng import GLOBAL
 
 if TYPE_CHECKING:

@@ -52,9 +52,9 @@ from torch.func import vmap
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import evaluate_global, local_update, sampled_weights
 from mpifl.algorithms.head import Head, find_head
-from mpifl.algorithms.mixing import Shared
 from mpifl.algorithms.state import per_client, transient
 from mpifl.errors import check
+from mpifl.logging.mixing import Shared
 from mpifl.train import Step, StepView, per_sample_loss
 
 if TYPE_CHECKING:

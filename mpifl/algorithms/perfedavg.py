@@ -53,8 +53,8 @@ import torch
 
 from mpifl.algorithms.base import Context, Round, evaluates
 from mpifl.algorithms.blocks import GlobalModel, init_global, local_update, own_rows_metrics, sampled_weights
-from mpifl.algorithms.mixing import Shared
 from mpifl.errors import check
+from mpifl.logging.mixing import Shared
 from mpifl.train import Step, StepView
 
 if TYPE_CHECKING:

@@ -54,9 +54,9 @@ import torch
 
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import own_rows_metrics
-from mpifl.algorithms.mixing import Dense
 from mpifl.algorithms.state import per_client
 from mpifl.errors import check
+from mpifl.logging.mixing import Dense
 from mpifl.train import Step, StepView
 
 if TYPE_CHECKING:

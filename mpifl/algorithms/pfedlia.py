@@ -63,9 +63,9 @@ import torch
 
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import cluster_fedavg, own_rows_metrics, step
-from mpifl.algorithms.mixing import Dense
 from mpifl.algorithms.state import per_client
 from mpifl.errors import ConfigError, check
+from mpifl.logging.mixing import Dense
 
 if TYPE_CHECKING:
     from mpifl.config.sections import ConfigBase as Config

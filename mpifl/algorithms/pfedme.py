@@ -66,9 +66,9 @@ import torch
 
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import local_update, own_rows_metrics, sampled_weights
-from mpifl.algorithms.mixing import Shared
 from mpifl.algorithms.state import per_client
 from mpifl.errors import check
+from mpifl.logging.mixing import Shared
 from mpifl.train import Step, StepView
 
 if TYPE_CHECKING:

@@ -59,9 +59,9 @@ import torch
 
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import evaluate_global, local_update, sampled_weights
-from mpifl.algorithms.mixing import Shared
 from mpifl.algorithms.state import per_client
 from mpifl.errors import check
+from mpifl.logging.mixing import Shared
 from mpifl.train import Step, StepView
 
 if TYPE_CHECKING:

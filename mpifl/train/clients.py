@@ -28,7 +28,7 @@ from mpifl.train.mlp import StackedMLP, stacked_mlp
 from mpifl.train.objective import Objective, Step
 from mpifl.train.optimizer import RowOptimizer
 from mpifl.train.plan import SPLIT_INDEX, BatchPlan, gather, make_plan
-from mpifl.train.rowmodel import PerClient, RowModel, Vmap
+from mpifl.train.rowmodel import RowByRow, RowModel, Vmap
 from mpifl.train.rows import Rows, Snapshot, flat
 
 if TYPE_CHECKING:  # a type hint only: importing the schema (a leaf) would run the config package first
@@ -86,7 +86,7 @@ class Clients:
         self.batched = cfg.batched == "on" or (cfg.batched == "auto" and self.stacked is not None)
         self.needs_measuring = cfg.batched == "auto" and self.stacked is None
         self.path_times: tuple[float, float] | None = None  # (batched, loop) s, when measured
-        self._engines: dict[str, Engine] = {"per_client": PerClient(self.functional), "vmap": Vmap(self.functional)}
+        self._engines: dict[str, Engine] = {"row_by_row": RowByRow(self.functional), "vmap": Vmap(self.functional)}
         if self.stacked is not None:
             self._engines["stacked"] = StackedMLP(self.model, self.layout, self.stacked, device)
         if self.convnet is not None:
@@ -162,7 +162,7 @@ class Clients:
         row by row unless training is batched, else the stacked MLP kernels, grouped
         convolutions or vmap, whichever the model allows (the first of them)."""
         if not self.batched:
-            return self._engines["per_client"]
+            return self._engines["row_by_row"]
         if self.stacked is not None:
             return self._engines["stacked"]
         return self._engines["grouped" if self.convnet is not None else "vmap"]
