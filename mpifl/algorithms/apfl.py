@@ -56,7 +56,7 @@ from mpifl.algorithms.blocks import local_update, own_rows_metrics, sampled_weig
 from mpifl.algorithms.state import per_client
 from mpifl.errors import check
 from mpifl.logging.mixing import Shared
-from mpifl.train import RowOptimizer, Step, StepView
+from mpifl.train import Step, StepView
 
 if TYPE_CHECKING:
     from mpifl.config.sections import ConfigBase as Config
@@ -90,7 +90,7 @@ class State:
 
 def init(ctx: Context) -> State:
     c = ctx.clients
-    return State(model=c.init.clone(), v=c.init.repeat(c.n, 1), v_opt=c.opt.fresh_state(c.n),
+    return State(model=c.init.clone(), v=c.init.repeat(c.n, 1), v_opt=c.fresh_optimizer_state(c.n),
                  alpha=torch.full((c.n,), float(ctx.params.alpha), device=c.device))
 
 
@@ -116,7 +116,7 @@ def _step(ctx: Context, state: State) -> Step:
     c = ctx.clients
     lr = ctx.cfg.train.lr
     adaptive = ctx.params.adaptive
-    v_opt = RowOptimizer(c.cfg, 0, c.P, c.device, c.layout.cols, state=state.v_opt)
+    v_opt = c.optimizer(state=state.v_opt)
 
     def step(view: StepView, x: torch.Tensor, y: torch.Tensor, wt: torch.Tensor) -> torch.Tensor:
         w, v, alpha = view.params, view["v"], view["alpha"]

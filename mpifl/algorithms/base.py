@@ -18,18 +18,94 @@ from mpifl.config.sections import sampled_count
 from mpifl.data import FederatedData
 from mpifl.logging.mixing import Mixing
 from mpifl.rng import GLOBAL, rng
-from mpifl.train import Clients
 
 if TYPE_CHECKING:  # algorithms are imported by the config (their Params) before MPI is wanted
+    from collections.abc import Iterator
+    from contextlib import AbstractContextManager
+
+    import torch
+    from torch import nn
+
     from mpifl.comm import Comm
     from mpifl.config.sections import ConfigBase as Config
+    from mpifl.train import BatchPlan, Objective, RowOptimizer, Step
+
+
+class ClientsSurface(Protocol):
+    """What an algorithm may use of its rank's clients (``ctx.clients``, a
+    :class:`mpifl.train.Clients`): their rows, counts, training and evaluation, and
+    the hooks a custom step needs. The engine's internals (the optimizer, the
+    layout, the training path, the data tensors, the template model, the training
+    config) stay behind these; ``tests/test_structure.py`` holds every algorithm
+    module and ``blocks`` to this list. Each member's docstring is on ``Clients``."""
+
+    # the rows: [n_local, P] parameters, [n_local, B] float buffers, the common initial row [P]
+    n: int
+    P: int
+    ids: np.ndarray
+    device: torch.device
+    n_classes: int
+    sizes: np.ndarray  # [n_local, 3] samples per split (train, val, test)
+
+    @property
+    def init(self) -> torch.Tensor: ...
+    @property
+    def params(self) -> torch.Tensor: ...
+    @property
+    def buffers(self) -> torch.Tensor: ...
+    @property
+    def n_samples(self) -> int: ...
+    @property
+    def param_names(self) -> list[str]: ...
+    @property
+    def rows_at_once(self) -> bool: ...
+
+    # training, evaluation and what they count
+    def train(self, local: np.ndarray, epochs: int, round: int, purpose: str = "train",
+              subsets: list[np.ndarray] | None = None, objective: Objective | None = None,
+              step: Step | None = None, batch_size: int | None = None,
+              max_batches: int | None = None) -> np.ndarray: ...
+    def evaluate(self, split: str, params: torch.Tensor | None = None,
+                 local: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]: ...
+    def using(self, params: torch.Tensor,
+              opt_state: dict[str, torch.Tensor] | None = None) -> AbstractContextManager[None]: ...
+    def count(self, local: np.ndarray, steps: np.ndarray | int, samples: np.ndarray | int) -> None: ...
+
+    # the optimizer, through these only
+    def reset_optimizer(self, sel: torch.Tensor | slice = ...) -> None: ...
+    def fresh_optimizer_state(self, n: int) -> dict[str, torch.Tensor]: ...
+    def optimizer(self, width: int | None = None,
+                  state: dict[str, torch.Tensor] | None = None) -> RowOptimizer: ...
+    def apply_gradient(self, g: torch.Tensor) -> None: ...
+
+    # the model on rows, and the data in batches: the hooks of custom steps
+    def grads(self, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
+              local: np.ndarray | None = None,
+              bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def logits(self, params: torch.Tensor, x: torch.Tensor, local: np.ndarray | None = None) -> torch.Tensor: ...
+    def shared_logits(self, row: torch.Tensor, x: torch.Tensor, local: np.ndarray) -> torch.Tensor: ...
+    def parts(self, params: torch.Tensor) -> dict[str, torch.Tensor]: ...
+    def write_parts(self, out: torch.Tensor, parts: dict[str, torch.Tensor]) -> None: ...
+    def buffers_of(self, k: int) -> dict[str, torch.Tensor] | None: ...
+    def slices(self, names: list[str]) -> list[slice]: ...
+    def layers(self) -> list[tuple[str, nn.Module, list[str]]]: ...
+    def flatten(self, model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def plan(self, local: np.ndarray, epochs: int, round: int, purpose: str = "train",
+             batch_size: int | None = None, max_batches: int | None = None,
+             subsets: list[np.ndarray] | None = None) -> BatchPlan: ...
+    def batch(self, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+    def split_batches(self, split: str, local: np.ndarray | None = None
+                      ) -> Iterator[tuple[slice, np.ndarray, torch.Tensor, torch.Tensor, torch.Tensor]]: ...
+    def split_index(self, local: np.ndarray, split: str) -> np.ndarray: ...
+    def split_range(self, k: int, split: str) -> tuple[int, int]: ...
+    def relabel(self, k: int, perm: torch.Tensor) -> None: ...
 
 
 @dataclass
 class Context:
     cfg: Config
     comm: Comm
-    clients: Clients
+    clients: ClientsSurface
     data: FederatedData
 
     @property

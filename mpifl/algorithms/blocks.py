@@ -33,7 +33,6 @@ from typing import Literal, Protocol
 
 import numpy as np
 import torch
-from torch import nn
 
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.shared_params import AdaptiveParams
@@ -93,7 +92,7 @@ def download(ctx: Context, start: torch.Tensor, mine: np.ndarray, cols: torch.Te
             c.params[idx] = start if start.dim() == 1 else start[idx]
         else:
             c.params[idx[:, None], cols[None, :]] = start[cols]
-        c.opt.reset(idx)
+        c.reset_optimizer(idx)
         ctx.comm.count(mine, recv=(c.P if cols is None else len(cols)) * ctx.comm.itemsize, models=1)
 
 
@@ -258,7 +257,7 @@ class PartState:
 def part_state(c: Clients, personal_names: set[str]) -> PartState:
     """The state whose personal part is the named parameters (none: FedAvg)."""
     keep = torch.zeros(c.P, dtype=torch.bool, device=c.device)
-    for s in c.layout.slices(sorted(personal_names)):
+    for s in c.slices(sorted(personal_names)):
         keep[s] = True
     return PartState(model=c.init.clone(), shared=torch.nonzero(~keep).flatten(),
                      personal=torch.nonzero(keep).flatten())
@@ -292,23 +291,13 @@ def part_evaluate(ctx: Context, state: PartState, t: int) -> dict[str, np.ndarra
     return own_rows_metrics(ctx, rows)
 
 
-def layers(model: nn.Module) -> list[tuple[str, list[str]]]:
-    """(module name, its parameter names) of every module holding parameters of its own, in order."""
-    out = []
-    for name, mod in model.named_modules():
-        own = [f"{name}.{p}" if name else p for p, _ in mod.named_parameters(recurse=False)]
-        if own:
-            out.append((name, own))
-    return out
-
-
 def last_layers(ctx: Context, k: int, key: str) -> set[str]:
     """Parameter names of the model's last ``k`` layers; more than it has is refused, naming ``key``."""
-    found = layers(ctx.clients.model)
+    found = ctx.clients.layers()
     if k > len(found):
         raise ConfigError(f"{key}={k} is more than model.name={ctx.cfg.model.name!r}'s {len(found)} layers with "
                           f"parameters; allowed: at most {len(found)}", key)
-    return {n for _, names in found[len(found) - k:] for n in names} if k else set()
+    return {n for _, _, names in found[len(found) - k:] for n in names} if k else set()
 
 
 @dataclass

@@ -150,7 +150,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
         if len(extra):  # members not sampled: one update each, for the similarities only
             idx = torch.as_tensor(extra, device=c.device)
             c.params[idx] = start[idx]
-            c.opt.reset(idx)
+            c.reset_optimizer(idx)
             c.train(extra, ctx.cfg.train.local_epochs, t)
             comm.count(extra, recv=P * comm.itemsize, sent=P * comm.itemsize, models=1)
         V = comm.allgather_ids(c.params - start, members)

@@ -82,7 +82,7 @@ class State:
 
 def init(ctx: Context) -> State:
     c = ctx.clients
-    return State(model=c.init.clone(), personal=c.init.repeat(c.n, 1), personal_opt=c.opt.fresh_state(c.n))
+    return State(model=c.init.clone(), personal=c.init.repeat(c.n, 1), personal_opt=c.fresh_optimizer_state(c.n))
 
 
 def round(ctx: Context, state: State, t: int) -> Round:

@@ -132,7 +132,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
     centre = c.params.clone()
     centre[idx] = messages[torch.as_tensor(pos, device=c.device)]
     comm.count(mine, sent=P * comm.itemsize, recv=P * comm.itemsize, models=1)
-    c.opt.reset(idx)
+    c.reset_optimizer(idx)
     loss = np.full(comm.n_local, np.nan)
     loss[mine] = c.train(mine, ctx.cfg.train.local_epochs, t,
                          objective=Objective(prox_center=centre, prox_mu=f.lam / f.alpha))

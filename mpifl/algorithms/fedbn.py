@@ -59,14 +59,13 @@ MIXING_ROW = "p over sampled clients (all but BatchNorm)"
 State = PartState
 
 
-def batchnorm_names(model: nn.Module) -> set[str]:
-    """Names of the parameters of every BatchNorm layer of ``model``."""
-    return {f"{m}.{p}" if m else p for m, mod in model.named_modules()
-            if isinstance(mod, nn.modules.batchnorm._BatchNorm) for p, _ in mod.named_parameters(recurse=False)}
+def batchnorm_names(layers: list[tuple[str, nn.Module, list[str]]]) -> set[str]:
+    """Names of the parameters of every BatchNorm layer among ``layers`` (``Clients.layers()``)."""
+    return {n for _, mod, own in layers if isinstance(mod, nn.modules.batchnorm._BatchNorm) for n in own}
 
 
 def init(ctx: Context) -> PartState:
-    return part_state(ctx.clients, batchnorm_names(ctx.clients.model))
+    return part_state(ctx.clients, batchnorm_names(ctx.clients.layers()))
 
 
 def round(ctx: Context, state: PartState, t: int) -> Round:

@@ -203,8 +203,9 @@ def init_rows(ctx: Context) -> tuple[torch.Tensor, torch.Tensor]:
     each built by ``models.build`` with the client's own seed."""
     c, d = ctx.clients, ctx.data
     built = [models.build(ctx.cfg.model, d.in_shape, d.n_classes, init_seed(ctx, i)) for i in ctx.comm.local_ids]
-    params = torch.stack([c.layout.flatten(m) for m in built]).to(c.params)
-    buffers = torch.stack([c.layout.flatten_buffers(m) for m in built]).to(c.buffers)
+    rows = [c.flatten(m) for m in built]
+    params = torch.stack([p for p, _ in rows]).to(c.params)
+    buffers = torch.stack([b for _, b in rows]).to(c.buffers)
     return params, buffers
 
 
@@ -273,7 +274,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
     contributions = {r: {int(j): scaled[r, q] for q, j in enumerate(S[r])} for r in range(n)}
     G = comm.push(contributions, c.P, device=c.device)
     G = G + scaled[:, f.k]  # the owner's own term never leaves the client
-    c.params[:] = c.opt.step(slice(None), c.params, G)
+    c.apply_gradient(G)
     c.count(local, 1, (plan.idx[:, 0] >= 0).sum(1))  # one step, on batch 0 (the E-step's others: losses only)
 
     state.neighbours = S

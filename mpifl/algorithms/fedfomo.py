@@ -178,7 +178,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
             W[r, cands[r]] = w
             mixing[r] = 0.0
             mixing[r, cands[r]] = w
-    c.opt.reset(torch.as_tensor(mine, device=c.device))
+    c.reset_optimizer(torch.as_tensor(mine, device=c.device))
     loss = np.full(n, np.nan)
     loss[mine] = c.train(mine, ctx.cfg.train.local_epochs, t, subsets=[tr for tr, _ in parts])
     return Round(train_loss=loss, mixing=Dense(mixing),

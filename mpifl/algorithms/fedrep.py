@@ -85,7 +85,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
     sampled = ctx.sample(t, ctx.cfg.algorithm.fraction)
     mine = ctx.local_of(sampled)
     download(ctx, state.model, mine, body)
-    body_names = [n for n in c.layout.names if n not in state.head.names]
+    body_names = [n for n in c.param_names if n not in state.head.names]
     head_loss = np.full(comm.n_local, np.nan)
     with c.using(c.params):  # the head's own optimizer, fresh: same rows
         head_loss[mine] = c.train(mine, ctx.params.head_epochs, t, purpose="head",

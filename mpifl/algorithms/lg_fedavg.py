@@ -19,7 +19,7 @@ number of layers leaves no local part: FedAvg bit for bit.
 
 Choices where the paper leaves room:
 
-- A layer is a module holding parameters of its own (``blocks.layers``), counted
+- A layer is a module holding parameters of its own (``Clients.layers``), counted
   from the output; the default of 1 global layer (the classifier) is PFLlib's
   split (``model.head`` averaged, ``model.base`` local); the paper's global part
   is the top layers of its CNNs and MLPs, of a size it varies.
@@ -65,7 +65,7 @@ State = PartState
 def init(ctx: Context) -> State:
     c = ctx.clients
     shared = last_layers(ctx, ctx.params.global_layers, "lg_fedavg.global_layers")
-    return part_state(c, set(c.layout.names) - shared)
+    return part_state(c, set(c.param_names) - shared)
 
 
 def round(ctx: Context, state: State, t: int) -> Round:

@@ -115,7 +115,7 @@ def make_step(ctx: Context, state: State, con_sum: np.ndarray, steps: np.ndarray
         rp = head.features_of(c, state.prev[torch.as_tensor(rows, device=q.device)], x, rows)
         head.module.train()
         with torch.enable_grad():
-            if c.batched and not c.layout.B:
+            if c.rows_at_once:
                 leaves = {k: v.detach().requires_grad_(True) for k, v in c.parts(q).items()}
                 loss, con = batched(leaves, x, y, w, rg, rp)
                 g = list(torch.autograd.grad(loss.sum(), list(leaves.values())))
@@ -123,10 +123,10 @@ def make_step(ctx: Context, state: State, con_sum: np.ndarray, steps: np.ndarray
                 g, out = torch.empty_like(q), []
                 for i in range(len(rows)):
                     leaves = {k: v[0].detach().requires_grad_(True) for k, v in c.parts(q[i:i + 1]).items()}
-                    bufs = c.layout.unflatten_buffers(c.buffers[rows[i]]) if c.layout.B else None
+                    bufs = c.buffers_of(rows[i])
                     li, ci = one(leaves, x[i], y[i], w[i], rg[i], rp[i], bufs)
                     gi = torch.autograd.grad(li, list(leaves.values()))
-                    c.layout.write(g[i:i + 1], dict(zip(leaves, (t[None] for t in gi))))
+                    c.write_parts(g[i:i + 1], dict(zip(leaves, (t[None] for t in gi))))
                     out.append((li.detach(), ci.detach()))
                 loss, con = (torch.stack(v) for v in zip(*out))
         head.module.eval()

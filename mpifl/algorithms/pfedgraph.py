@@ -147,7 +147,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
     ids, P = comm.local_ids, c.P
     sampled = ctx.sample(t, ctx.cfg.algorithm.fraction)
     mine = ctx.local_of(sampled)
-    c.opt.reset(torch.as_tensor(mine, device=c.device))
+    c.reset_optimizer(torch.as_tensor(mine, device=c.device))
     loss = np.full(comm.n_local, np.nan)
     loss[mine] = c.train(mine, ctx.cfg.train.local_epochs, t,
                          step=regulariser_step(state.target, f.lam, state.has_target))

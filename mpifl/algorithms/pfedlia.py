@@ -179,7 +179,7 @@ def lia_models(ctx: Context, theta0: torch.Tensor, t: int) -> None:
         g = ctx.rng(t, int(c.ids[k]), "lia_batch")
         subsets.append(lo + np.sort(g.choice(hi - lo, min(cfg.lia_batch, hi - lo), replace=False)))
     c.params[:] = theta0
-    c.opt.reset()
+    c.reset_optimizer()
     c.train(np.arange(c.n), cfg.lia_epochs, t, purpose="lia", subsets=subsets)
 
 
@@ -267,7 +267,7 @@ def cluster(ctx: Context, state: State, t: int) -> tuple[dict, dict]:
             inside.append(ok)
         state.collaborators = np.array(masks, bool).reshape(comm.n_local, ctx.N)
         c.params[:] = theta0  # every client starts personal training from theta_0
-        c.opt.reset()
+        c.reset_optimizer()
         once["lia/collaborators"] = state.collaborators
         attrs["lia_self_outside"] = int(comm.allreduce_sum(float(len(inside) - sum(inside))))
         collab = comm.gather_rows(state.collaborators)  # rank 0, for the log only
@@ -305,7 +305,7 @@ def p2p_step(ctx: Context, state: State, t: int) -> Round:
     mine = ctx.local_of(sampled)
     loss = np.full(comm.n_local, np.nan)
     if len(mine):
-        c.opt.reset(torch.as_tensor(mine, device=c.device))
+        c.reset_optimizer(torch.as_tensor(mine, device=c.device))
         loss[mine] = c.train(mine, ctx.cfg.train.local_epochs, t)
     is_sampled = np.zeros(ctx.N, bool)
     is_sampled[sampled] = True
