@@ -4,8 +4,11 @@ variant named after its parent, ``fedprox_ft`` of ``fedprox``, may build on it).
 
 What to reach for:
 
+- one global model as the state: :class:`GlobalModel`, :func:`init_global`,
+  :func:`evaluate_global`;
 - a FedAvg round from one global model, with a local objective or a server
-  optimizer: :func:`step` (:func:`server_round` for a ``ServerState``);
+  optimizer: :func:`step` (:func:`server_round` for a :class:`ServerState`; Adam's
+  or Yogi's server step: :class:`ServerAdaptive`);
 - the sampled clients download a model and train: :func:`local_update`; only the
   download (a shared part, a personal start): :func:`download`;
 - the weights of an average: :func:`sampled_weights` (p over the sampled
@@ -16,7 +19,8 @@ What to reach for:
   :func:`part_evaluate` (the layers to split on: :func:`last_layers`);
 - evaluation: :func:`own_rows_metrics` (each client's own row, or one model),
   :func:`evaluate_global` (a state's global ``model``), :func:`finetuned_metrics`
-  (after local fine-tuning, training state untouched);
+  (after local fine-tuning, training state untouched; a global model fine-tuned
+  so, and the best one by validation: :class:`FineTuneState`, :func:`track_best`);
 - a mixing matrix of no collaboration: :func:`identity_rows`;
 - k neighbours of a client by weight, exploring with probability eps:
   :func:`sample_neighbours`.
