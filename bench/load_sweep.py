@@ -25,8 +25,8 @@ import yaml
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from mpifl import config  # noqa: E402
-from mpifl.algorithms.mixing import Dense  # noqa: E402
 from mpifl.logging.h5 import Writer  # noqa: E402
+from mpifl.logging.mixing import Dense  # noqa: E402
 from mpifl.results import load_sweep  # noqa: E402
 
 ALGOS = ("local", "fedavg", "oracle", "dpfl")

@@ -200,3 +200,14 @@ def n_params(model: nn.Module) -> int:
 
 def has_batchnorm(model: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
+def layers(model: nn.Module) -> list[tuple[str, nn.Module, list[str]]]:
+    """(name, module, its parameters' names) of every module of ``model`` holding
+    parameters of its own, from the input to the output."""
+    out = []
+    for name, mod in model.named_modules():
+        own = [f"{name}.{p}" if name else p for p, _ in mod.named_parameters(recurse=False)]
+        if own:
+            out.append((name, mod, own))
+    return out

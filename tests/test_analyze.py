@@ -21,10 +21,10 @@ import yaml
 
 from mpifl import analyze as an
 from mpifl import config
-from mpifl.algorithms.mixing import Dense
 from mpifl.analysis import plots, tables
 from mpifl.analysis import summary as sm
 from mpifl.logging.h5 import Writer, open_run
+from mpifl.logging.mixing import Dense
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = {

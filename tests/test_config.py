@@ -38,6 +38,18 @@ def test_readme_reference_is_current():
     assert config.reference() in README.read_text()
 
 
+def test_a_module_is_an_algorithm_by_what_it_defines_not_by_being_in_the_folder(tmp_path):
+    from mpifl import algorithms
+
+    (tmp_path / "helper.py").write_text("def step(ctx):\n    return None\n")
+    (tmp_path / "algo.py").write_text("from .blocks import GlobalModel as State, init_global as init\n"
+                                      "def round(ctx, state, t):\n    pass\n\nevaluate = round\n")
+    (tmp_path / "half.py").write_text("class State:\n    pass\n\ndef round(ctx, state, t):\n    pass\n")
+    (tmp_path / "_private.py").write_text((tmp_path / "algo.py").read_text())
+    assert algorithms._discover(tmp_path) == ("algo",)
+    assert algorithms.defines(tmp_path / "half.py") == {"State", "round"}  # a test of the package names it
+
+
 def test_every_algorithm_module_is_registered_with_its_contract_and_section():
     import dataclasses
     import importlib
@@ -48,8 +60,13 @@ def test_every_algorithm_module_is_registered_with_its_contract_and_section():
     from mpifl import algorithms
     from mpifl.algorithms.base import Algorithm
 
-    files = {m.name for m in pkgutil.iter_modules(algorithms.__path__)} - {"base", "head", "mixing", "state"}
-    assert set(algorithms.NAMES) == {f for f in files if not f.startswith("_")}
+    files = {m.name: Path(algorithms.__file__).parent / f"{m.name}.py"
+             for m in pkgutil.iter_modules(algorithms.__path__) if not m.name.startswith("_")}
+    half = {n: algorithms.defines(p) for n, p in files.items() if algorithms.defines(p) not in (set(),
+                                                                                               set(algorithms.CONTRACT))}
+    assert half == {}, "modules defining part of base.Algorithm (State, init, round, evaluate)"
+    assert set(algorithms.NAMES) == {n for n, p in files.items() if algorithms.defines(p)}
+    assert {"base", "blocks", "head", "mixing", "state"} & set(algorithms.NAMES) == set()
     assert typing.get_type_hints(config.AlgorithmConfig)["name"] is str  # the schema knows no algorithm
     assert f"one of {', '.join(algorithms.NAMES)} |" in config.reference()  # the registry's names, documented
     cfg = config.Config()

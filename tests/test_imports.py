@@ -67,10 +67,11 @@ def test_a_sweep_lists_and_writes_its_points_without_the_heavy_packages(tmp_path
 
 
 def training_code(mods: set[str]) -> list[str]:
-    """torch and the algorithm modules (the registry itself, ``mpifl.algorithms``, and
-    the sections it reads from their files, ``mpifl.algorithms._declared``, are not)."""
-    return sorted(m for m in mods if m == "torch" or (m.startswith("mpifl.algorithms.")
-                                                      and not m.startswith("mpifl.algorithms._declared")))
+    """torch and the algorithm modules (the registry itself, ``mpifl.algorithms``, the
+    sections it reads from their files, ``mpifl.algorithms._declared``, and the light
+    sections several share, ``mpifl.algorithms.shared_params``, are not)."""
+    light = ("mpifl.algorithms._declared", "mpifl.algorithms.shared_params")
+    return sorted(m for m in mods if m == "torch" or (m.startswith("mpifl.algorithms.") and not m.startswith(light)))
 
 
 def test_the_config_package_and_its_schema_import_no_training_code(tmp_path):

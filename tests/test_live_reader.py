@@ -18,10 +18,10 @@ import h5py
 import numpy as np
 import pytest
 
-from mpifl.algorithms.mixing import Dense
 from mpifl.logging import journal
 from mpifl.logging.h5 import Writer, open_run
 from mpifl.logging.journal import journal_path, still
+from mpifl.logging.mixing import Dense
 
 N = 6
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,9 +9,9 @@ import pytest
 from scipy import sparse
 
 from mpifl import config
-from mpifl.algorithms.mixing import Dense, Grouped, Mixing, Shared, group_matrix
 from mpifl.errors import ConfigError
 from mpifl.logging.h5 import Writer, open_run
+from mpifl.logging.mixing import Dense, Grouped, Mixing, Shared, group_matrix
 
 N = 6
 

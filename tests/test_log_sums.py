@@ -14,9 +14,9 @@ import h5py
 import numpy as np
 import pytest
 
-from mpifl.algorithms.mixing import Dense
 from mpifl.logging import sums
 from mpifl.logging.h5 import Corrupt, Writer, open_run
+from mpifl.logging.mixing import Dense
 
 N, R, C = 6, 5, 4
 

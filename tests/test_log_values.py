@@ -148,7 +148,7 @@ def test_a_bit_flipped_in_a_gzipped_chunk_fails_zlibs_checksum(tmp_path):
 
 
 def test_every_chunked_dataset_of_a_run_log_carries_a_checksum(tmp_path):
-    from mpifl.algorithms.mixing import Dense
+    from mpifl.logging.mixing import Dense
 
     path = tmp_path / "run.h5"
     w = Writer(path, {"n_ranks": 1}, {"cluster": np.zeros(N, np.int64), "label_hist": np.ones((N, 3))}, N,

@@ -195,7 +195,8 @@ def test_an_mlp_with_batchnorm_puts_one_before_each_hidden_relu_and_only_an_mlp_
     m = models.build(cfg.model, (1, 28, 28), 10, 0)
     kinds = [type(x).__name__ for x in m]
     assert kinds == ["Flatten", "Linear", "BatchNorm1d", "ReLU", "Linear", "BatchNorm1d", "ReLU", "Linear"]
-    assert fedbn.batchnorm_names(m) == {"2.weight", "2.bias", "5.weight", "5.bias"}  # FedBN's personal part
+    # FedBN's personal part
+    assert fedbn.batchnorm_names(models.layers(m)) == {"2.weight", "2.bias", "5.weight", "5.bias"}
     plain = models.build(config.load(None, ["model.name=mlp", "model.hidden=[16,8]"]).model, (1, 28, 28), 10, 0)
     # the option adds layers and draws nothing: the Linear layers start from the same weights
     assert all(torch.equal(a, b) for a, b in zip([p for n, p in m.named_parameters() if n not in {"2.weight", "2.bias",

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import check
-from . import fedavg
 from .base import Context, Round
+from .blocks import evaluate_global, step
 
 
 @dataclass
@@ -59,11 +59,11 @@ def init(ctx: Context) -> State:
 
 
 def round(ctx: Context, state: State, t: int) -> Round:
-    state.model, out = fedavg.step(ctx, state.model, t, ctx.cfg.algorithm.fraction, server=state.server)
+    state.model, out = step(ctx, state.model, t, ctx.cfg.algorithm.fraction, server=state.server)
     return out
 
 
-evaluate = fedavg.evaluate
+evaluate = evaluate_global
 '''
 
 CHECKS = '''\

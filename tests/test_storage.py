@@ -23,11 +23,11 @@ import torch
 from fakedisk import FakeDisk, FullFile
 
 from mpifl import config
-from mpifl.algorithms.mixing import Dense
 from mpifl.comm import world
 from mpifl.errors import StorageError
 from mpifl.logging.h5 import Writer, open_run
 from mpifl.logging.journal import journal_path, read_journal
+from mpifl.logging.mixing import Dense
 from mpifl.run import checkpoint, runtime
 
 N, ROUNDS = 5, 6

@@ -127,6 +127,82 @@ def test_lower_layers_never_import_the_config_runtime_or_tools():
             assert not bad, f"{m} imports {bad}"
 
 
+def borrowed(g: dict[str, set[str]], names: tuple[str, ...]) -> list[str]:
+    """``algorithm -> algorithm`` imports other than a variant's of its parent (the
+    name before its last ``_``: ``fedprox_ft`` of ``fedprox``); shared pieces come
+    from ``mpifl.algorithms.blocks``."""
+    pkg = "mpifl.algorithms."
+    out = []
+    for name in names:
+        parent = name.rsplit("_", 1)[0]
+        for dep in sorted(g.get(pkg + name, set())):
+            other = dep.removeprefix(pkg)
+            if dep.startswith(pkg) and other in names and other != parent:
+                out.append(f"{name} imports {other}")
+    return out
+
+
+def test_no_algorithm_imports_another_but_its_parent():
+    from mpifl import algorithms
+
+    assert borrowed(graph(), algorithms.NAMES) == []
+
+
+def test_the_borrowing_check_sees_a_helper_taken_from_another_algorithm():
+    g = {"mpifl.algorithms.fedfomo": {"mpifl.algorithms.federico", "mpifl.algorithms.blocks"},
+         "mpifl.algorithms.fedprox_ft": {"mpifl.algorithms.fedprox"}}
+    names = ("fedfomo", "federico", "fedprox", "fedprox_ft")
+    assert borrowed(g, names) == ["fedfomo imports federico"]
+
+
+# what of Clients no algorithm reads: the engine's internals behind base.ClientsSurface
+INTERNALS = {"opt", "layout", "stacked", "batched", "x", "y", "model", "cfg"}
+
+
+def clients_attrs(path: Path) -> set[str]:
+    """Attributes a module reads of its clients: of ``c`` and ``clients`` (the
+    names the algorithms give them) and of any ``<expr>.clients``."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute):
+            v = node.value
+            if (isinstance(v, ast.Name) and v.id in ("c", "clients")) or \
+                    (isinstance(v, ast.Attribute) and v.attr == "clients"):
+                out.add(node.attr)
+    return out
+
+
+def surface() -> set[str]:
+    from mpifl.algorithms.base import ClientsSurface
+
+    members = {n for n, v in vars(ClientsSurface).items() if callable(v) or isinstance(v, property)}
+    return {n for n in members | set(ClientsSurface.__annotations__) if not n.startswith("_")}
+
+
+def test_algorithms_use_their_clients_only_through_the_surface():
+    from mpifl import algorithms
+
+    assert surface() & INTERNALS == set()
+    files = {n: PKG / "algorithms" / f"{n}.py" for n in (*algorithms.NAMES, "blocks")}
+    used = sorted(f"{n}: {a}" for n, p in files.items() for a in clients_attrs(p) - surface())
+    assert used == []
+
+
+def test_the_surface_check_sees_an_engine_internal(tmp_path):
+    p = tmp_path / "algo.py"
+    p.write_text("def f(ctx, view):\n    c = ctx.clients\n    c.opt.reset()\n    n = ctx.clients.layout.names\n"
+                 "    return view.clients.params, c.train\n")
+    assert clients_attrs(p) == {"opt", "layout", "params", "train"}
+    assert clients_attrs(p) - surface() == {"opt", "layout"}
+
+
+def test_clients_have_every_member_of_the_surface():
+    from serial_ref import cfg_of, serial
+
+    c = serial(cfg_of()).clients
+    assert [n for n in sorted(surface()) if not hasattr(c, n)] == []
+
+
 def test_the_top_level_holds_the_commands_and_shared_pieces_only():
     """Everything else sits in a package named for its job (README, Layout)."""
     top = sorted(p.name for p in PKG.glob("*.py"))

@@ -77,7 +77,7 @@ WRITER = """
 import sys
 import numpy as np
 from mpifl.logging.h5 import Writer
-from mpifl.algorithms.mixing import Dense
+from mpifl.logging.mixing import Dense
 N = 100
 w = Writer(sys.argv[1], {"n_ranks": 1}, {"cluster": np.zeros(N, int)}, N, flush_s=float(sys.argv[2]))
 for t in range(20):

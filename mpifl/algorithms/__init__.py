@@ -1,8 +1,11 @@
-"""Algorithms by name: every module of this package except ``base`` and ``_*``.
+"""Algorithms by name: every module of this package that defines, at its top
+level, all of ``base.Algorithm``'s members (:data:`CONTRACT`: ``State``, ``init``,
+``round``, ``evaluate``); a helper module (``blocks``, ``head``) defines none of
+them, and a module that defines only some is a mistake a test names.
 
 The module list is read from the package folder, so adding an algorithm is
 adding one file (and its test); nothing else names it. A module provides what
-``base.Algorithm`` describes (``State``, ``init``, ``round``, ``evaluate``) and,
+``base.Algorithm`` describes and,
 when it has hyper-parameters, a ``Params`` dataclass: the config section of the
 module's name (``fedprox.mu``), with commented defaults and a ``validate(cfg)``
 method naming its keys bare (``mu``: the field), and it receives that section as
@@ -19,8 +22,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
-import pkgutil
+import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from mpifl.errors import ConfigError
@@ -29,15 +33,25 @@ if TYPE_CHECKING:
     from mpifl.algorithms.base import Algorithm
     from mpifl.config.sections import ConfigBase
 
-NOT_ALGORITHMS = {"base", "head", "mixing", "state"}  # shared parts, not algorithms
+# base.Algorithm's members: a module of this package defining all of them is an algorithm
+CONTRACT = ("State", "init", "round", "evaluate")
 
 # the order of the README's table: these baselines first, then alphabetical
 _FIRST = ("local", "fedavg", "fedavg_ft", "oracle")
 
 
-def _discover() -> tuple[str, ...]:
-    found = {m.name for m in pkgutil.iter_modules(__path__)
-             if not m.name.startswith("_") and m.name not in NOT_ALGORITHMS and not m.ispkg}
+def defines(path: Path) -> set[str]:
+    """Which of :data:`CONTRACT` a module's file binds at its top level: an unindented
+    ``def``/``class`` of the name, an assignment to it (``round = server_round``) or a
+    one-line import of it. Read as text, not parsed: every config command pays it."""
+    text = path.read_text()
+    return {n for n in CONTRACT
+            if re.search(rf"^(?:(?:def|class) {n}\b|{n}\s*(?::[^=\n]*)?=|from \S+ import .*\b{n}\b)", text, re.M)}
+
+
+def _discover(folder: Path = Path(__file__).parent) -> tuple[str, ...]:
+    """The algorithms among the modules in ``folder``, read from their files (not imported)."""
+    found = {p.stem for p in folder.glob("*.py") if not p.stem.startswith("_") and defines(p) == set(CONTRACT)}
     return tuple(n for n in _FIRST if n in found) + tuple(sorted(found - set(_FIRST)))
 
 

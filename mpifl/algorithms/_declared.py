@@ -8,8 +8,9 @@ Resolving a config (``python -m mpifl.config``, a sweep listing its points) must
 not cost torch and the training code every algorithm module imports. So the
 module's own source is run in part: its imports of light modules (``LIGHT``),
 then ``Params``, ``check_config`` and the module's functions, classes and
-constants they name, as written. A sibling algorithm named there (``fedyogi``'s
-``fedadam.Params``) is read the same way. The result is a module of its own,
+constants they name, as written. A section several algorithms share is imported
+as it is from :mod:`mpifl.algorithms.shared_params` (light); a parent algorithm
+named there (a variant's ``fedprox.Params``) is read the same way. The result is a module of its own,
 ``mpifl.algorithms._declared.<name>``, whose ``__file__`` is the algorithm's
 file, so that ``inspect`` finds the source of what it holds and a traceback
 points at the algorithm's lines.
@@ -31,7 +32,7 @@ HERE = Path(__file__).parent
 # what Params and check_config may import: anything else (torch, mpifl.train,
 # mpifl.algorithms.base) is training code, which is left out
 LIGHT = ("__future__", "typing", "dataclasses", "math", "re", "collections.abc", "numpy", "mpifl.errors",
-         "mpifl.config.sections")
+         "mpifl.config.sections", "mpifl.algorithms.shared_params")
 # selection_samples(params, n_train, n_val): per client, the samples an algorithm
 # chooses or weights its collaborators on (mpifl.analysis.budget reports them)
 WANTED = ("Params", "check_config", "READS", "selection_samples")

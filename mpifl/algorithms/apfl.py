@@ -51,12 +51,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from mpifl.algorithms import fedavg
-from mpifl.algorithms.base import Context, Round, own_rows_metrics, sampled_weights
-from mpifl.algorithms.mixing import Shared
+from mpifl.algorithms.base import Context, Round
+from mpifl.algorithms.blocks import local_update, own_rows_metrics, sampled_weights
 from mpifl.algorithms.state import per_client
 from mpifl.errors import check
-from mpifl.train import RowOptimizer, Step, StepView
+from mpifl.logging.mixing import Shared
+from mpifl.train import Step, StepView
 
 if TYPE_CHECKING:
     from mpifl.config.sections import ConfigBase as Config
@@ -90,7 +90,7 @@ class State:
 
 def init(ctx: Context) -> State:
     c = ctx.clients
-    return State(model=c.init.clone(), v=c.init.repeat(c.n, 1), v_opt=c.opt.fresh_state(c.n),
+    return State(model=c.init.clone(), v=c.init.repeat(c.n, 1), v_opt=c.fresh_optimizer_state(c.n),
                  alpha=torch.full((c.n,), float(ctx.params.alpha), device=c.device))
 
 
@@ -103,7 +103,7 @@ def mixture(state: State, w: torch.Tensor) -> torch.Tensor:
 def round(ctx: Context, state: State, t: int) -> Round:
     c = ctx.clients
     sampled = ctx.sample(t, ctx.cfg.algorithm.fraction)
-    _, loss = fedavg.local_update(ctx, state.model, sampled, t, step=_step(ctx, state))
+    _, loss = local_update(ctx, state.model, sampled, t, step=_step(ctx, state))
     row, w = sampled_weights(ctx, sampled)
     state.model = ctx.comm.weighted_sum(c.params, w)
     return Round(train_loss=loss, mixing=Shared(row), extras={"alpha": state.alpha.cpu().numpy().copy()})
@@ -116,7 +116,7 @@ def _step(ctx: Context, state: State) -> Step:
     c = ctx.clients
     lr = ctx.cfg.train.lr
     adaptive = ctx.params.adaptive
-    v_opt = RowOptimizer(c.cfg, 0, c.P, c.device, c.layout.cols, state=state.v_opt)
+    v_opt = c.optimizer(state=state.v_opt)
 
     def step(view: StepView, x: torch.Tensor, y: torch.Tensor, wt: torch.Tensor) -> torch.Tensor:
         w, v, alpha = view.params, view["v"], view["alpha"]

@@ -3,9 +3,8 @@
 An algorithm is a module of this package satisfying :class:`Algorithm`; it gets
 a :class:`Context` and returns a :class:`Round` each round. It talks to other
 ranks only through ``ctx.comm`` (never mpi4py) and writes nothing itself: what it
-returns is logged by the runtime. The FedAvg building blocks many methods share
-(the sampled clients' weights, FedAvg within groups, whether a round evaluates,
-the clients' own-row metrics) are here too.
+returns is logged by the runtime. The building blocks algorithms share are in
+:mod:`mpifl.algorithms.blocks`.
 """
 
 from __future__ import annotations
@@ -14,24 +13,99 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
-import torch
 
-from mpifl.algorithms.mixing import Dense, Mixing
 from mpifl.config.sections import sampled_count
 from mpifl.data import FederatedData
+from mpifl.logging.mixing import Mixing
 from mpifl.rng import GLOBAL, rng
-from mpifl.train import Clients
 
 if TYPE_CHECKING:  # algorithms are imported by the config (their Params) before MPI is wanted
+    from collections.abc import Iterator
+    from contextlib import AbstractContextManager
+
+    import torch
+    from torch import nn
+
     from mpifl.comm import Comm
     from mpifl.config.sections import ConfigBase as Config
+    from mpifl.train import BatchPlan, Objective, RowOptimizer, Step
+
+
+class ClientsSurface(Protocol):
+    """What an algorithm may use of its rank's clients (``ctx.clients``, a
+    :class:`mpifl.train.Clients`): their rows, counts, training and evaluation, and
+    the hooks a custom step needs. The engine's internals (the optimizer, the
+    layout, the training path, the data tensors, the template model, the training
+    config) stay behind these; ``tests/test_structure.py`` holds every algorithm
+    module and ``blocks`` to this list. Each member's docstring is on ``Clients``."""
+
+    # the rows: [n_local, P] parameters, [n_local, B] float buffers, the common initial row [P]
+    n: int
+    P: int
+    ids: np.ndarray
+    device: torch.device
+    n_classes: int
+    sizes: np.ndarray  # [n_local, 3] samples per split (train, val, test)
+
+    @property
+    def init(self) -> torch.Tensor: ...
+    @property
+    def params(self) -> torch.Tensor: ...
+    @property
+    def buffers(self) -> torch.Tensor: ...
+    @property
+    def n_samples(self) -> int: ...
+    @property
+    def param_names(self) -> list[str]: ...
+    @property
+    def rows_at_once(self) -> bool: ...
+
+    # training, evaluation and what they count
+    def train(self, local: np.ndarray, epochs: int, round: int, purpose: str = "train",
+              subsets: list[np.ndarray] | None = None, objective: Objective | None = None,
+              step: Step | None = None, batch_size: int | None = None,
+              max_batches: int | None = None) -> np.ndarray: ...
+    def evaluate(self, split: str, params: torch.Tensor | None = None,
+                 local: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]: ...
+    def using(self, params: torch.Tensor,
+              opt_state: dict[str, torch.Tensor] | None = None) -> AbstractContextManager[None]: ...
+    def count(self, local: np.ndarray, steps: np.ndarray | int, samples: np.ndarray | int) -> None: ...
+
+    # the optimizer, through these only
+    def reset_optimizer(self, sel: torch.Tensor | slice = ...) -> None: ...
+    def fresh_optimizer_state(self, n: int) -> dict[str, torch.Tensor]: ...
+    def optimizer(self, width: int | None = None,
+                  state: dict[str, torch.Tensor] | None = None) -> RowOptimizer: ...
+    def apply_gradient(self, g: torch.Tensor) -> None: ...
+
+    # the model on rows, and the data in batches: the hooks of custom steps
+    def grads(self, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
+              local: np.ndarray | None = None,
+              bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def logits(self, params: torch.Tensor, x: torch.Tensor, local: np.ndarray | None = None) -> torch.Tensor: ...
+    def shared_logits(self, row: torch.Tensor, x: torch.Tensor, local: np.ndarray) -> torch.Tensor: ...
+    def parts(self, params: torch.Tensor) -> dict[str, torch.Tensor]: ...
+    def write_parts(self, out: torch.Tensor, parts: dict[str, torch.Tensor]) -> None: ...
+    def buffers_of(self, k: int) -> dict[str, torch.Tensor] | None: ...
+    def slices(self, names: list[str]) -> list[slice]: ...
+    def layers(self) -> list[tuple[str, nn.Module, list[str]]]: ...
+    def flatten(self, model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def plan(self, local: np.ndarray, epochs: int, round: int, purpose: str = "train",
+             batch_size: int | None = None, max_batches: int | None = None,
+             subsets: list[np.ndarray] | None = None) -> BatchPlan: ...
+    def batch(self, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+    def split_batches(self, split: str, local: np.ndarray | None = None
+                      ) -> Iterator[tuple[slice, np.ndarray, torch.Tensor, torch.Tensor, torch.Tensor]]: ...
+    def split_index(self, local: np.ndarray, split: str) -> np.ndarray: ...
+    def split_range(self, k: int, split: str) -> tuple[int, int]: ...
+    def relabel(self, k: int, perm: torch.Tensor) -> None: ...
 
 
 @dataclass
 class Context:
     cfg: Config
     comm: Comm
-    clients: Clients
+    clients: ClientsSurface
     data: FederatedData
 
     @property
@@ -82,7 +156,7 @@ class Round:
 
     def __post_init__(self) -> None:
         if self.mixing is not None and not isinstance(self.mixing, Mixing):
-            raise TypeError(f"Round.mixing must be a mpifl.algorithms.mixing.Mixing (Dense, Shared or Grouped), "
+            raise TypeError(f"Round.mixing must be a mpifl.logging.mixing.Mixing (Dense, Shared or Grouped), "
                             f"not {type(self.mixing).__name__}")
 
 
@@ -123,41 +197,3 @@ class Algorithm(Protocol):
 def evaluates(cfg: Config, t: int) -> bool:
     """Whether round t evaluates (``run.eval_every``, and always the last round)."""
     return (t + 1) % cfg.run.eval_every == 0 or t == cfg.run.rounds - 1
-
-
-def sampled_weights(ctx: Context, sampled: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """FedAvg's weights: (row [N]: p normalised over the ``sampled`` clients, 0
-    elsewhere, the same on every rank; this rank's share of it [n_local], the
-    weights of its rows in ``ctx.comm.weighted_sum``)."""
-    row = np.zeros(ctx.N)
-    row[sampled] = ctx.p[sampled] / ctx.p[sampled].sum()
-    return row, row[ctx.comm.local_ids]
-
-
-def group_weights(ctx: Context, groups: np.ndarray, sampled: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """FedAvg inside groups: (weights [N]: p normalised within each group's
-    ``sampled`` members, 0 elsewhere; this rank's share [n_local]) for
-    ``ctx.comm.grouped_sum`` with ``groups`` ([N] ids, the same on every rank)."""
-    w = np.zeros(ctx.N)
-    for k in np.unique(groups[sampled]):
-        s = sampled[groups[sampled] == k]
-        w[s] = ctx.p[s] / ctx.p[s].sum()
-    return w, w[ctx.comm.local_ids]
-
-
-def own_rows_metrics(ctx: Context, params: torch.Tensor | None = None) -> dict[str, np.ndarray]:
-    """val/test loss and accuracy of each client's own row (or one shared model)."""
-    out = {}
-    for split in ("val", "test"):
-        loss, acc = ctx.clients.evaluate(split, params)
-        out[f"{split}_loss"], out[f"{split}_acc"] = loss, acc
-    return out
-
-
-def identity_rows(ctx: Context) -> Dense:
-    """This rank's rows of the identity, sparse ``[n_local, N]`` (no dense
-    ``n_local x N`` array at large N; ``.densify()`` gives the dense one)."""
-    from scipy import sparse  # here: a run whose algorithm makes no sparse rows never loads it
-
-    n = ctx.comm.n_local
-    return Dense(sparse.csr_matrix((np.ones(n, np.float32), (np.arange(n), ctx.comm.local_ids)), shape=(n, ctx.N)))

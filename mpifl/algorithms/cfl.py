@@ -59,10 +59,10 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import torch
 
-from mpifl.algorithms.base import Context, Round, group_weights, own_rows_metrics
-from mpifl.algorithms.fedavg import local_update
-from mpifl.algorithms.mixing import Grouped
+from mpifl.algorithms.base import Context, Round
+from mpifl.algorithms.blocks import group_weights, local_update, own_rows_metrics
 from mpifl.errors import check
+from mpifl.logging.mixing import Grouped
 
 if TYPE_CHECKING:
     from mpifl.config.sections import ConfigBase as Config
@@ -150,7 +150,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
         if len(extra):  # members not sampled: one update each, for the similarities only
             idx = torch.as_tensor(extra, device=c.device)
             c.params[idx] = start[idx]
-            c.opt.reset(idx)
+            c.reset_optimizer(idx)
             c.train(extra, ctx.cfg.train.local_epochs, t)
             comm.count(extra, recv=P * comm.itemsize, sent=P * comm.itemsize, models=1)
         V = comm.allgather_ids(c.params - start, members)

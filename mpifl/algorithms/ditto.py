@@ -48,8 +48,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from mpifl.algorithms import fedavg
-from mpifl.algorithms.base import Context, Round, own_rows_metrics
+from mpifl.algorithms.base import Context, Round
+from mpifl.algorithms.blocks import own_rows_metrics, step
 from mpifl.algorithms.state import per_client
 from mpifl.errors import check
 from mpifl.train import Objective
@@ -82,7 +82,7 @@ class State:
 
 def init(ctx: Context) -> State:
     c = ctx.clients
-    return State(model=c.init.clone(), personal=c.init.repeat(c.n, 1), personal_opt=c.opt.fresh_state(c.n))
+    return State(model=c.init.clone(), personal=c.init.repeat(c.n, 1), personal_opt=c.fresh_optimizer_state(c.n))
 
 
 def round(ctx: Context, state: State, t: int) -> Round:
@@ -92,7 +92,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
     with c.using(state.personal, state.personal_opt):
         loss[mine] = c.train(mine, p.personal_epochs or ctx.cfg.train.local_epochs, t,
                              objective=Objective(prox_center=state.model, prox_mu=p.lam))
-    state.model, out = fedavg.step(ctx, state.model, t, ctx.cfg.algorithm.fraction)
+    state.model, out = step(ctx, state.model, t, ctx.cfg.algorithm.fraction)
     out.extras["global_train_loss"] = out.train_loss
     out.extras["dist_to_global"] = torch.linalg.vector_norm(state.personal - state.model, dim=1).double().cpu().numpy()
     out.train_loss = loss

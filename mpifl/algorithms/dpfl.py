@@ -72,10 +72,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from mpifl.algorithms.base import Context, Round, evaluates, own_rows_metrics
-from mpifl.algorithms.mixing import Dense
+from mpifl.algorithms.base import Context, Round, evaluates
+from mpifl.algorithms.blocks import own_rows_metrics
 from mpifl.algorithms.state import per_client
 from mpifl.errors import ConfigError, check
+from mpifl.logging.mixing import Dense
 from mpifl.rng import GLOBAL
 
 if TYPE_CHECKING:
@@ -304,9 +305,7 @@ def init(ctx: Context) -> State:
         perm = torch.as_tensor(derangement(c.n_classes, ctx.rng(-1, GLOBAL, "dpfl_flip")), device=c.device)
         for i, k in enumerate(ctx.comm.local_ids):
             if malicious[k]:
-                for split in ("train", "val", "test"):
-                    lo, hi = c.split_range(i, split)
-                    c.y[lo:hi] = perm[c.y[lo:hi]]
+                c.relabel(i, perm)
     peers = [Peer(greedy=not (malicious[k] and not cfg.malicious_run_ggc), omega=[], chosen=[])
              for k in ctx.comm.local_ids]
     return State(cfg.budget_for(N), ctx.p, malicious, peers)
@@ -403,7 +402,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
     for i, row in enumerate(new):
         if row is not None:
             c.params[i] = row
-    c.opt.reset()
+    c.reset_optimizer()
 
     cand = np.zeros((comm.n_local, N), bool)
     coll = np.zeros((comm.n_local, N), bool)

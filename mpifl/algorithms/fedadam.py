@@ -34,18 +34,11 @@ Logged: as FedAvg (the mixing row p over the sampled clients).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
 
-import torch
-
-from mpifl.algorithms import fedavg
 from mpifl.algorithms.base import Context
-from mpifl.errors import check
-
-if TYPE_CHECKING:
-    from mpifl.config.sections import ConfigBase as Config
+from mpifl.algorithms.blocks import ServerAdaptive, ServerState, evaluate_global, server_round
+from mpifl.algorithms.shared_params import AdaptiveParams
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (
@@ -56,55 +49,12 @@ MIXING_ROW = "as fedavg"
 
 
 @dataclass
-class Params:
-    """Hyper-parameters: the config section ``fedadam``."""
-
-    lr: float = 0.01  # server learning rate eta_s
-    beta1: float = 0.9  # decay of the first moment m (paper: 0.9)
-    beta2: float = 0.99  # decay of the second moment v (paper: 0.99)
-    tau: float = 1e-3  # adaptivity tau in eta_s m / (sqrt(v) + tau); v starts at tau^2
-
-    def validate(self, cfg: Config) -> None:
-        check(self.lr > 0 and math.isfinite(self.lr), "lr", self.lr, "must be a finite number > 0")
-        check(0 <= self.beta1 < 1, "beta1", self.beta1, "must be in [0, 1)")
-        check(0 <= self.beta2 < 1, "beta2", self.beta2, "must be in [0, 1)")
-        check(self.tau > 0 and math.isfinite(self.tau), "tau", self.tau, "must be a finite number > 0")
+class Params(AdaptiveParams):
+    """Hyper-parameters: the config section ``fedadam`` (the fields, defaults and
+    checks of ``shared_params.AdaptiveParams``)."""
 
 
-@dataclass
-class ServerAdaptive:
-    """Adam's or Yogi's step on the average client update (``fedavg.ServerOptimizer``)."""
-
-    rule: Literal["adam", "yogi"]
-    lr: float
-    beta1: float
-    beta2: float
-    tau: float
-    m: torch.Tensor  # [P] first moment, identical on every rank
-    v: torch.Tensor  # [P] second moment
-
-    @classmethod
-    def fresh(cls, rule: Literal["adam", "yogi"], p: Params, model: torch.Tensor) -> ServerAdaptive:
-        return cls(rule, p.lr, p.beta1, p.beta2, p.tau, torch.zeros_like(model),
-                   torch.full_like(model, p.tau * p.tau))
-
-    @property
-    def key(self) -> str:
-        """The config key of the step size, named when the step diverges."""
-        return f"fed{self.rule}.lr"
-
-    def step(self, model: torch.Tensor, average: torch.Tensor) -> torch.Tensor:
-        delta = average - model
-        self.m = self.beta1 * self.m + (1 - self.beta1) * delta
-        d2 = delta * delta
-        if self.rule == "adam":
-            self.v = self.beta2 * self.v + (1 - self.beta2) * d2
-        else:  # Yogi: v moves toward Delta^2 by at most (1 - beta2) Delta^2
-            self.v = self.v - (1 - self.beta2) * d2 * torch.sign(self.v - d2)
-        return model + self.lr * self.m / (torch.sqrt(self.v) + self.tau)
-
-
-State = fedavg.ServerState  # the global model and ServerAdaptive
+State = ServerState  # the global model and blocks.ServerAdaptive
 
 
 def init(ctx: Context) -> State:
@@ -112,7 +62,7 @@ def init(ctx: Context) -> State:
     return State(model=x, server=ServerAdaptive.fresh("adam", ctx.params, x))
 
 
-round = fedavg.server_round
+round = server_round
 
 
-evaluate = fedavg.evaluate
+evaluate = evaluate_global

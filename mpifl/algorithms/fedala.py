@@ -41,7 +41,7 @@ exactly at W = 1 (tests/mpi/test_fedala.py).
 Choices where the paper leaves room:
 
 - A layer is a module holding parameters of its own, counted from the output, as
-  FedPer's (``mpifl.algorithms.fedper.layers``); the default p = 1 is the classifier, the paper's
+  FedPer's (``Clients.layers``); the default p = 1 is the classifier, the paper's
   p = 1 (PFLlib's ``-p 2`` counts its weight and bias tensors, ``main.py``'s
   "more fine-grained than its original paper").
 - Sampling and weights are FedAvg's (``algorithm.fraction``, p-weighted); only the
@@ -91,12 +91,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from mpifl.algorithms import fedavg
-from mpifl.algorithms.base import Context, Round, own_rows_metrics, sampled_weights
-from mpifl.algorithms.fedper import layers as param_layers
-from mpifl.algorithms.mixing import Shared
+from mpifl.algorithms.base import Context, Round
+from mpifl.algorithms.blocks import local_update, own_rows_metrics, sampled_weights
 from mpifl.algorithms.state import per_client, transient
 from mpifl.errors import ConfigError, check
+from mpifl.logging.mixing import Shared
 from mpifl.train import Step, StepView
 
 if TYPE_CHECKING:
@@ -143,15 +142,15 @@ class State:
 
 def init(ctx: Context) -> State:
     c, k = ctx.clients, ctx.params.layers
-    found = param_layers(c.model)
+    found = c.layers()
     if k > len(found):
         raise ConfigError(f"fedala.layers={k} is more than model.name={ctx.cfg.model.name!r}'s {len(found)} layers "
                           f"with parameters; allowed: at most {len(found)}", "fedala.layers")
     chosen = found[len(found) - k:][::-1] if k else []
-    cols = [torch.cat([torch.arange(s.start, s.stop) for s in c.layout.slices(names)]) for _, names in chosen]
+    cols = [torch.cat([torch.arange(s.start, s.stop) for s in c.slices(names)]) for _, _, names in chosen]
     top = torch.cat(cols).to(c.device) if cols else torch.zeros(0, dtype=torch.long, device=c.device)
     ends = np.cumsum([0, *(len(x) for x in cols)])
-    groups = [(name, slice(int(a), int(b))) for (name, _), a, b in zip(chosen, ends[:-1], ends[1:])]
+    groups = [(name, slice(int(a), int(b))) for (name, _, _), a, b in zip(chosen, ends[:-1], ends[1:])]
     return State(model=c.init.clone(), W=torch.ones(c.n, len(top), dtype=c.init.dtype, device=c.device),
                  started=np.zeros(c.n, bool), top=top, groups=groups)
 
@@ -206,7 +205,7 @@ def adapt(ctx: Context, state: State, mine: np.ndarray, t: int,
     epochs = np.zeros(c.n, np.int64)
     history: dict[int, list[float]] = {k: [] for k in subsets}
     active = mine
-    stats = c.buffers.clone() if c.layout.B else None
+    stats = c.buffers.clone() if c.buffers.shape[1] else None
     with c.using(hat):
         for e in range(f.start_limit):
             loss = c.train(active, 1, t, purpose=f"{purpose}/{e}", subsets=[subsets[k] for k in active.tolist()],
@@ -237,7 +236,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
     start, epochs = state.model, np.zeros(c.n, np.int64)
     if t > 0 and len(state.top) and len(mine):
         start, epochs = adapt(ctx, state, mine, t)
-    _, loss = fedavg.local_update(ctx, start, sampled, t)
+    _, loss = local_update(ctx, start, sampled, t)
     row, w = sampled_weights(ctx, sampled)
     state.model = ctx.comm.weighted_sum(c.params, w)
     attrs = {"fedala_layers": [n for n, _ in state.groups], "fedala_ala_params": len(state.top)} if t == 0 else {}

@@ -70,9 +70,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from mpifl.algorithms.base import Context, Round, own_rows_metrics
-from mpifl.algorithms.mixing import Dense
+from mpifl.algorithms.base import Context, Round
+from mpifl.algorithms.blocks import own_rows_metrics
 from mpifl.errors import check
+from mpifl.logging.mixing import Dense
 from mpifl.train import Objective
 
 if TYPE_CHECKING:
@@ -131,7 +132,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
     centre = c.params.clone()
     centre[idx] = messages[torch.as_tensor(pos, device=c.device)]
     comm.count(mine, sent=P * comm.itemsize, recv=P * comm.itemsize, models=1)
-    c.opt.reset(idx)
+    c.reset_optimizer(idx)
     loss = np.full(comm.n_local, np.nan)
     loss[mine] = c.train(mine, ctx.cfg.train.local_epochs, t,
                          objective=Objective(prox_center=centre, prox_mu=f.lam / f.alpha))

@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from mpifl.algorithms import fedavg
 from mpifl.algorithms.base import Context
+from mpifl.algorithms.blocks import ServerState, evaluate_global, server_round
 from mpifl.errors import check
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ class Params:
 @dataclass
 class ServerMomentum:
     """x <- x - lr v,  v <- beta v + (x - average): SGD with momentum on the
-    pseudo-gradient (``fedavg.ServerOptimizer``)."""
+    pseudo-gradient (``blocks.ServerOptimizer``)."""
 
     lr: float
     beta: float
@@ -79,7 +79,7 @@ class ServerMomentum:
         return model - self.lr * self.v
 
 
-State = fedavg.ServerState  # the global model and ServerMomentum
+State = ServerState  # the global model and ServerMomentum
 
 
 def init(ctx: Context) -> State:
@@ -87,7 +87,7 @@ def init(ctx: Context) -> State:
     return State(model=x, server=ServerMomentum(p.lr, p.momentum, torch.zeros_like(x)))
 
 
-round = fedavg.server_round
+round = server_round
 
 
-evaluate = fedavg.evaluate
+evaluate = evaluate_global

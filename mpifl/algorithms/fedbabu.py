@@ -14,7 +14,7 @@ fine-tuned for personalization only at evaluation. In round t each sampled clien
 Evaluation (every client, every evaluating round): from (phi^{t+1}, h^0) the
 client fine-tunes the whole model ``fedbabu.ft_epochs`` epochs on its training
 data, from a fresh optimizer, and is evaluated on the result; nothing of that
-fine-tuning is kept (``fedavg_ft.finetuned_metrics``).
+fine-tuning is kept (``blocks.finetuned_metrics``).
 
     mpiexec -n 2 python -m mpi4py -m mpifl.main jobs/quickstart.yaml algorithm.name=fedbabu fedbabu.ft_epochs=5
 
@@ -29,7 +29,7 @@ Choices where the paper leaves room:
 - Sampling and weights are FedAvg's; fine-tuning draws its own batches (purpose
   "finetune"), as FedAvg+FT's.
 
-State: FedBN's partial averaging (``fedbn.part_round``) with the head as the part
+State: FedBN's partial averaging (``blocks.part_round``) with the head as the part
 each row keeps (at h^0: it is frozen): the global model [P] (identical on every
 rank). Logged: the mixing row (p over the sampled clients, of the body),
 ``/fedbabu/personal_drift`` ||h_k - h^0|| (0 throughout: the check that the head
@@ -44,8 +44,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mpifl.algorithms import fedavg_ft, fedbn
 from mpifl.algorithms.base import Context, Round
+from mpifl.algorithms.blocks import PartState, finetuned_metrics, part_round, part_state
 from mpifl.algorithms.head import find_head
 from mpifl.algorithms.state import transient
 from mpifl.errors import check
@@ -66,7 +66,7 @@ class Params:
 
 
 @dataclass
-class State(fedbn.PartState):
+class State(PartState):
     """The global model (body phi^t, initial head h^0) and the head's columns,
     which every client's row holds at h^0."""
 
@@ -75,13 +75,13 @@ class State(fedbn.PartState):
 
 def init(ctx: Context) -> State:
     head = find_head(ctx.clients, ctx.cfg.model.name, "fedbabu").names
-    part = fedbn.part_state(ctx.clients, set(head))
+    part = part_state(ctx.clients, set(head))
     return State(model=part.model, shared=part.shared, personal=part.personal, head=head)
 
 
 def round(ctx: Context, state: State, t: int) -> Round:
-    return fedbn.part_round(ctx, state, t, "fedbabu", Objective(frozen=state.head))
+    return part_round(ctx, state, t, "fedbabu", Objective(frozen=state.head))
 
 
 def evaluate(ctx: Context, state: State, t: int) -> dict[str, np.ndarray]:
-    return fedavg_ft.finetuned_metrics(ctx, state.model, ctx.params.ft_epochs, t)
+    return finetuned_metrics(ctx, state.model, ctx.params.ft_epochs, t)

@@ -47,81 +47,26 @@ LG-FedAvg's and FedBABU's: :class:`PartState`, :func:`part_round` and :func:`par
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import numpy as np
-import torch
 from torch import nn
 
-from mpifl.algorithms import fedavg
-from mpifl.algorithms.base import Context, Round, own_rows_metrics, sampled_weights
-from mpifl.algorithms.mixing import Shared
-from mpifl.algorithms.state import transient
-from mpifl.train import Clients, Objective
+from mpifl.algorithms.base import Context, Round
+from mpifl.algorithms.blocks import PartState, part_evaluate, part_round, part_state
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "FedBN: FedAvg whose BatchNorm parameters and statistics stay local (no BatchNorm: FedAvg)"
 MIXING_ROW = "p over sampled clients (all but BatchNorm)"
 
 
-@dataclass
-class PartState:
-    """A global model whose shared columns are averaged, the personal ones kept by
-    each client in its own row (FedBN, FedPer, LG-FedAvg)."""
-
-    model: torch.Tensor  # [P] global model; only its shared columns are used
-    shared: torch.Tensor = transient()  # [P_shared] column indices averaged (derived by init)
-    personal: torch.Tensor = transient()  # [P - P_shared] column indices kept by each client
-
-
 State = PartState
 
 
-def part_state(c: Clients, personal_names: set[str]) -> PartState:
-    """The state whose personal part is the named parameters (none: FedAvg)."""
-    keep = torch.zeros(c.P, dtype=torch.bool, device=c.device)
-    for s in c.layout.slices(sorted(personal_names)):
-        keep[s] = True
-    return PartState(model=c.init.clone(), shared=torch.nonzero(~keep).flatten(),
-                     personal=torch.nonzero(keep).flatten())
-
-
-def batchnorm_names(model: nn.Module) -> set[str]:
-    """Names of the parameters of every BatchNorm layer of ``model``."""
-    return {f"{m}.{p}" if m else p for m, mod in model.named_modules()
-            if isinstance(mod, nn.modules.batchnorm._BatchNorm) for p, _ in mod.named_parameters(recurse=False)}
+def batchnorm_names(layers: list[tuple[str, nn.Module, list[str]]]) -> set[str]:
+    """Names of the parameters of every BatchNorm layer among ``layers`` (``Clients.layers()``)."""
+    return {n for _, mod, own in layers if isinstance(mod, nn.modules.batchnorm._BatchNorm) for n in own}
 
 
 def init(ctx: Context) -> PartState:
-    return part_state(ctx.clients, batchnorm_names(ctx.clients.model))
-
-
-def part_round(ctx: Context, state: PartState, t: int, name: str, objective: Objective | None = None) -> Round:
-    """One round: sampled clients download the shared columns, keep their personal
-    ones, train E epochs (on ``objective``: FedBABU's frozen head); the shared
-    columns become their p-weighted average. Logs ``personal_drift`` and the
-    attribute ``<name>_personal_params``."""
-    c, comm, shared = ctx.clients, ctx.comm, state.shared
-    sampled = ctx.sample(t, ctx.cfg.algorithm.fraction)
-    mine = ctx.local_of(sampled)
-    fedavg.download(ctx, state.model, mine, shared)
-    loss = np.full(comm.n_local, np.nan)
-    loss[mine] = c.train(mine, ctx.cfg.train.local_epochs, t, objective=objective)
-    row, w = sampled_weights(ctx, sampled)
-    model = state.model.clone()
-    model[shared] = comm.weighted_sum(c.params[:, shared], w)
-    state.model = model
-    p = state.personal
-    drift = torch.linalg.vector_norm(c.params[:, p] - c.init[p], dim=1).double().cpu().numpy()
-    attrs = {f"{name}_personal_params": len(p)} if t == 0 else {}
-    return Round(train_loss=loss, mixing=Shared(row), extras={"personal_drift": drift}, attrs=attrs)
-
-
-def part_evaluate(ctx: Context, state: PartState, t: int) -> dict[str, np.ndarray]:
-    """Every client with the global shared part and its own personal part."""
-    rows = ctx.clients.params.clone()
-    rows[:, state.shared] = state.model[state.shared]
-    return own_rows_metrics(ctx, rows)
+    return part_state(ctx.clients, batchnorm_names(ctx.clients.layers()))
 
 
 def round(ctx: Context, state: PartState, t: int) -> Round:

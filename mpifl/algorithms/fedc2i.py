@@ -55,11 +55,12 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import torch
 
-from mpifl.algorithms.base import Context, Round, identity_rows, own_rows_metrics
+from mpifl.algorithms.base import Context, Round
+from mpifl.algorithms.blocks import identity_rows, own_rows_metrics
 from mpifl.algorithms.head import Head, find_head
-from mpifl.algorithms.mixing import Dense
 from mpifl.algorithms.state import transient
 from mpifl.errors import check
+from mpifl.logging.mixing import Dense
 from mpifl.train import Clients, per_sample_loss
 
 if TYPE_CHECKING:
@@ -116,7 +117,7 @@ def loo_losses(c: Clients, loo: torch.Tensor, x: torch.Tensor, y: torch.Tensor, 
     batch ``x [m, bs, ...]`` (client i's BatchNorm stats where the model has any)."""
     m, bs = y.shape
     b = loo.shape[0]
-    if c.batched and not c.layout.B:  # BatchNorm: each client its own statistics
+    if c.rows_at_once:  # BatchNorm: each client its own statistics
         flat = x.reshape(1, m * bs, *x.shape[2:]).expand(b, m * bs, *x.shape[2:])
         out = c.logits(loo, flat).reshape(b, m, bs, -1)
     else:
@@ -247,7 +248,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
     c = ctx.clients
     agg = aggregate(ctx, state, t)
     c.params[:] = agg.rows
-    c.opt.reset()
+    c.reset_optimizer()
     loss = c.train(np.arange(c.n), ctx.cfg.train.local_epochs, t)
     return Round(train_loss=loss, mixing=Dense(agg.mixing),
                  extras={"influence": agg.influence.astype(np.float32),

@@ -50,11 +50,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from mpifl.algorithms import fedavg
-from mpifl.algorithms.base import Context, Round, sampled_weights
-from mpifl.algorithms.mixing import Shared
+from mpifl.algorithms.base import Context, Round
+from mpifl.algorithms.blocks import evaluate_global, local_update, sampled_weights
 from mpifl.algorithms.state import per_client
 from mpifl.errors import check
+from mpifl.logging.mixing import Shared
 from mpifl.train import Objective
 
 if TYPE_CHECKING:
@@ -91,7 +91,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
     prev = state.model
     sampled = ctx.sample(t, ctx.cfg.algorithm.fraction)
     objective = Objective(prox_center=prev + state.grad / alpha, prox_mu=alpha) if alpha else None
-    mine, loss = fedavg.local_update(ctx, prev, sampled, t, objective)
+    mine, loss = local_update(ctx, prev, sampled, t, objective)
     row, w = sampled_weights(ctx, sampled)
     average = comm.weighted_sum(c.params, w)
     if alpha:
@@ -108,4 +108,4 @@ def round(ctx: Context, state: State, t: int) -> Round:
     return Round(train_loss=loss, mixing=Shared(row), extras=extras)
 
 
-evaluate = fedavg.evaluate
+evaluate = evaluate_global

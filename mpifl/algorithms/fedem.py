@@ -50,10 +50,11 @@ import numpy as np
 import torch
 
 from mpifl import models
-from mpifl.algorithms.base import Context, Round, sampled_weights
-from mpifl.algorithms.mixing import Shared
+from mpifl.algorithms.base import Context, Round
+from mpifl.algorithms.blocks import sampled_weights
 from mpifl.algorithms.state import per_client
 from mpifl.errors import check
+from mpifl.logging.mixing import Shared
 from mpifl.rng import GLOBAL, rng
 from mpifl.train import Objective, loss_acc_from_probs, per_sample_loss
 
@@ -96,7 +97,7 @@ def init(ctx: Context) -> State:
     rows = [c.init.clone()]
     for m in range(1, M):
         model = models.build(ctx.cfg.model, d.in_shape, d.n_classes, component_seed(ctx.cfg.run.seed, m))
-        rows.append(c.layout.flatten(model).to(c.init))
+        rows.append(c.flatten(model)[0].to(c.init))
     return State(components=torch.stack(rows), pi=np.full((ctx.comm.n_local, M), 1.0 / M))
 
 
@@ -118,7 +119,7 @@ def estep(ctx: Context, state: State, mine: np.ndarray) -> torch.Tensor:
     returns ``[n_samples, M]`` per-sample weights indexed like the rank's samples
     (zero outside their training splits)."""
     c, M = ctx.clients, len(state.components)
-    q_all = torch.zeros(len(c.x), M, device=c.device)
+    q_all = torch.zeros(c.n_samples, M, device=c.device)
     pos = 0
     for idx, _, w, loss in sample_losses(ctx, state.components, mine):
         logpi = torch.log(torch.as_tensor(state.pi[mine[pos:pos + len(idx)]], dtype=loss.dtype, device=c.device))
@@ -147,7 +148,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
         # the clients' own rows are the scratch space of each component's local training
         if len(mine):
             c.params[idx] = state.components[m]
-            c.opt.reset(idx)
+            c.reset_optimizer(idx)
             loss[mine] += c.train(mine, ctx.cfg.train.local_epochs, t,
                                   objective=Objective(sample_weight=q[:, m].contiguous()))
         new[m] = ctx.comm.weighted_sum(c.params, w)

@@ -80,9 +80,10 @@ import torch
 
 from mpifl import models
 from mpifl.algorithms.base import Context, Round
-from mpifl.algorithms.mixing import Dense
+from mpifl.algorithms.blocks import sample_neighbours
 from mpifl.algorithms.state import per_client, transient
 from mpifl.errors import check
+from mpifl.logging.mixing import Dense
 from mpifl.train import loss_acc_from_probs, per_sample_loss
 from mpifl.train.evaluation import clients_per_chunk
 
@@ -159,18 +160,6 @@ class State:
 # --------------------------------------------------------------------------- the steps
 
 
-def sample_neighbours(w: np.ndarray, i: int, k: int, eps: float, g: np.random.Generator) -> np.ndarray:
-    """Step 1 for client i: k ids != i, uniform with probability eps, else the k
-    largest ``w[j]``; one permutation of the others from ``g`` orders both cases
-    (it is the uniform draw and the tie-break of the top-k)."""
-    explore = g.random() < eps
-    others = np.delete(np.arange(len(w)), i)
-    perm = g.permutation(others)
-    if explore:
-        return perm[:k]
-    return perm[np.argsort(-w[perm], kind="stable")][:k]
-
-
 def ema(tracked: np.ndarray, ids: np.ndarray, losses: np.ndarray, beta: float) -> np.ndarray:
     """Step 3: ``Lhat[j] <- (1-beta) Lhat[j] + beta L[j]`` for j in ids; others unchanged."""
     out = tracked.copy()
@@ -214,8 +203,9 @@ def init_rows(ctx: Context) -> tuple[torch.Tensor, torch.Tensor]:
     each built by ``models.build`` with the client's own seed."""
     c, d = ctx.clients, ctx.data
     built = [models.build(ctx.cfg.model, d.in_shape, d.n_classes, init_seed(ctx, i)) for i in ctx.comm.local_ids]
-    params = torch.stack([c.layout.flatten(m) for m in built]).to(c.params)
-    buffers = torch.stack([c.layout.flatten_buffers(m) for m in built]).to(c.buffers)
+    rows = [c.flatten(m) for m in built]
+    params = torch.stack([p for p, _ in rows]).to(c.params)
+    buffers = torch.stack([b for _, b in rows]).to(c.buffers)
     return params, buffers
 
 
@@ -284,7 +274,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
     contributions = {r: {int(j): scaled[r, q] for q, j in enumerate(S[r])} for r in range(n)}
     G = comm.push(contributions, c.P, device=c.device)
     G = G + scaled[:, f.k]  # the owner's own term never leaves the client
-    c.params[:] = c.opt.step(slice(None), c.params, G)
+    c.apply_gradient(G)
     c.count(local, 1, (plan.idx[:, 0] >= 0).sum(1))  # one step, on batch 0 (the E-step's others: losses only)
 
     state.neighbours = S

@@ -50,11 +50,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from mpifl.algorithms.base import Context, Round, own_rows_metrics
-from mpifl.algorithms.federico import sample_neighbours
-from mpifl.algorithms.mixing import Dense
+from mpifl.algorithms.base import Context, Round
+from mpifl.algorithms.blocks import own_rows_metrics, sample_neighbours
 from mpifl.algorithms.state import per_client
 from mpifl.errors import check
+from mpifl.logging.mixing import Dense
 from mpifl.train import per_sample_loss
 
 if TYPE_CHECKING:
@@ -178,7 +178,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
             W[r, cands[r]] = w
             mixing[r] = 0.0
             mixing[r, cands[r]] = w
-    c.opt.reset(torch.as_tensor(mine, device=c.device))
+    c.reset_optimizer(torch.as_tensor(mine, device=c.device))
     loss = np.full(n, np.nan)
     loss[mine] = c.train(mine, ctx.cfg.train.local_epochs, t, subsets=[tr for tr, _ in parts])
     return Round(train_loss=loss, mixing=Dense(mixing),

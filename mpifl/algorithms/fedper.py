@@ -24,7 +24,7 @@ Choices where the paper leaves room:
 - Personal layers start as the initial model's and change only when the client
   trains; the optimizer restarts every round, as in FedAvg.
 
-State and logs: FedBN's partial averaging (``fedbn.part_round``): the global model
+State and logs: FedBN's partial averaging (``blocks.part_round``): the global model
 [P] (its shared columns), each client's personal layers in its own row; the mixing
 row (p over the sampled clients, of the shared part), ``/fedper/personal_drift``
 ||h_k - h^0|| and the attribute ``fedper_personal_params``.
@@ -34,11 +34,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torch import nn
-
-from mpifl.algorithms import fedbn
 from mpifl.algorithms.base import Context, Round
-from mpifl.errors import ConfigError, check
+from mpifl.algorithms.blocks import PartState, last_layers, part_evaluate, part_round, part_state
+from mpifl.errors import check
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = ("FedPer: base layers averaged, the last `fedper.personal_layers` layers personal; the whole model "
@@ -54,34 +52,15 @@ class Params:
         check(self.personal_layers >= 0, "personal_layers", self.personal_layers, "must be >= 0 (0 = FedAvg)")
 
 
-State = fedbn.PartState
-
-
-def layers(model: nn.Module) -> list[tuple[str, list[str]]]:
-    """(module name, its parameter names) of every module holding parameters of its own, in order."""
-    out = []
-    for name, mod in model.named_modules():
-        own = [f"{name}.{p}" if name else p for p, _ in mod.named_parameters(recurse=False)]
-        if own:
-            out.append((name, own))
-    return out
-
-
-def last_layers(ctx: Context, k: int, key: str) -> set[str]:
-    """Parameter names of the model's last ``k`` layers; more than it has is refused, naming ``key``."""
-    found = layers(ctx.clients.model)
-    if k > len(found):
-        raise ConfigError(f"{key}={k} is more than model.name={ctx.cfg.model.name!r}'s {len(found)} layers with "
-                          f"parameters; allowed: at most {len(found)}", key)
-    return {n for _, names in found[len(found) - k:] for n in names} if k else set()
+State = PartState
 
 
 def init(ctx: Context) -> State:
-    return fedbn.part_state(ctx.clients, last_layers(ctx, ctx.params.personal_layers, "fedper.personal_layers"))
+    return part_state(ctx.clients, last_layers(ctx, ctx.params.personal_layers, "fedper.personal_layers"))
 
 
 def round(ctx: Context, state: State, t: int) -> Round:
-    return fedbn.part_round(ctx, state, t, "fedper")
+    return part_round(ctx, state, t, "fedper")
 
 
-evaluate = fedbn.part_evaluate
+evaluate = part_evaluate

@@ -59,7 +59,8 @@ import torch
 import torch.nn.functional as F
 from torch.func import vmap
 
-from mpifl.algorithms.base import Context, Round, identity_rows
+from mpifl.algorithms.base import Context, Round
+from mpifl.algorithms.blocks import identity_rows
 from mpifl.algorithms.head import Head, find_head
 from mpifl.algorithms.state import transient
 from mpifl.errors import check
@@ -117,7 +118,7 @@ def make_step(head: Head, protos: torch.Tensor, counts: torch.Tensor, lam: float
         c, p, rows = view.clients, view.params, view.rows
         head.module.train()
         with torch.enable_grad():
-            if c.batched and not c.layout.B:  # BatchNorm: each client its own statistics
+            if c.rows_at_once:  # BatchNorm: each client its own statistics
                 leaves = {k: v.detach().requires_grad_(True) for k, v in c.parts(p).items()}
                 loss = batched(leaves, x, y, w)
                 g = list(torch.autograd.grad(loss.sum(), list(leaves.values())))
@@ -127,10 +128,10 @@ def make_step(head: Head, protos: torch.Tensor, counts: torch.Tensor, lam: float
                 for i in range(len(rows)):
                     keep = w[i] > 0
                     leaves = {k: v[0].detach().requires_grad_(True) for k, v in c.parts(p[i:i + 1]).items()}
-                    bufs = c.layout.unflatten_buffers(c.buffers[rows[i]]) if c.layout.B else None
+                    bufs = c.buffers_of(rows[i])
                     li = one(leaves, x[i][keep], y[i][keep], w[i][keep], bufs)
                     gi = torch.autograd.grad(li, list(leaves.values()))
-                    c.layout.write(g[i:i + 1], dict(zip(leaves, (t[None] for t in gi))))
+                    c.write_parts(g[i:i + 1], dict(zip(leaves, (t[None] for t in gi))))
                     ls.append(li.detach())
                 loss = torch.stack(ls)
         head.module.eval()

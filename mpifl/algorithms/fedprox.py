@@ -38,8 +38,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from mpifl.algorithms import fedavg
 from mpifl.algorithms.base import Context, Round
+from mpifl.algorithms.blocks import GlobalModel, evaluate_global, init_global
+from mpifl.algorithms.blocks import step as fedavg_step  # this module's step is FedProx's
 from mpifl.errors import check
 from mpifl.train import Objective
 
@@ -59,16 +60,16 @@ class Params:
         check(self.mu >= 0 and math.isfinite(self.mu), "mu", self.mu, "must be a finite number >= 0")
 
 
-State = fedavg.State
-init = fedavg.init
-evaluate = fedavg.evaluate
+State = GlobalModel
+init = init_global
+evaluate = evaluate_global
 
 
 def step(ctx: Context, model: torch.Tensor, t: int, mu: float) -> tuple[torch.Tensor, Round]:
     """One FedProx round from the global ``model`` [P] with proximal weight ``mu``
     (an argument: FedProx+FT trains with FedProx's): the new model and the round."""
     objective = Objective(prox_center=model, prox_mu=mu)
-    new, out = fedavg.step(ctx, model, t, ctx.cfg.algorithm.fraction, objective)
+    new, out = fedavg_step(ctx, model, t, ctx.cfg.algorithm.fraction, objective)
     out.extras["drift"] = drift(ctx, model, out.train_loss)
     return new, out
 

@@ -27,15 +27,14 @@ Logged: as ``fedprox`` (mixing row, ``drift``) plus, with ``best_val``,
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 
-from mpifl.algorithms import fedavg_ft, fedprox
+from mpifl.algorithms import fedprox
 from mpifl.algorithms.base import Context, Round
-
-if TYPE_CHECKING:
-    pass
+from mpifl.algorithms.blocks import FineTuneState, finetuned_metrics, ft_epochs, init_finetune, track_best
+from mpifl.algorithms.shared_params import FineTuneParams, finetune_selection_samples
 
 READS = ("fedprox",)  # it trains as FedProx does: fedprox.mu is part of its runs
 
@@ -45,7 +44,7 @@ MIXING_ROW = "as fedavg"
 
 
 @dataclass
-class Params(fedavg_ft.Params):
+class Params(FineTuneParams):
     """FedAvg+FT's keys and checks, starting from another model by default."""
 
     # global model fine-tuned: best_val = the one of best mean validation accuracy over
@@ -53,19 +52,19 @@ class Params(fedavg_ft.Params):
     start: Literal["best_val", "last"] = "best_val"
 
 
-State = fedavg_ft.State
-init = fedavg_ft.init
-selection_samples = fedavg_ft.selection_samples
+State = FineTuneState
+init = init_finetune
+selection_samples = finetune_selection_samples
 
 
 def round(ctx: Context, state: State, t: int) -> Round:
     state.model, out = fedprox.step(ctx, state.model, t, ctx.cfg.fedprox.mu)  # it trains as FedProx does
     if ctx.params.start == "best_val":
-        fedavg_ft.track_best(ctx, state, out, t)
+        track_best(ctx, state, out, t)
     return out
 
 
 def evaluate(ctx: Context, state: State, t: int) -> dict[str, np.ndarray]:
     p = ctx.params
     start = state.best if p.start == "best_val" else state.model
-    return fedavg_ft.finetuned_metrics(ctx, start, fedavg_ft.ft_epochs(ctx), t)
+    return finetuned_metrics(ctx, start, ft_epochs(ctx), t)

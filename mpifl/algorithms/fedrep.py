@@ -42,12 +42,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from mpifl.algorithms import fedavg
-from mpifl.algorithms.base import Context, Round, own_rows_metrics, sampled_weights
+from mpifl.algorithms.base import Context, Round
+from mpifl.algorithms.blocks import download, own_rows_metrics, sampled_weights
 from mpifl.algorithms.head import Head, body_slices, find_head
-from mpifl.algorithms.mixing import Shared
 from mpifl.algorithms.state import transient
 from mpifl.errors import check
+from mpifl.logging.mixing import Shared
 from mpifl.train import Objective
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
@@ -84,8 +84,8 @@ def round(ctx: Context, state: State, t: int) -> Round:
     c, comm, body = ctx.clients, ctx.comm, state.body
     sampled = ctx.sample(t, ctx.cfg.algorithm.fraction)
     mine = ctx.local_of(sampled)
-    fedavg.download(ctx, state.model, mine, body)
-    body_names = [n for n in c.layout.names if n not in state.head.names]
+    download(ctx, state.model, mine, body)
+    body_names = [n for n in c.param_names if n not in state.head.names]
     head_loss = np.full(comm.n_local, np.nan)
     with c.using(c.params):  # the head's own optimizer, fresh: same rows
         head_loss[mine] = c.train(mine, ctx.params.head_epochs, t, purpose="head",

@@ -43,12 +43,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mpifl.algorithms import fedavg
-from mpifl.algorithms.base import Context, Round, evaluates, own_rows_metrics, sampled_weights
+from mpifl.algorithms.base import Context, Round, evaluates
+from mpifl.algorithms.blocks import local_update, own_rows_metrics, sampled_weights
 from mpifl.algorithms.head import Head, find_head
-from mpifl.algorithms.mixing import Shared
 from mpifl.algorithms.state import per_client
-from mpifl.train import RowOptimizer, Step, StepView
+from mpifl.logging.mixing import Shared
+from mpifl.train import Step, StepView
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (
@@ -76,7 +76,7 @@ def init(ctx: Context) -> State:
     h = _head(ctx)
     v = h.rows(c.init[None]).reshape(1, -1)
     return State(model=c.init.clone(), head=v.repeat(c.n, 1),
-                 head_opt=RowOptimizer(c.cfg, c.n, v.shape[1], c.device).state)
+                 head_opt=c.optimizer(v.shape[1]).fresh_state(c.n))
 
 
 def log_prior(ctx: Context) -> torch.Tensor:
@@ -92,7 +92,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
     sampled = ctx.sample(t, ctx.cfg.algorithm.fraction)
     n = ctx.comm.n_local
     bsm, seen = np.zeros(n), np.zeros(n)
-    mine, loss = fedavg.local_update(ctx, state.model, sampled, t, step=_step(ctx, state, bsm, seen))
+    mine, loss = local_update(ctx, state.model, sampled, t, step=_step(ctx, state, bsm, seen))
     bsm[mine] /= np.maximum(seen[mine], 1)
     bsm[np.setdiff1d(np.arange(n), mine)] = np.nan
     row, w = sampled_weights(ctx, sampled)
@@ -110,7 +110,7 @@ def _step(ctx: Context, state: State, bsm: np.ndarray, seen: np.ndarray) -> Step
     c = ctx.clients
     head = _head(ctx)
     bias = log_prior(ctx)
-    h_opt = RowOptimizer(c.cfg, 0, state.head.shape[1], c.device, state=state.head_opt)
+    h_opt = c.optimizer(state.head.shape[1], state.head_opt)
     C, D = head.n_classes, head.width
 
     def step(view: StepView, x: torch.Tensor, y: torch.Tensor, wt: torch.Tensor) -> torch.Tensor:

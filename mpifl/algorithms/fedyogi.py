@@ -27,13 +27,10 @@ Choices where the paper leaves room, and how Flower differs:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from mpifl.algorithms import fedadam, fedavg
 from mpifl.algorithms.base import Context
-
-if TYPE_CHECKING:
-    pass
+from mpifl.algorithms.blocks import ServerAdaptive, ServerState, evaluate_global, server_round
+from mpifl.algorithms.shared_params import AdaptiveParams
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "FedYogi: FedAdam with Yogi's second moment (`fedyogi.lr`, `beta1`, `beta2`, `tau`)"
@@ -41,7 +38,7 @@ MIXING_ROW = "as fedavg"
 
 
 @dataclass
-class Params(fedadam.Params):
+class Params(AdaptiveParams):
     """Hyper-parameters: the config section ``fedyogi``: FedAdam's keys, defaults and
     ranges (Yogi changes how v moves, not what it needs)."""
 
@@ -49,13 +46,13 @@ class Params(fedadam.Params):
     beta2: float = 0.99
 
 
-State = fedadam.State
+State = ServerState  # the global model and blocks.ServerAdaptive
 
 
 def init(ctx: Context) -> State:
     x = ctx.clients.init.clone()
-    return State(model=x, server=fedadam.ServerAdaptive.fresh("yogi", ctx.params, x))
+    return State(model=x, server=ServerAdaptive.fresh("yogi", ctx.params, x))
 
 
-round = fedadam.round
-evaluate = fedavg.evaluate
+round = server_round
+evaluate = evaluate_global

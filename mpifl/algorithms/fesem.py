@@ -50,11 +50,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from mpifl.algorithms.base import Context, Round, group_weights, own_rows_metrics
-from mpifl.algorithms.fedavg import local_update
-from mpifl.algorithms.mixing import Grouped
+from mpifl.algorithms.base import Context, Round
+from mpifl.algorithms.blocks import group_weights, local_update, own_rows_metrics
 from mpifl.config.sections import sampled_count
 from mpifl.errors import ConfigError, check
+from mpifl.logging.mixing import Grouped
 from mpifl.rng import GLOBAL
 
 if TYPE_CHECKING:

@@ -69,7 +69,7 @@ class Head:
         with torch.no_grad():
             if self.body is not None:
                 return stacked_forward(self.body, c.parts(rows), x)
-            if c.batched and not c.layout.B:  # BatchNorm: each client its own statistics
+            if c.rows_at_once:  # BatchNorm: each client its own statistics
                 return vmap(self.features)(rows, x)
             local = np.arange(len(rows)) if local is None else local
             bufs = [c.buffers[k] if c.layout.B else None for k in local]
@@ -148,4 +148,4 @@ def _mlp_body(ops: list[tuple[str, ...]] | None, head_weight: str) -> list[tuple
 
 def body_slices(c: Clients, head: Head) -> list[slice]:
     """Row slices of every parameter outside the head."""
-    return c.layout.slices([n for n in c.layout.names if n not in head.names])
+    return c.slices([n for n in c.param_names if n not in head.names])

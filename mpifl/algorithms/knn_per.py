@@ -5,7 +5,7 @@ k-nearest-neighbour classifier over a datastore of its own training embeddings.
 
     mpiexec -n 2 python -m mpi4py -m mpifl.main jobs/quickstart.yaml algorithm.name=knn_per knn_per.k=10 knn_per.lam=0.5
 
-Training is FedAvg's (``fedavg.step``). At evaluation client i, with the global
+Training is FedAvg's (``blocks.step``). At evaluation client i, with the global
 model's body phi (everything before the last ``nn.Linear``, ``mpifl.algorithms.head``):
 
 1. datastore ``S_i = {(phi(x_j), y_j)}`` over its training split;
@@ -44,8 +44,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from mpifl.algorithms import fedavg
 from mpifl.algorithms.base import Context, Round
+from mpifl.algorithms.blocks import step
 from mpifl.algorithms.head import Head, find_head
 from mpifl.algorithms.state import transient
 from mpifl.errors import check
@@ -88,7 +88,7 @@ def init(ctx: Context) -> State:
 
 
 def round(ctx: Context, state: State, t: int) -> Round:
-    state.model, out = fedavg.step(ctx, state.model, t, ctx.cfg.algorithm.fraction)
+    state.model, out = step(ctx, state.model, t, ctx.cfg.algorithm.fraction)
     return out
 
 

@@ -19,7 +19,7 @@ number of layers leaves no local part: FedAvg bit for bit.
 
 Choices where the paper leaves room:
 
-- A layer is a module holding parameters of its own (``fedper.layers``), counted
+- A layer is a module holding parameters of its own (``Clients.layers``), counted
   from the output; the default of 1 global layer (the classifier) is PFLlib's
   split (``model.head`` averaged, ``model.base`` local); the paper's global part
   is the top layers of its CNNs and MLPs, of a size it varies.
@@ -30,7 +30,7 @@ Choices where the paper leaves room:
   from the initial model. Sampling and weights are FedAvg's; the optimizer
   restarts every round.
 
-State and logs: FedBN's partial averaging (``fedbn.part_round``): the global model
+State and logs: FedBN's partial averaging (``blocks.part_round``): the global model
 [P] (its global layers' columns), each client's local layers in its own row; the
 mixing row (p over the sampled clients, of the global layers),
 ``/lg_fedavg/personal_drift`` ||l_k - l^0|| and the attribute
@@ -41,8 +41,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mpifl.algorithms import fedbn, fedper
 from mpifl.algorithms.base import Context, Round
+from mpifl.algorithms.blocks import PartState, last_layers, part_evaluate, part_round, part_state
 from mpifl.errors import check
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
@@ -59,17 +59,17 @@ class Params:
         check(self.global_layers >= 1, "global_layers", self.global_layers, "must be >= 1")
 
 
-State = fedbn.PartState
+State = PartState
 
 
 def init(ctx: Context) -> State:
     c = ctx.clients
-    shared = fedper.last_layers(ctx, ctx.params.global_layers, "lg_fedavg.global_layers")
-    return fedbn.part_state(c, set(c.layout.names) - shared)
+    shared = last_layers(ctx, ctx.params.global_layers, "lg_fedavg.global_layers")
+    return part_state(c, set(c.param_names) - shared)
 
 
 def round(ctx: Context, state: State, t: int) -> Round:
-    return fedbn.part_round(ctx, state, t, "lg_fedavg")
+    return part_round(ctx, state, t, "lg_fedavg")
 
 
-evaluate = fedbn.part_evaluate
+evaluate = part_evaluate

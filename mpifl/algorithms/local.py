@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mpifl.algorithms.base import Context, Round, identity_rows, own_rows_metrics
+from mpifl.algorithms.base import Context, Round
+from mpifl.algorithms.blocks import identity_rows, own_rows_metrics
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "every client trains alone"

@@ -49,12 +49,12 @@ import torch
 import torch.nn.functional as F
 from torch.func import vmap
 
-from mpifl.algorithms import fedavg
-from mpifl.algorithms.base import Context, Round, sampled_weights
+from mpifl.algorithms.base import Context, Round
+from mpifl.algorithms.blocks import evaluate_global, local_update, sampled_weights
 from mpifl.algorithms.head import Head, find_head
-from mpifl.algorithms.mixing import Shared
 from mpifl.algorithms.state import per_client, transient
 from mpifl.errors import check
+from mpifl.logging.mixing import Shared
 from mpifl.train import Step, StepView, per_sample_loss
 
 if TYPE_CHECKING:
@@ -115,7 +115,7 @@ def make_step(ctx: Context, state: State, con_sum: np.ndarray, steps: np.ndarray
         rp = head.features_of(c, state.prev[torch.as_tensor(rows, device=q.device)], x, rows)
         head.module.train()
         with torch.enable_grad():
-            if c.batched and not c.layout.B:
+            if c.rows_at_once:
                 leaves = {k: v.detach().requires_grad_(True) for k, v in c.parts(q).items()}
                 loss, con = batched(leaves, x, y, w, rg, rp)
                 g = list(torch.autograd.grad(loss.sum(), list(leaves.values())))
@@ -123,10 +123,10 @@ def make_step(ctx: Context, state: State, con_sum: np.ndarray, steps: np.ndarray
                 g, out = torch.empty_like(q), []
                 for i in range(len(rows)):
                     leaves = {k: v[0].detach().requires_grad_(True) for k, v in c.parts(q[i:i + 1]).items()}
-                    bufs = c.layout.unflatten_buffers(c.buffers[rows[i]]) if c.layout.B else None
+                    bufs = c.buffers_of(rows[i])
                     li, ci = one(leaves, x[i], y[i], w[i], rg[i], rp[i], bufs)
                     gi = torch.autograd.grad(li, list(leaves.values()))
-                    c.layout.write(g[i:i + 1], dict(zip(leaves, (t[None] for t in gi))))
+                    c.write_parts(g[i:i + 1], dict(zip(leaves, (t[None] for t in gi))))
                     out.append((li.detach(), ci.detach()))
                 loss, con = (torch.stack(v) for v in zip(*out))
         head.module.eval()
@@ -143,7 +143,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
     sampled = ctx.sample(t, ctx.cfg.algorithm.fraction)
     con_sum, steps = np.zeros(comm.n_local), np.zeros(comm.n_local)
     step = make_step(ctx, state, con_sum, steps) if ctx.params.mu else None
-    mine, loss = fedavg.local_update(ctx, state.model, sampled, t, step=step)
+    mine, loss = local_update(ctx, state.model, sampled, t, step=step)
     trained = mine[np.isfinite(loss[mine])]  # a dropped update keeps its previous model
     k = torch.as_tensor(trained, device=c.device)
     state.prev[k] = c.params[k]
@@ -154,4 +154,4 @@ def round(ctx: Context, state: State, t: int) -> Round:
     return Round(train_loss=loss, mixing=Shared(row), extras={"contrastive": con})
 
 
-evaluate = fedavg.evaluate
+evaluate = evaluate_global

@@ -15,9 +15,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from mpifl.algorithms.base import Context, Round, group_weights, own_rows_metrics
-from mpifl.algorithms.fedavg import local_update
-from mpifl.algorithms.mixing import Grouped
+from mpifl.algorithms.base import Context, Round
+from mpifl.algorithms.blocks import cluster_fedavg, own_rows_metrics
 from mpifl.errors import check
 
 if TYPE_CHECKING:
@@ -48,24 +47,6 @@ def init(ctx: Context) -> State:
 def round(ctx: Context, state: State, t: int) -> Round:
     state.models, out = cluster_fedavg(ctx, state.models, ctx.data.cluster, t, ctx.cfg.algorithm.fraction)
     return out
-
-
-def cluster_fedavg(ctx: Context, models: torch.Tensor, cl: np.ndarray, t: int,
-                   fraction: float) -> tuple[torch.Tensor, Round]:
-    """One round of FedAvg inside each cluster of ``cl`` ([N] labels 0..K-1, the
-    same on every rank) with ``models`` [K, P]: returns the new models and the round."""
-    sampled = ctx.sample(t, fraction)
-    mine_cluster = torch.as_tensor(cl[ctx.comm.local_ids], device=models.device)
-    _, loss = local_update(ctx, models[mine_cluster], sampled, t)
-
-    w, wl = group_weights(ctx, cl, sampled)
-    sums = ctx.comm.grouped_sum(ctx.clients.params, wl, cl[ctx.comm.local_ids], len(models))
-    hit = torch.as_tensor(np.isin(np.arange(len(models)), cl[sampled]), device=sums.device)
-    models = torch.where(hit[:, None], sums, models)
-
-    # row i: w within i's cluster; a cluster with no sampled client keeps its
-    # model (row e_i), which is the groups format's own rule
-    return models, Round(train_loss=loss, mixing=Grouped(cl, w))
 
 
 def evaluate(ctx: Context, state: State, t: int) -> dict[str, np.ndarray]:

@@ -51,10 +51,10 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import torch
 
-from mpifl.algorithms import fedavg
-from mpifl.algorithms.base import Context, Round, evaluates, own_rows_metrics, sampled_weights
-from mpifl.algorithms.mixing import Shared
+from mpifl.algorithms.base import Context, Round, evaluates
+from mpifl.algorithms.blocks import GlobalModel, init_global, local_update, own_rows_metrics, sampled_weights
 from mpifl.errors import check
+from mpifl.logging.mixing import Shared
 from mpifl.train import Step, StepView
 
 if TYPE_CHECKING:
@@ -83,8 +83,8 @@ class Params:
         check(0 < self.delta < math.inf, "delta", self.delta, "must be a finite number > 0")
 
 
-State = fedavg.State  # the global model
-init = fedavg.init
+State = GlobalModel  # the global model
+init = init_global
 
 
 def batches_per_step(ctx: Context) -> int:
@@ -98,7 +98,7 @@ def outer_lr(ctx: Context) -> float:
 def round(ctx: Context, state: State, t: int) -> Round:
     c = ctx.clients
     sampled = ctx.sample(t, ctx.cfg.algorithm.fraction)
-    _, loss = fedavg.local_update(ctx, state.model, sampled, t, step=_step(ctx),
+    _, loss = local_update(ctx, state.model, sampled, t, step=_step(ctx),
                                   batch_size=batches_per_step(ctx) * ctx.cfg.train.batch_size)
     row, w = sampled_weights(ctx, sampled)
     state.model = ctx.comm.weighted_sum(c.params, w)

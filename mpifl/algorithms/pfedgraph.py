@@ -52,10 +52,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from mpifl.algorithms.base import Context, Round, own_rows_metrics
-from mpifl.algorithms.mixing import Dense
+from mpifl.algorithms.base import Context, Round
+from mpifl.algorithms.blocks import own_rows_metrics
 from mpifl.algorithms.state import per_client
 from mpifl.errors import check
+from mpifl.logging.mixing import Dense
 from mpifl.train import Step, StepView
 
 if TYPE_CHECKING:
@@ -146,7 +147,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
     ids, P = comm.local_ids, c.P
     sampled = ctx.sample(t, ctx.cfg.algorithm.fraction)
     mine = ctx.local_of(sampled)
-    c.opt.reset(torch.as_tensor(mine, device=c.device))
+    c.reset_optimizer(torch.as_tensor(mine, device=c.device))
     loss = np.full(comm.n_local, np.nan)
     loss[mine] = c.train(mine, ctx.cfg.train.local_epochs, t,
                          step=regulariser_step(state.target, f.lam, state.has_target))

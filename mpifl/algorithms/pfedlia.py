@@ -20,7 +20,7 @@ Lazy Influence Approximation (LIA) step, clustering, then FedAvg per cluster.
    influence (i is added if 2-means put it in the other one; counted in the
    ``lia_self_outside`` attribute).
 4. Training, in the same round and after: ``central`` = FedAvg inside each found
-   cluster (oracle's ``cluster_fedavg`` with the found labels). ``p2p``: the
+   cluster (``blocks.cluster_fedavg`` with the found labels). ``p2p``: the
    sampled clients train from their own model, then every client i sets its model
    to the p-weighted average of the models of ``S_i ∩ sampled`` (pulled
    point-to-point), keeping its own when that set is empty. The docs/algorithms.md
@@ -61,12 +61,11 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import torch
 
-from mpifl.algorithms import fedavg
-from mpifl.algorithms.base import Context, Round, own_rows_metrics
-from mpifl.algorithms.mixing import Dense
-from mpifl.algorithms.oracle import cluster_fedavg
+from mpifl.algorithms.base import Context, Round
+from mpifl.algorithms.blocks import cluster_fedavg, own_rows_metrics, step
 from mpifl.algorithms.state import per_client
 from mpifl.errors import ConfigError, check
+from mpifl.logging.mixing import Dense
 
 if TYPE_CHECKING:
     from mpifl.config.sections import ConfigBase as Config
@@ -143,7 +142,7 @@ def init(ctx: Context) -> State:
 def round(ctx: Context, state: State, t: int) -> Round:
     cfg = ctx.params
     if t < cfg.warmup_rounds:
-        state.model, out = fedavg.step(ctx, state.model, t, cfg.fraction)
+        state.model, out = step(ctx, state.model, t, cfg.fraction)
         return out
     once, attrs = {}, {}
     if t == cfg.warmup_rounds:
@@ -180,7 +179,7 @@ def lia_models(ctx: Context, theta0: torch.Tensor, t: int) -> None:
         g = ctx.rng(t, int(c.ids[k]), "lia_batch")
         subsets.append(lo + np.sort(g.choice(hi - lo, min(cfg.lia_batch, hi - lo), replace=False)))
     c.params[:] = theta0
-    c.opt.reset()
+    c.reset_optimizer()
     c.train(np.arange(c.n), cfg.lia_epochs, t, purpose="lia", subsets=subsets)
 
 
@@ -268,7 +267,7 @@ def cluster(ctx: Context, state: State, t: int) -> tuple[dict, dict]:
             inside.append(ok)
         state.collaborators = np.array(masks, bool).reshape(comm.n_local, ctx.N)
         c.params[:] = theta0  # every client starts personal training from theta_0
-        c.opt.reset()
+        c.reset_optimizer()
         once["lia/collaborators"] = state.collaborators
         attrs["lia_self_outside"] = int(comm.allreduce_sum(float(len(inside) - sum(inside))))
         collab = comm.gather_rows(state.collaborators)  # rank 0, for the log only
@@ -306,7 +305,7 @@ def p2p_step(ctx: Context, state: State, t: int) -> Round:
     mine = ctx.local_of(sampled)
     loss = np.full(comm.n_local, np.nan)
     if len(mine):
-        c.opt.reset(torch.as_tensor(mine, device=c.device))
+        c.reset_optimizer(torch.as_tensor(mine, device=c.device))
         loss[mine] = c.train(mine, ctx.cfg.train.local_epochs, t)
     is_sampled = np.zeros(ctx.N, bool)
     is_sampled[sampled] = True

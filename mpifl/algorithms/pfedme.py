@@ -64,11 +64,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from mpifl.algorithms import fedavg
-from mpifl.algorithms.base import Context, Round, own_rows_metrics, sampled_weights
-from mpifl.algorithms.mixing import Shared
+from mpifl.algorithms.base import Context, Round
+from mpifl.algorithms.blocks import local_update, own_rows_metrics, sampled_weights
 from mpifl.algorithms.state import per_client
 from mpifl.errors import check
+from mpifl.logging.mixing import Shared
 from mpifl.train import Step, StepView
 
 if TYPE_CHECKING:
@@ -130,7 +130,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
     train = np.arange(ctx.N) if p.all_train else sampled
     mine = ctx.local_of(train)
     state.theta[torch.as_tensor(mine, device=c.device)] = state.model
-    _, loss = fedavg.local_update(ctx, state.model, train, t, step=moreau_step(state.theta, p.lam, p.K, p.personal_lr))
+    _, loss = local_update(ctx, state.model, train, t, step=moreau_step(state.theta, p.lam, p.K, p.personal_lr))
     row, w = sampled_weights(ctx, sampled)
     average = comm.weighted_sum(c.params, w)
     state.model = average if p.beta == 1 else state.model + p.beta * (average - state.model)

@@ -57,11 +57,11 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import torch
 
-from mpifl.algorithms import fedavg
-from mpifl.algorithms.base import Context, Round, sampled_weights
-from mpifl.algorithms.mixing import Shared
+from mpifl.algorithms.base import Context, Round
+from mpifl.algorithms.blocks import evaluate_global, local_update, sampled_weights
 from mpifl.algorithms.state import per_client
 from mpifl.errors import check
+from mpifl.logging.mixing import Shared
 from mpifl.train import Step, StepView
 
 if TYPE_CHECKING:
@@ -120,7 +120,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
     steps = np.zeros(comm.n_local, np.int64)
     idx = torch.as_tensor(mine, device=c.device)
     step = corrected(correction, steps) if len(mine) and bool(correction[idx].any()) else None
-    _, loss = fedavg.local_update(ctx, x, sampled, t, step=step)
+    _, loss = local_update(ctx, x, sampled, t, step=step)
     comm.count(mine, recv=c.P * comm.itemsize)  # c travels with x
     if step is None:  # FedAvg's path: its steps are the batches that had samples
         steps[mine] = (c.plan(mine, ctx.cfg.train.local_epochs, t).idx >= 0).any(2).sum(1)
@@ -157,4 +157,4 @@ def _norms(rows: torch.Tensor) -> np.ndarray:
     return torch.linalg.vector_norm(rows, dim=1).double().cpu().numpy()
 
 
-evaluate = fedavg.evaluate
+evaluate = evaluate_global

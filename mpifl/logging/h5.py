@@ -34,7 +34,7 @@ here. ``Run.row(t)`` and ``Run.mixing(t)`` take a row index, negative from the e
 
 Above ``dense_max`` clients an N x N matrix per round stops fitting; the mixing
 matrix is then stored compactly (``/graph`` attr ``mixing_format = compact``), in
-the form the round's :class:`mpifl.algorithms.mixing.Mixing` encodes itself to, with
+the form the round's :class:`mpifl.logging.mixing.Mixing` encodes itself to, with
 ``mixing_kind`` per row naming the form (the codes are defined on the ``Mixing``
 types): the non-zeros of ``Dense`` rows (``mixing_coo/{row,col,val}``
 concatenated over rounds, round i's in ``[end[i-1], end[i])`` of
@@ -73,11 +73,11 @@ from typing import Any
 import h5py
 import numpy as np
 
-from mpifl.algorithms.mixing import COO_COL, COO_END, COO_ROW, COO_VAL, Dense, Mixing
 from mpifl.errors import StorageError, storage_error
 from mpifl.logging import pending as pending_rounds
 from mpifl.logging import sums
 from mpifl.logging.journal import Journaled, journal_path, read_journal, still
+from mpifl.logging.mixing import COO_COL, COO_END, COO_ROW, COO_VAL, Dense, Mixing
 
 ROUND_KEY = "rounds/round"
 CHUNK_BYTES = 1 << 12  # per-round datasets: rows per chunk up to this size (measured: 4 KiB best)

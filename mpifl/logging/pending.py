@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from mpifl.algorithms.mixing import Shared
 from mpifl.logging.journal import pwrite_all
+from mpifl.logging.mixing import Shared
 
 MAGIC = b"MPIFLR01"
 _FRAME = struct.Struct("<8sQI")  # magic, payload bytes, CRC-32 of the payload

@@ -13,11 +13,11 @@ import numpy as np
 
 from mpifl import __version__
 from mpifl.algorithms.base import Context, Round
-from mpifl.algorithms.mixing import Dense, Mixing, issparse
 from mpifl.comm import Comm, versions
 from mpifl.config import Config
 from mpifl.errors import UNWRITABLE, ConfigError, storage_error
 from mpifl.logging.h5 import Writer, open_run
+from mpifl.logging.mixing import Dense, Mixing, issparse
 from mpifl.paths import RunDir, atomic_write_text
 from mpifl.run import checkpoint, provenance
 from mpifl.yamlio import read_yaml

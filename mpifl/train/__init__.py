@@ -9,7 +9,7 @@ through stacked ``bmm`` (:class:`StackedMLP`), a plain conv net through grouped
 convolutions (:class:`GroupedConv`), any other model through ``torch.func.vmap``
 (:class:`Vmap`; a BatchNorm model with each client's running statistics), a block
 of clients taking each step together (:mod:`.batched`); else row by row
-(:class:`PerClient`). The per-client path (:mod:`.loop`) is a plain torch loop on
+(:class:`RowByRow`). The per-client path (:mod:`.loop`) is a plain torch loop on
 the template bound to one client's rows at a time. Both draw the same batches
 (:mod:`.plan`), compute the same loss (:mod:`.loss`) and apply the same optimizer
 arithmetic (:mod:`.optimizer`), so they agree to float tolerance; under
@@ -43,10 +43,10 @@ from mpifl.train.mlp import StackedMLP, stacked_forward, stacked_mlp
 from mpifl.train.objective import Objective, Step, StepView
 from mpifl.train.optimizer import RowOptimizer
 from mpifl.train.plan import BatchPlan
-from mpifl.train.rowmodel import PerClient, RowModel, Vmap
+from mpifl.train.rowmodel import RowByRow, RowModel, Vmap
 from mpifl.train.rows import Rows, read_rows, rows_selector, write_back
 
 __all__ = ["BatchPlan", "Clients", "Engine", "GroupedConv", "Layout", "NonFiniteError", "Objective", "Part",
-           "PerClient", "RowModel", "RowOptimizer", "Rows", "StackedMLP", "Step", "StepView", "Vmap", "cross_entropy",
+           "RowByRow", "RowModel", "RowOptimizer", "Rows", "StackedMLP", "Step", "StepView", "Vmap", "cross_entropy",
            "loss_acc", "loss_acc_from_probs", "per_sample_loss", "read_rows", "rows_selector", "stacked_forward",
            "stacked_mlp", "write_back"]

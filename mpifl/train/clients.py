@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from mpifl.data import FederatedData
-from mpifl.models import has_batchnorm
+from mpifl.models import has_batchnorm, layers
 from mpifl.train import batched, evaluation, fused, grouped, loop
 from mpifl.train.engine import Engine
 from mpifl.train.grouped import GroupedConv, fuse, grouped_convnet
@@ -28,7 +28,7 @@ from mpifl.train.mlp import StackedMLP, stacked_mlp
 from mpifl.train.objective import Objective, Step
 from mpifl.train.optimizer import RowOptimizer
 from mpifl.train.plan import SPLIT_INDEX, BatchPlan, gather, make_plan
-from mpifl.train.rowmodel import PerClient, RowModel, Vmap
+from mpifl.train.rowmodel import RowByRow, RowModel, Vmap
 from mpifl.train.rows import Rows, Snapshot, flat
 
 if TYPE_CHECKING:  # a type hint only: importing the schema (a leaf) would run the config package first
@@ -86,7 +86,7 @@ class Clients:
         self.batched = cfg.batched == "on" or (cfg.batched == "auto" and self.stacked is not None)
         self.needs_measuring = cfg.batched == "auto" and self.stacked is None
         self.path_times: tuple[float, float] | None = None  # (batched, loop) s, when measured
-        self._engines: dict[str, Engine] = {"per_client": PerClient(self.functional), "vmap": Vmap(self.functional)}
+        self._engines: dict[str, Engine] = {"row_by_row": RowByRow(self.functional), "vmap": Vmap(self.functional)}
         if self.stacked is not None:
             self._engines["stacked"] = StackedMLP(self.model, self.layout, self.stacked, device)
         if self.convnet is not None:
@@ -162,7 +162,7 @@ class Clients:
         row by row unless training is batched, else the stacked MLP kernels, grouped
         convolutions or vmap, whichever the model allows (the first of them)."""
         if not self.batched:
-            return self._engines["per_client"]
+            return self._engines["row_by_row"]
         if self.stacked is not None:
             return self._engines["stacked"]
         return self._engines["grouped" if self.convnet is not None else "vmap"]
@@ -325,6 +325,71 @@ class Clients:
             self.updates = saved[3]
             self.steps[:], self.samples[:] = saved[4], saved[5]
         return best[True], best[False]
+
+    # ------------------------------------------------------------------ what algorithms use (base.ClientsSurface)
+    @property
+    def param_names(self) -> list[str]:
+        """The model's parameter names, in the order of a row's columns."""
+        return self.layout.names
+
+    def slices(self, names: list[str]) -> list[slice]:
+        """The columns of a row that hold the named parameters, in row order."""
+        return self.layout.slices(names)
+
+    def write_parts(self, out: torch.Tensor, parts: dict[str, torch.Tensor]) -> None:
+        """Write per-parameter tensors ``[m, *shape]`` (as :meth:`parts` gives them) into rows ``out [m, P]``."""
+        self.layout.write(out, parts)
+
+    def flatten(self, model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        """A model built like the clients' as rows: (parameters ``[P]``, float buffers ``[B]``), float32."""
+        return self.layout.flatten(model), self.layout.flatten_buffers(model)
+
+    def layers(self) -> list[tuple[str, nn.Module, list[str]]]:
+        """(name, module, its parameters' names) of every module of the model holding
+        parameters of its own, from the input to the output (:func:`mpifl.models.layers`)."""
+        return layers(self.model)
+
+    def buffers_of(self, k: int) -> dict[str, torch.Tensor] | None:
+        """Local client ``k``'s float buffers by name (BatchNorm's statistics, views),
+        None for a model without any."""
+        return self.layout.unflatten_buffers(self.buffers[k]) if self.layout.B else None
+
+    @property
+    def rows_at_once(self) -> bool:
+        """Whether a block of rows computes in one call (training batched, no BatchNorm
+        statistics to keep per client); else a custom step goes row by row."""
+        return self.batched and not self.layout.B
+
+    @property
+    def n_samples(self) -> int:
+        """Samples held on this rank, every local client's splits together."""
+        return len(self.x)
+
+    def relabel(self, k: int, perm: torch.Tensor) -> None:
+        """Local client ``k``'s labels ``y`` become ``perm[y]`` in every split (a label-flipping client)."""
+        for split in SPLIT_INDEX:
+            lo, hi = self.split_range(k, split)
+            self.y[lo:hi] = perm[self.y[lo:hi]]
+
+    def reset_optimizer(self, sel: torch.Tensor | slice = slice(None)) -> None:
+        """The optimizer state of rows ``sel`` (default all) starts afresh."""
+        self.opt.reset(sel)
+
+    def fresh_optimizer_state(self, n: int) -> dict[str, torch.Tensor]:
+        """Zero ``train.optimizer`` state for ``n`` other rows (personal models)."""
+        return self.opt.fresh_state(n)
+
+    def optimizer(self, width: int | None = None, state: dict[str, torch.Tensor] | None = None) -> RowOptimizer:
+        """``train.optimizer`` for other rows: rows like the clients' (``width`` None) or
+        of ``width`` columns (a personal head), stepping ``state`` (default: fresh, no rows)."""
+        if width is None:
+            return RowOptimizer(self.cfg, 0, self.P, self.device, self.layout.cols, state=state)
+        return RowOptimizer(self.cfg, 0, width, self.device, state=state)
+
+    def apply_gradient(self, g: torch.Tensor) -> None:
+        """One step of the clients' optimizer on every row with gradient ``g [n_local, P]``
+        (an algorithm that makes its own gradient; it counts the step with :meth:`count`)."""
+        self.params[:] = self.opt.step(slice(None), self.params, g)
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, split: str, params: torch.Tensor | None = None,

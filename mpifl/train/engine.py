@@ -2,7 +2,7 @@
 gradients: stacked MLP kernels (:class:`~mpifl.train.mlp.StackedMLP`), grouped
 convolutions (:class:`~mpifl.train.grouped.GroupedConv`), ``torch.func.vmap``
 (:class:`~mpifl.train.rowmodel.Vmap`, BatchNorm models too) and one row at a time
-(:class:`~mpifl.train.rowmodel.PerClient`). ``Clients.engine`` picks one from
+(:class:`~mpifl.train.rowmodel.RowByRow`). ``Clients.engine`` picks one from
 ``train.batched`` and the model; the training paths, evaluation and custom steps
 call it alike."""
 

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from mpifl.train.layout import Layout
-from mpifl.train.rows import PerClient, flat, read_rows, write_back
+from mpifl.train.rows import ClientRows, flat, read_rows, write_back
 
 if TYPE_CHECKING:
     from mpifl.train.optimizer import RowOptimizer
@@ -86,7 +86,7 @@ class StepView:
     them in place; :meth:`store` writes the copies back after the step."""
 
     def __init__(self, clients: ClientsView, sel: slice | torch.Tensor, rows: np.ndarray,
-                 state: dict[str, PerClient]):
+                 state: dict[str, ClientRows]):
         self.clients, self.sel, self.rows = clients, sel, rows
         self._of = {"params": clients.params, **flat(state)}
         self._read: dict[str, torch.Tensor] = {}
@@ -133,4 +133,4 @@ class Step:
     (``train.on_nonfinite=skip``) puts their rows back with the parameters'."""
 
     fn: Callable[[StepView, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-    state: dict[str, PerClient] = field(default_factory=dict)
+    state: dict[str, ClientRows] = field(default_factory=dict)

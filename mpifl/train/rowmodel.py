@@ -3,7 +3,7 @@ a function of a row (:class:`RowModel`), and the two engines
 (:class:`~mpifl.train.engine.Engine`) that run it: :class:`Vmap`, all rows at once
 through ``torch.func.vmap`` over ``functional_call`` (a BatchNorm model with each
 client's running statistics riding along as a vmapped buffer row), and
-:class:`PerClient`, one row at a time. Nothing here updates parameters; only
+:class:`RowByRow`, one row at a time. Nothing here updates parameters; only
 BatchNorm's running statistics (``Clients.buffers``) advance, as in training.
 """
 
@@ -110,7 +110,7 @@ class Vmap:
         return fn.vlogits(params, x)
 
 
-class PerClient:
+class RowByRow:
     """The unbatched engine: :class:`RowModel` on one row at a time (the batches'
     real samples only); a flat gradient."""
 

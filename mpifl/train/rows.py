@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 # per-client state: rows [n_local, ...] indexed like the rank's clients, or a dict of such (an optimizer's state)
-PerClient = torch.Tensor | dict[str, torch.Tensor]
+ClientRows = torch.Tensor | dict[str, torch.Tensor]
 
 
 @dataclass
@@ -28,7 +28,7 @@ class Rows:
     opt: dict[str, torch.Tensor]
 
 
-def flat(state: dict[str, PerClient]) -> dict[str, torch.Tensor]:
+def flat(state: dict[str, ClientRows]) -> dict[str, torch.Tensor]:
     """Every tensor of ``state``, a dict's as ``name/key``."""
     out: dict[str, torch.Tensor] = {}
     for name, v in state.items():

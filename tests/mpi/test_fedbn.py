@@ -119,14 +119,14 @@ def test_every_batchnorm_of_resnet18_stays_local_downsample_branches_too():
     cfg = config.load(None, ["model.name=resnet18"])
     with torch.device("meta"):
         model = models.architecture(cfg.model, (3, 32, 32), 10)
-    names = fedbn.batchnorm_names(model)
+    names = fedbn.batchnorm_names(models.layers(model))
     layers = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
     assert len(names) == 2 * len(layers) == 40
     assert "layer2.0.downsample.1.weight" in names and "conv1.weight" not in names
     # an image model without BatchNorm has no personal part: FedAvg
     with torch.device("meta"):
         plain = models.architecture(config.load(None, ["model.name=cnn_dpfl"]).model, (3, 32, 32), 10)
-    assert fedbn.batchnorm_names(plain) == set()
+    assert fedbn.batchnorm_names(models.layers(plain)) == set()
 
 
 @pytest.mark.parametrize("batched", ["off", "on"])

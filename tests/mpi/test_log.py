@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from mpifl import config
-from mpifl.algorithms.mixing import Dense, Grouped, Shared
 from mpifl.logging.h5 import open_run
+from mpifl.logging.mixing import Dense, Grouped, Shared
 from mpifl.run import provenance, runtime
 
 SMALL = {"data.name": "synthetic", "data.n_samples": 800, "data.n_clients": 8, "data.n_clusters": 2,
