@@ -26,6 +26,23 @@ ceiling a path made of torch's convolution kernels can reach.
 by default cnn_dpfl's layers run in mpifl/train/fused.py's kernel, the table's
 "conv kernel" column).
 
+The memory floor: what one local epoch must move through memory at the least,
+over the rate of a large streaming add (``torch.add(a, b, out=c)`` on three 128 MB
+float32 tensors, best of ``--repeats``, at ``--threads``). Per optimizer step and
+client it counts the parameters read by the forward, the gradient written by the
+backward, and the optimizer step's reads and writes (SGD: parameter and gradient
+read, parameter written; momentum adds its buffer read and written; Adam its two
+moments), so 5, 7 or 9 floats a parameter; per sample, every layer's output written
+by the forward and read by the backward, and its gradient written and read (4 floats
+an activation, the input's included). Caches are not credited: at 16+ clients a
+step's rows (clients x parameters x 3-4 floats) outgrow the last-level cache. The
+roofline is the larger floor; "of roofline" is that floor over the measured epoch.
+``--optimizer``, ``--batch``, ``--hidden`` and ``--samples`` (per client, 60% of
+them training) set the run measured, e.g. the room's cell:
+
+    python bench/roofline.py --models mlp --shapes 1x28x28 --clients 100 --hidden 64 \
+        --optimizer adam --batch 20 --samples 667 --threads 1
+
 Prints one JSON line per (model, shape, clients) and a Markdown table.
 """
 
@@ -33,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -67,25 +85,68 @@ def matmul_rate(repeats: int, n: int = 2048) -> float:
     return 2 * n ** 3 / best_of(lambda: torch.mm(a, b), repeats) / 1e9
 
 
-def flops_per_sample(name: str, shape: tuple[int, ...], batch: int = 16) -> float:
+def stream_rate(repeats: int, n: int = 32 * 2 ** 20) -> float:
+    """GB/s of ``torch.add(a, b, out=c)`` over n float32 entries (two read, one written)."""
+    a, b, c = torch.randn(n), torch.randn(n), torch.empty(n)
+    return 3 * 4 * n / best_of(lambda: torch.add(a, b, out=c), repeats) / 1e9
+
+
+def model_config(name: str, hidden: list[int] | None) -> ModelConfig:
+    return ModelConfig(name=name, hidden=hidden) if name == "mlp" and hidden else ModelConfig(name=name)
+
+
+def flops_per_sample(name: str, shape: tuple[int, ...], batch: int = 16, hidden: list[int] | None = None) -> float:
     """Forward + backward FLOPs of one sample of the plain module, by FlopCounterMode."""
-    model = models.build(ModelConfig(name=name), shape, 10, 0)
+    model = models.build(model_config(name, hidden), shape, 10, 0)
     x, y = torch.randn(batch, *shape), torch.randint(0, 10, (batch,))
     with FlopCounterMode(display=False) as fc:
         torch.nn.functional.cross_entropy(model(x), y).backward()
     return fc.get_total_flops() / batch
 
 
-def measure(name: str, shape: tuple[int, ...], n: int, repeats: int, fused_conv: str = "auto") -> dict:
-    c = make(name, n, "on", torch.device("cpu"), 50, shape, (f"train.fused_conv={fused_conv}",))
+def activations_per_sample(name: str, shape: tuple[int, ...], hidden: list[int] | None = None) -> int:
+    """Floats of one sample's input and of every leaf module's output (the forward's
+    activations, which the backward reads and whose gradients it writes and reads)."""
+    model = models.build(model_config(name, hidden), shape, 10, 0)
+    sizes = [math.prod(shape)]
+    leaves = [m for m in model.modules() if not list(m.children())]
+    hooks = [m.register_forward_hook(lambda m, i, o: sizes.append(o[0].numel())) for m in leaves]
+    with torch.no_grad():
+        model(torch.zeros(1, *shape))
+    for h in hooks:
+        h.remove()
+    return sum(sizes)
+
+
+# floats a parameter moves per optimizer step: the forward's read, the gradient's write, and
+# the step's reads and writes (parameter, gradient, then momentum's buffer or Adam's moments)
+PARAM_FLOATS = {"sgd": 5, "momentum": 7, "adam": 9}
+
+
+def epoch_bytes(n_params: int, acts: int, steps: int, samples: int, optimizer: str) -> int:
+    """The bytes one local epoch of ``steps`` optimizer steps over ``samples`` samples must move."""
+    return 4 * (PARAM_FLOATS[optimizer] * n_params * steps + 4 * acts * samples)
+
+
+def measure(name: str, shape: tuple[int, ...], n: int, repeats: int, fused_conv: str = "auto",
+            opt: tuple[str, ...] = (), hidden: list[int] | None = None, samples_per_client: int = 50,
+            batch: int = 16) -> dict:
+    over = (f"train.fused_conv={fused_conv}", f"train.batch_size={batch}", *opt,
+            *([f"model.hidden=[{','.join(map(str, hidden))}]"] if hidden and name == "mlp" else []))
+    c = make(name, n, "on", torch.device("cpu"), samples_per_client, shape, over)
     local = np.arange(n)
-    samples = int(c.data.sizes[:n, 0].sum())
+    per_client = c.data.sizes[:n, 0].astype(int)
+    samples = int(per_client.sum())
+    steps = int(sum(-(-k // batch) for k in per_client))
     r = iter(range(1, 10 ** 6))
     t = best_of(lambda: c.train(local, 1, next(r)), repeats)
-    work = flops_per_sample(name, shape) * samples
-    return {"model": name, "shape": "x".join(map(str, shape)), "clients": n, "samples": samples,
-            "mflop_per_sample": work / samples / 1e6, "s_per_epoch": t, "gflops": work / t / 1e9,
-            "client_epochs_s": n / t, "conv_kernel": c.conv_kernel or ""}
+    work = flops_per_sample(name, shape, hidden=hidden) * samples
+    kind = "adam" if "train.optimizer=adam" in opt else "sgd"  # make's SGD has no momentum
+    moved = epoch_bytes(models.n_params(c.model), activations_per_sample(name, shape, hidden), steps, samples, kind)
+    return {"model": name, "shape": "x".join(map(str, shape)), "clients": n, "samples": samples, "steps": steps,
+            "optimizer": kind, "mflop_per_sample": work / samples / 1e6, "mb_per_epoch": moved / 1e6,
+            "s_per_epoch": t, "gflops": work / t / 1e9, "client_epochs_s": n / t, "conv_kernel": c.conv_kernel or "",
+            "work": work, "bytes": moved}
 
 
 def conv_layers(name: str, shape: tuple[int, ...]) -> list[tuple[torch.nn.Conv2d, tuple[int, ...]]]:
@@ -143,11 +204,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--kernels", action="store_true", help="each convolution's kernels apart (see above)")
     ap.add_argument("--fused-conv", default="auto", choices=["auto", "off"],
                     help="train.fused_conv: off = torch's kernels for every conv net (mpifl/train/fused.py)")
+    ap.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"], help="train.optimizer (lr 0.05 / 1e-3)")
+    ap.add_argument("--batch", type=int, default=16, help="train.batch_size")
+    ap.add_argument("--hidden", type=int, nargs="+", default=None, help="the MLP's hidden widths (model.hidden)")
+    ap.add_argument("--samples", type=int, default=50, help="samples a client, 60%% of them training")
     a = ap.parse_args(argv)
+    opt = ("train.optimizer=adam", "train.lr=0.001") if a.optimizer == "adam" else ()
     torch.set_num_threads(a.threads)
     kept = keep_freed_memory()  # as a run does (mpifl.run.runtime)
     peak = matmul_rate(max(a.repeats, 5))
-    print(json.dumps({"matmul_gflops": peak, "threads": a.threads,
+    bw = stream_rate(max(a.repeats, 5))
+    print(json.dumps({"matmul_gflops": peak, "stream_gbs": bw, "threads": a.threads,
                       "cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
                       "malloc_keeps_freed": kept}),
           flush=True)
@@ -165,18 +232,23 @@ def main(argv: list[str] | None = None) -> None:
     for name in a.models:
         for shape in a.shapes:
             for n in a.clients:
-                row = measure(name, SHAPES[shape], n, a.repeats, a.fused_conv)
+                row = measure(name, SHAPES[shape], n, a.repeats, a.fused_conv, opt, a.hidden, a.samples, a.batch)
                 row["of_matmul"] = row["gflops"] / peak
+                row["floor_flop_s"], row["floor_mem_s"] = row.pop("work") / peak / 1e9, row.pop("bytes") / bw / 1e9
+                row["of_roofline"] = max(row["floor_flop_s"], row["floor_mem_s"]) / row["s_per_epoch"]
                 print(json.dumps(row), flush=True)
                 rows.append(row)
-    peak_after = matmul_rate(max(a.repeats, 5))
-    print(f"\nmatmul 2048^2, {a.threads} threads: {peak:.1f} GFLOP/s (again at the end: {peak_after:.1f})\n")
-    print("| model | conv kernel | input | clients | MFLOP/sample | s/epoch | GFLOP/s | of matmul | client-epochs/s |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    peak_after, bw_after = matmul_rate(max(a.repeats, 5)), stream_rate(max(a.repeats, 5))
+    print(f"\nmatmul 2048^2, {a.threads} threads: {peak:.1f} GFLOP/s (again at the end: {peak_after:.1f}); "
+          f"streaming add: {bw:.1f} GB/s (at the end: {bw_after:.1f}); optimizer {a.optimizer}, batch {a.batch}\n")
+    print("| model | conv kernel | input | clients | MFLOP/sample | MB/epoch | s/epoch | floor FLOPs s "
+          "| floor memory s | GFLOP/s | of matmul | of roofline | client-epochs/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['model']} | {r['conv_kernel'] or '-'} | {r['shape']} | {r['clients']} | "
-              f"{r['mflop_per_sample']:.2f} | "
-              f"{r['s_per_epoch']:.3f} | {r['gflops']:.1f} | {100 * r['of_matmul']:.0f}% | "
+              f"{r['mflop_per_sample']:.2f} | {r['mb_per_epoch']:.0f} | "
+              f"{r['s_per_epoch']:.3f} | {r['floor_flop_s']:.3f} | {r['floor_mem_s']:.3f} | "
+              f"{r['gflops']:.1f} | {100 * r['of_matmul']:.0f}% | {100 * r['of_roofline']:.0f}% | "
               f"{r['client_epochs_s']:.0f} |")
 
 
