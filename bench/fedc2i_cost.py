@@ -29,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mpifl import config, models
 from mpifl.algorithms import fedc2i
-from mpifl.algorithms.head import find_head
 from mpifl.data import FederatedData
 from mpifl.train import Clients, stacked_forward
+from mpifl.train.head import find_head
 
 
 def lenet(n_classes: int) -> tuple[nn.Module, str]:

@@ -17,10 +17,10 @@ from torch import nn
 
 from mpifl import config
 from mpifl.algorithms import fedc2i
-from mpifl.algorithms.head import find_head
 from mpifl.data import FederatedData
 from mpifl.errors import ConfigError
 from mpifl.train import Clients
+from mpifl.train.head import find_head
 
 
 class TinyLeNet(nn.Module):

@@ -26,7 +26,7 @@ What to reach for:
   :func:`sample_neighbours`.
 
 Also for authors: :mod:`mpifl.algorithms.state` (``per_client``, ``transient``
-state fields), :mod:`mpifl.algorithms.head` (the body/head split of a model),
+state fields), :mod:`mpifl.train.head` (the body/head split of a model),
 :mod:`mpifl.algorithms.shared_params` (hyper-parameter sections to subclass).
 """
 

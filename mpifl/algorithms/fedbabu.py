@@ -2,7 +2,7 @@
 Federated Image Classification", ICLR 2022.
 
 FedAvg of the body only: the head (the classifier, the model's last
-``nn.Linear``, ``mpifl.algorithms.head.find_head``) keeps its random initial
+``nn.Linear``, ``mpifl.train.head.find_head``) keeps its random initial
 weights h^0 through federated training and is never updated nor sent; it is
 fine-tuned for personalization only at evaluation. In round t each sampled client k
 
@@ -46,10 +46,10 @@ import numpy as np
 
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import PartState, finetuned_metrics, part_round, part_state
-from mpifl.algorithms.head import find_head
 from mpifl.algorithms.state import transient
 from mpifl.errors import check
 from mpifl.train import Objective
+from mpifl.train.head import find_head
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = ("FedBABU: body averaged with the head frozen at its random initial weights; every client fine-tunes "

@@ -57,11 +57,11 @@ import torch
 
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import identity_rows, own_rows_metrics
-from mpifl.algorithms.head import Head, find_head
 from mpifl.algorithms.state import transient
 from mpifl.errors import check
 from mpifl.logging.mixing import Dense
 from mpifl.train import Clients, per_sample_loss
+from mpifl.train.head import Head, find_head
 
 if TYPE_CHECKING:
     from mpifl.config.sections import ConfigBase as Config

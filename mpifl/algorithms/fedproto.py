@@ -6,7 +6,7 @@ its own model.
     mpiexec -n 2 python -m mpi4py -m mpifl.main jobs/quickstart.yaml algorithm.name=fedproto fedproto.lam=1
 
 The model splits into a body f (everything before the last ``nn.Linear``,
-``mpifl.algorithms.head``) and a classifier. Round t, for every sampled client i:
+``mpifl.train.head``) and a classifier. Round t, for every sampled client i:
 
 1. local training, E epochs on its own model, each batch B minimising
    ``(1/|B|) sum_{s in B} [ CE(g(f(x_s)), y_s) + lam * (1/d) ||f(x_s) - C_bar_{y_s}||^2 ]``
@@ -61,10 +61,10 @@ from torch.func import vmap
 
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import identity_rows
-from mpifl.algorithms.head import Head, find_head
 from mpifl.algorithms.state import transient
 from mpifl.errors import check
 from mpifl.train import Step, StepView, loss_acc_from_probs, per_sample_loss
+from mpifl.train.head import Head, find_head
 
 if TYPE_CHECKING:
     from mpifl.config.sections import ConfigBase as Config

@@ -2,7 +2,7 @@
 Representations for Personalized Federated Learning", ICML 2021.
 
 The model is a shared body phi (the representation) and a personal head h_k
-(the classifier: the model's last ``nn.Linear``, ``mpifl.algorithms.head.find_head``). In
+(the classifier: the model's last ``nn.Linear``, ``mpifl.train.head.find_head``). In
 round t each sampled client k
 
 1. downloads the global body phi^t and keeps its own head h_k;
@@ -44,11 +44,11 @@ import torch
 
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import download, own_rows_metrics, sampled_weights
-from mpifl.algorithms.head import Head, body_slices, find_head
 from mpifl.algorithms.state import transient
 from mpifl.errors import check
 from mpifl.logging.mixing import Shared
 from mpifl.train import Objective
+from mpifl.train.head import Head, body_slices, find_head
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (

@@ -13,7 +13,7 @@ hypernetwork). Each local step of a sampled client i on a batch (x, y):
 
 and client i predicts with z_g + z_p. The server averages (phi, W_g, b_g) over
 the sampled clients by p_i (training-set size). The split into body and head is
-the model's last ``nn.Linear`` (``mpifl.algorithms.head.find_head``).
+the model's last ``nn.Linear`` (``mpifl.train.head.find_head``).
 
     mpiexec -n 2 python -m mpi4py -m mpifl.main jobs/quickstart.yaml algorithm.name=fedrod
 
@@ -45,10 +45,10 @@ import torch.nn.functional as F
 
 from mpifl.algorithms.base import Context, Round, evaluates
 from mpifl.algorithms.blocks import local_update, own_rows_metrics, sampled_weights
-from mpifl.algorithms.head import Head, find_head
 from mpifl.algorithms.state import per_client
 from mpifl.logging.mixing import Shared
 from mpifl.train import Step, StepView
+from mpifl.train.head import Head, find_head
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (

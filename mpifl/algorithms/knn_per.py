@@ -6,7 +6,7 @@ k-nearest-neighbour classifier over a datastore of its own training embeddings.
     mpiexec -n 2 python -m mpi4py -m mpifl.main jobs/quickstart.yaml algorithm.name=knn_per knn_per.k=10 knn_per.lam=0.5
 
 Training is FedAvg's (``blocks.step``). At evaluation client i, with the global
-model's body phi (everything before the last ``nn.Linear``, ``mpifl.algorithms.head``):
+model's body phi (everything before the last ``nn.Linear``, ``mpifl.train.head``):
 
 1. datastore ``S_i = {(phi(x_j), y_j)}`` over its training split;
 2. for a query x, its k nearest entries N_k(x) in S_i (Euclidean distance d);
@@ -46,10 +46,10 @@ import torch
 
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import step
-from mpifl.algorithms.head import Head, find_head
 from mpifl.algorithms.state import transient
 from mpifl.errors import check
 from mpifl.train import loss_acc_from_probs
+from mpifl.train.head import Head, find_head
 
 if TYPE_CHECKING:
     from mpifl.config.sections import ConfigBase as Config

@@ -18,7 +18,7 @@ mu = 0 is FedAvg bit for bit.
 Choices where the paper leaves room:
 
 - The representation is the model's body output, the input of its last
-  ``nn.Linear`` (``mpifl.algorithms.head``), as PFLlib's ``model.base``: mpifl's
+  ``nn.Linear`` (``mpifl.train.head``), as PFLlib's ``model.base``: mpifl's
   models have no projection head, the paper's has one (two linear layers on the
   base encoder's output).
 - ``moon.mu`` defaults to 1 (the paper's for CIFAR-100 and Tiny-ImageNet; 5 for
@@ -51,11 +51,11 @@ from torch.func import vmap
 
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import evaluate_global, local_update, sampled_weights
-from mpifl.algorithms.head import Head, find_head
 from mpifl.algorithms.state import per_client, transient
 from mpifl.errors import check
 from mpifl.logging.mixing import Shared
 from mpifl.train import Step, StepView, per_sample_loss
+from mpifl.train.head import Head, find_head
 
 if TYPE_CHECKING:
     from mpifl.config.sections import ConfigBase as Config

@@ -31,6 +31,8 @@ start of the run finds faster (:meth:`Clients.measure_paths`, bench/README.md).
 ``loop``            the per-client training path
 ``evaluation``      loss and accuracy of each client on its own split
 ``clients``         :class:`Clients`: the rows, optimizer state, data, entry points
+``head``            a model's body/head split inside a row (:func:`find_head`), for the
+                    methods that share or train one part (it reads the layout: engine side)
 ==================  ==============================================================
 """
 

@@ -20,8 +20,8 @@ from torch.func import functional_call
 
 from mpifl import algorithms, config
 from mpifl.algorithms.base import Context
-from mpifl.algorithms.head import body_slices, find_head
 from mpifl.comm import solo
+from mpifl.train.head import body_slices, find_head
 
 ROUNDS = 2
 

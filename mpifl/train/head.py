@@ -20,7 +20,8 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from mpifl.errors import ConfigError
-from mpifl.train import Clients, stacked_forward
+from mpifl.train.clients import Clients
+from mpifl.train.mlp import stacked_forward
 
 
 @dataclass
