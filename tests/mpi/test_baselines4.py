@@ -4,11 +4,9 @@ variates, gradient states and previous models act from the second), their
 reductions to FedAvg (zero control variates; alpha = 0; mu = 0) bit for bit, and
 the same bits on any number of ranks as in one process for every new baseline.
 
-Bits: every bit-for-bit comparison here is of runs in one process or one job on one
-CPU with one thread count: client by client (``train.batched=off``) the ranks make
-the same torch calls on the same rows as one process, so it holds on AVX2 and
-AVX-512 alike; batched, the stacked products of different client counts round apart,
-and those comparisons use a tolerance (docs/reliability.md)."""
+Bits: one job, one CPU, one thread count; across ranks client by client
+(``train.batched=off``: the same torch calls on the same rows), so on AVX2 and
+AVX-512 alike; batched runs agree within a tolerance (docs/reliability.md)."""
 
 import contextlib
 

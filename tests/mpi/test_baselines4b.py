@@ -4,11 +4,8 @@ at lam = 0: the global model stays w^0 and theta_i is Local restarted from it;
 FedAMP at lam = 0: ``local`` with ``sampled_only``, bit for bit), and the same
 bits on any number of ranks as in one process.
 
-Bits: every bit-for-bit comparison here is of runs in one process or one job on one
-CPU with one thread count: client by client (``train.batched=off``) the ranks make
-the same torch calls on the same rows as one process, so it holds on AVX2 and
-AVX-512 alike; batched, the stacked products of different client counts round apart,
-and those comparisons use a tolerance (docs/reliability.md)."""
+Bits: as tests/mpi/test_baselines4.py's: one CPU and thread count, ranks against one
+process client by client (any x86 kind), batched within a tolerance."""
 
 import math
 

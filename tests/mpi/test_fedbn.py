@@ -3,11 +3,8 @@ BatchNorm (3 clients, or one per rank, 3 rounds, the same batches): the shared
 part is the p-weighted average, each client keeps its BatchNorm parameters and
 running statistics; without BatchNorm FedBN is FedAvg bit for bit.
 
-Bits: every bit-for-bit comparison here is of runs in one process or one job on one
-CPU with one thread count: client by client (``train.batched=off``) the ranks make
-the same torch calls on the same rows as one process, so it holds on AVX2 and
-AVX-512 alike; batched, the stacked products of different client counts round apart,
-and those comparisons use a tolerance (docs/reliability.md)."""
+Bits: as tests/mpi/test_baselines4.py's (client by client exact on one CPU and
+thread count, any x86 kind; batched within a tolerance); the running statistics too."""
 
 import numpy as np
 import pytest
