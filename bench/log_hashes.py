@@ -49,6 +49,7 @@ RUNS = {
     "cfl": [*Q, "algorithm.name=cfl"],
     "pfedgraph": [*Q, "algorithm.name=pfedgraph"],
     "dpfl": [*Q, "algorithm.name=dpfl"],
+    "dpfl_budget": [*Q, "algorithm.name=dpfl", "dpfl.budget=3", "dpfl.tau_init=1", "dpfl.tau_train=1"],
     "pfedlia": [*Q, "algorithm.name=pfedlia", "pfedlia.warmup_rounds=1"],
     "oracle": [*Q, "algorithm.name=oracle"],
     "fedavg_conv": [*CONV, "train.batched=on", "algorithm.name=fedavg"],
