@@ -159,3 +159,26 @@ def test_two_records_join_with_their_shared_controls_once(root):
     record.write(root / "data" / "b.csv", moved)
     with pytest.raises(ValueError, match="disagree on local"):
         docs.render(joined, root)
+
+
+def test_two_arms_of_one_method_are_compared_apart_not_pooled(tmp_path):
+    """A sweep's two arms of one method (``dpfl.random_graph`` false and true,
+    seeds 0-3 each; a registered algorithm's section, which the baseline does not
+    read) are two rows of the block, each paired with the baseline by seed, as
+    ``mpifl.analyze`` labels them; pooled they would pair one seed twice."""
+    arms = {"False": [47.0, 48.5, 46.0, 49.0], "True": [20.0, 23.5, 18.0, 21.5]}
+    CELL = {"data.n_clients": 8, "data.train_per_client": 10}
+    rows = [record.Row("table", "", "local", "data.n_clients=8, data.train_per_client=10, dpfl.random_graph=–", s,
+                       "final_acc", v, CELL | {"algorithm.name": "local"}, PROV)
+            for s, v in zip(SEEDS, VALUES[("local", 8, 10)])]
+    rows += [record.Row("table", "", "dpfl", f"data.n_clients=8, data.train_per_client=10, dpfl.random_graph={g}", s,
+                        "final_acc", v, CELL | {"algorithm.name": "dpfl"}, PROV)
+             for g, vals in arms.items() for s, v in zip(SEEDS, vals)]
+    (tmp_path / "data").mkdir()
+    record.write(tmp_path / "data" / "r.csv", rows)
+    text = record.render_versus("data/r.csv", tmp_path, x="data.train_per_client", versus="local", methods=("dpfl",))
+    for g, vals in arms.items():
+        line = next(x for x in text.splitlines() if x.startswith(f"| dpfl, dpfl.random_graph={g} |"))
+        mean, lo, hi = _interval([a - b for a, b in zip(vals, VALUES[("local", 8, 10)])])
+        assert f"{mean:+.2f} [{lo:+.2f}, {hi:+.2f}] (4)" in line
+    assert not any(x.startswith("| dpfl |") for x in text.splitlines())

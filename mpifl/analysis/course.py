@@ -245,7 +245,8 @@ def _record_curves(path: str, root: Path, x: str, y: str | None) -> Curves:
     from mpifl.analysis import record as rec
 
     def curves_of(metric: str) -> tuple[list[str], list[cv.Curve]]:
-        return ["algorithm.name"], rec._curves(path, root, x, y, metric)[2]
+        _, _, cs, keys = rec._curves(path, root, x, y, metric)
+        return keys, cs
 
     return curves_of
 

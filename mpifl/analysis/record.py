@@ -29,6 +29,8 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -211,10 +213,11 @@ def render(path: str | Path, root: Path = REPO) -> str:
     return "\n".join(out)
 
 
-def _curves(path: str | Path, root: Path, x: str, y: str | None, metric: str) -> tuple[list[Row], list[str], list]:
-    """The record's rows of ``metric``, a layout's columns (for ``x="setting"``) and one
-    curve per (method, y) over x, in the record's row order: what the paired and the
-    mean tables are both made of."""
+def _curves(path: str | Path, root: Path, x: str, y: str | None, metric: str
+            ) -> tuple[list[Row], list[str], list, list[str]]:
+    """The record's rows of ``metric``, a layout's columns (for ``x="setting"``), one
+    curve per (method, y) over x, in the record's row order, and the grouping keys
+    (:func:`_arms`): what the paired and the mean tables are both made of."""
     from mpifl.analysis import curves as cv
     from mpifl.analysis.summary import defaults
 
@@ -229,20 +232,47 @@ def _curves(path: str | Path, root: Path, x: str, y: str | None, metric: str) ->
             raise RecordError(f"record {str(path)!r}: a {r.method} run has {key}={v!r}; x and y must be numbers")
         return float(v)
 
+    keys, arm = _arms(rows, (x, y))
     columns = list(dict.fromkeys(r.setting for r in rows))  # x="setting": a layout's columns, by position
-    by: dict[tuple[str, float | None], dict[float, list[Row]]] = {}
+    by: dict[tuple[tuple[str, ...], float | None], dict[float, list[Row]]] = {}
     for r in rows:
         xv = float(columns.index(r.setting)) if x == "setting" else value(r, x)
-        by.setdefault((r.method, None if y is None else value(r, y)), {}).setdefault(xv, []).append(r)
+        by.setdefault((arm(r), None if y is None else value(r, y)), {}).setdefault(xv, []).append(r)
     cs = []
-    order = list(dict.fromkeys(r.method for r in rows))  # the record's (its table's) row order
+    order = list(dict.fromkeys(arm(r) for r in rows))  # the record's (its table's) row order
     for (method, yv), points in sorted(by.items(), key=lambda kv: (order.index(kv[0][0]), kv[0][1] or 0.0)):
-        c = cv.Curve((method,), method if yv is None else f"{method}, {y}={cv._num(yv)}", y=yv)
+        parts = [method[0], *(f"{k}={v}" for k, v in zip(keys[1:], method[1:]) if v != NOT_READ)]
+        c = cv.Curve(method, ", ".join(parts + ([f"{y}={cv._num(yv)}"] if yv is not None else [])), y=yv)
         for xv in sorted(points):
             rs = sorted(points[xv], key=lambda r: r.seed)
             c.add(xv, [r.seed for r in rs], [r.value / 100.0 for r in rs])  # the record: percent; curves: fractions
         cs.append(c)
-    return rows, columns, cs
+    return rows, columns, cs, keys
+
+
+# a key of an algorithm section the run's algorithm does not read (as mpifl.analyze labels it)
+NOT_READ = "–"
+
+
+def _arms(rows: list[Row], axes: tuple[str | None, ...]) -> tuple[list[str], Callable[[Row], tuple[str, ...]]]:
+    """The keys that tell one method's arms apart, ``algorithm.name`` first, and a
+    row's arm: its method and those keys' values. They are the keys of the rows'
+    ``setting`` (``table.md``'s grouping: the keys the runs vary by, :data:`NOT_READ`
+    where the method does not read the key's section) other than the axes, so arms of
+    one method (``dpfl.random_graph`` false and true) are compared apart as
+    ``mpifl.analyze`` compares them, never pooled as if they were seeds. A layout's
+    record, whose setting is a column's name, has none."""
+    def pairs(r: Row) -> dict[str, str]:
+        return dict(p.split("=", 1) for p in _SETTING.split(r.setting) if "=" in p)
+
+    parsed = [pairs(r) for r in rows]
+    keys = [k for k in dict.fromkeys(k for p in parsed for k in p)  # the keys whose value varies
+            if k not in axes and len({p.get(k, NOT_READ) for p in parsed}) > 1]
+    return ["algorithm.name", *keys], lambda r: (r.method, *(pairs(r).get(k, NOT_READ) for k in keys))
+
+
+# a setting's "key=value" parts: split before each dotted key (a value may hold ", ": a list)
+_SETTING = re.compile(r", (?=[A-Za-z_][\w]*\.[\w.]+=)")
 
 
 def _chosen(path: str | Path, have: list[str], methods: tuple[str, ...]) -> list[str]:
@@ -273,9 +303,9 @@ def render_versus(path: str | Path, root: Path = REPO, *, x: str, versus: str, y
 
     if x == "setting" and (y is not None or ceiling is not None):
         raise RecordError(f"record {str(path)!r}: x=setting takes neither y nor ceiling")
-    rows, columns, cs = _curves(path, root, x, y, metric)
+    rows, columns, cs, keys = _curves(path, root, x, y, metric)
     try:
-        cross = cv.crossovers(["algorithm.name"], cs, versus, list(methods), ceiling)
+        cross = cv.crossovers(keys, cs, versus, list(methods), ceiling)
     except cv.CurveError as e:
         raise RecordError(f"record {str(path)!r}: {e}") from None
     table = (cv.versus_markdown(x, cross, y, ceiling, metric) if y or ceiling
@@ -291,7 +321,7 @@ def render_means(path: str | Path, root: Path = REPO, *, x: str, methods: tuple[
     provenance line of the rows shown."""
     from mpifl.analysis import curves as cv
 
-    rows, _, cs = _curves(path, root, x, None, metric)
+    rows, _, cs, _ = _curves(path, root, x, None, metric)
     cs = [c for m in _chosen(path, [c.method[0] for c in cs], methods) for c in cs if c.method[0] == m]
     shown = {c.method[0] for c in cs}
     return cv.markdown(x, metric, cs, ddof=1) + "\n" + _provenance([r for r in rows if r.method in shown])
@@ -335,7 +365,7 @@ def versus_points(path: str | Path, root: Path = REPO, *, x: str, versus: str, y
     what ``mpifl.analyze --from-records`` writes its tables and share heatmaps from."""
     from mpifl.analysis import curves as cv
 
-    rows, _, cs = _curves(path, root, x, y, metric)
+    rows, _, cs, _ = _curves(path, root, x, y, metric)
     try:
         return rows, cv.crossovers(["algorithm.name"], cs, versus, list(methods), ceiling)
     except cv.CurveError as e:
