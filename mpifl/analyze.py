@@ -164,19 +164,21 @@ def _papers(chosen: list[tuple[Path, Any]], runs: list[Summary], paths: list[str
 def _record(record: Path, chosen: list[tuple[Path, Any]], runs: list[Summary], groups: list, keys: list[str],
             echo, rounds: tuple[int, ...] = ()) -> None:
     """The per-seed values behind the layout tables (else behind table.md) to ``record``;
-    with table.md also each run's Local+ES metric (``es_acc``) and time course
+    with table.md also each run's Local+ES metric (``es_acc``), time course
     (``test_acc@R`` at :data:`mpifl.analysis.course.COURSE`'s rounds, a run's rows
-    only those it has), and ``rounds``: each run's mean validation accuracy at those."""
+    only those it has) and budget (``budget:FIELD``, those its log holds), and
+    ``rounds``: each run's mean validation accuracy at those."""
     import math
 
+    from mpifl.analysis import budget
     from mpifl.analysis import record as rec
     from mpifl.analysis.course import course_metrics
     from mpifl.analysis.summary import ES
 
-    metrics = ACC + (ES,) + course_metrics(runs) + tuple(f"val_acc@{r}" for r in rounds)
+    metrics = ACC + (ES,) + course_metrics(runs) + tuple(f"val_acc@{r}" for r in rounds) + budget.METRICS
     rows = [x for f, layout in chosen for x in rec.layout_rows(f, layout, runs)] if chosen \
         else [x for x in rec.table_rows(groups, keys, metrics)
-              if not (x.metric.startswith("test_acc@") and math.isnan(x.value))]
+              if not (x.metric.startswith(("test_acc@", budget.METRIC)) and math.isnan(x.value))]
     rec.write(record, rows)
     echo(f"wrote the record of {len(rows)} per-seed value(s) to {record}")
 

@@ -74,3 +74,28 @@ def test_fedfomo_declares_the_share_it_holds_out_of_training():
     assert fomo.held_out(0.25, 400) == 100
     none = budget.selection_samples({"algorithm.name": "federico"}, np.array([10]), np.array([5]))
     np.testing.assert_array_equal(none, [0])
+
+
+def test_a_page_renders_the_budget_from_the_record(sweep, tmp_path):
+    """``--record`` keeps each run's budget (``budget:*`` rows) and the page's
+    ``generated:budget`` block shows, per method and cell, the runs' mean: the
+    five-fold steps of DPFL at the defaults cannot be left off a page."""
+    from mpifl.analysis.summary import metric_value
+    from mpifl.docs import blocks
+
+    (tmp_path / "data").mkdir()
+    rec = tmp_path / "data" / "r.csv"
+    assert an.main([str(sweep), "--out", str(tmp_path / "a"), "--heatmaps", "none", "--x", "data.train_per_client",
+                    "--versus", "local", "--record", str(rec)]) == 0
+    page = "<!-- generated:budget data/r.csv x=data.train_per_client -->\ntyped\n<!-- /generated -->\n"
+    text = blocks.render(page, tmp_path)
+    runs = an.read([sweep])[0]
+    for r in runs:
+        n, name = r.config["data.train_per_client"], r.config["algorithm.name"]
+        line = next(x for x in text.splitlines() if x.startswith(f"| {name} | {n} | 1 |"))
+        assert f"| {budget._fmt(metric_value(r, 'budget:steps'))} |" in line
+        assert metric_value(r, "budget:steps") == r.budget["steps"]
+    dpfl = [r for r in runs if r.config["algorithm.name"] == "dpfl"]
+    local = {r.config["data.train_per_client"]: r for r in runs if r.config["algorithm.name"] == "local"}
+    assert all(r.budget["steps_round"] == 5 * local[r.config["data.train_per_client"]].budget["steps_round"]
+               for r in dpfl)

@@ -88,11 +88,14 @@ def metric_value(s: Summary, metric: str) -> float:
     """A table's value of one run: an accuracy metric (``ACC``) in percent;
     ``val_acc@R`` or ``test_acc@R``, the mean over clients at round R (numbered from
     1), in percent (NaN where that round was not evaluated); ``es_acc`` (:data:`ES`)
-    in percent; or ``ari:SOURCE``, the
+    in percent; ``ari:SOURCE``, the
     ARI of the clustering ``SOURCE`` (a key of ``Summary.ari``) against the true
-    clusters, as it is (NaN where the run has no such source)."""
+    clusters, as it is (NaN where the run has no such source); or ``budget:FIELD``,
+    what the run spent (:data:`mpifl.analysis.budget.FIELDS`), as it is."""
     if metric.startswith("ari:"):
         return float(s.ari.get(metric[4:], float("nan")))
+    if metric.startswith(budget.METRIC):
+        return float(s.budget.get(metric.removeprefix(budget.METRIC), float("nan")))
     m = AT_ROUND.fullmatch(metric)
     if m:
         curve = s.val_curve if m.group(1) == "val_acc" else s.curve

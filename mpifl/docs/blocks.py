@@ -31,8 +31,10 @@ setting (a record written with ``--record-rounds``); ``<!-- generated:settings F
 versus=NAME [y=KEY2] [method=A,B] [rounds=R,R] -->`` renders each method minus NAME at
 fixed rounds (``test_acc@R``), ``<!-- generated:best FILE x=KEY versus=NAME [y=KEY2]
 [method=A,B] -->`` best-validation accuracy beside the final one and against NAME
-stopped at its best validation round (:mod:`mpifl.analysis.course`); a record made
-before those were recorded renders "not in this record".
+stopped at its best validation round (:mod:`mpifl.analysis.course`); ``<!--
+generated:budget FILE x=KEY [y=KEY2] [method=A,B] -->`` what each method spent per
+cell: steps, samples, selection samples, traffic (:mod:`mpifl.analysis.budget`); a
+record made before those were recorded renders "not in this record".
 """
 
 from __future__ import annotations
@@ -184,6 +186,15 @@ def best_table(root: Path, arg: str) -> str:
 
 
 BLOCKS: dict[str, Callable[[Path], str]] = {"algorithms": algorithm_table, "config": config_reference}
+def budget_table(root: Path, arg: str) -> str:
+    """``FILE x=KEY [y=KEY2] [method=A,B]``: what each arm of each method spent per cell,
+    from a record's ``budget:*`` rows (:func:`mpifl.analysis.budget.render`)."""
+    from mpifl.analysis.budget import render
+
+    path, opts, methods = _options("budget", arg, ("x", "y", "method"), "x=KEY", lambda o: o.get("x"))
+    return render(path, root, methods=methods, **opts).rstrip("\n")
+
+
 def settings_table(root: Path, arg: str) -> str:
     """``FILE[,FILE] [keys=K,K] [method=A,B]``: each method's resolved settings (:mod:`mpifl.docs.settings`)."""
     from mpifl.docs import settings
@@ -195,7 +206,8 @@ def settings_table(root: Path, arg: str) -> str:
 ARG_BLOCKS: dict[str, Callable[[Path, str], str]] = {"record": record_table, "versus": versus_table,
                                                      "means": means_table, "rounds": rounds_table,
                                                      "settings": settings_table,
-                                                     "course": course_table, "best": best_table}
+                                                     "course": course_table, "best": best_table,
+                                                     "budget": budget_table}
 
 
 def render(text: str, root: Path = ROOT) -> str:
