@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from mpifl.errors import ConfigError
+from mpifl.schema import ConfigBase
 
 if TYPE_CHECKING:
     from mpifl.algorithms.base import Algorithm
-    from mpifl.config.sections import ConfigBase
 
 # base.Algorithm's members: a module of this package defining all of them is an algorithm
 CONTRACT = ("State", "init", "round", "evaluate")

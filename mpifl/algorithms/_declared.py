@@ -32,7 +32,7 @@ HERE = Path(__file__).parent
 # what Params and check_config may import: anything else (torch, mpifl.train,
 # mpifl.algorithms.base) is training code, which is left out
 LIGHT = ("__future__", "typing", "dataclasses", "math", "re", "collections.abc", "numpy", "mpifl.errors",
-         "mpifl.config.sections", "mpifl.algorithms.shared_params")
+         "mpifl.schema", "mpifl.algorithms.shared_params")
 # selection_samples(params, n_train, n_val): per client, the samples an algorithm
 # chooses or weights its collaborators on (mpifl.analysis.budget reports them)
 WANTED = ("Params", "check_config", "READS", "selection_samples")

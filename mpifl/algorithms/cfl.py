@@ -54,7 +54,7 @@ read by ``python -m mpifl.analyze`` for the ARI), ``/cfl/update_norm`` [N]
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 import torch
@@ -63,9 +63,7 @@ from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import group_weights, local_update, own_rows_metrics
 from mpifl.errors import check
 from mpifl.logging.mixing import Grouped
-
-if TYPE_CHECKING:
-    from mpifl.config.sections import ConfigBase as Config
+from mpifl.schema import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (

@@ -78,10 +78,10 @@ from mpifl.algorithms.state import per_client
 from mpifl.errors import ConfigError, check
 from mpifl.logging.mixing import Dense
 from mpifl.rng import GLOBAL
+from mpifl.schema import ConfigBase as Config
 
 if TYPE_CHECKING:
     from mpifl.comm import Comm
-    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "DPFL: BGGC candidate graph under budget B_c, GGC collaborators every `dpfl.period` rounds"

@@ -86,7 +86,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -96,10 +95,8 @@ from mpifl.algorithms.blocks import local_update, own_rows_metrics, sampled_weig
 from mpifl.algorithms.state import per_client, transient
 from mpifl.errors import ConfigError, check
 from mpifl.logging.mixing import Shared
+from mpifl.schema import ConfigBase as Config
 from mpifl.train import Step, StepView
-
-if TYPE_CHECKING:
-    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = ("FedALA: FedAvg's server; each client starts from theta_i + (Theta - theta_i) W_i on its top "

@@ -65,7 +65,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -74,10 +73,8 @@ from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import own_rows_metrics
 from mpifl.errors import check
 from mpifl.logging.mixing import Dense
+from mpifl.schema import ConfigBase as Config
 from mpifl.train import Objective
-
-if TYPE_CHECKING:
-    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = ("FedAMP: the server sends each client an attention-weighted message u_i = sum_j xi_ij w_j "

@@ -32,16 +32,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from mpifl.algorithms.base import Context
 from mpifl.algorithms.blocks import ServerState, evaluate_global, server_round
 from mpifl.errors import check
-
-if TYPE_CHECKING:
-    from mpifl.config.sections import ConfigBase as Config
+from mpifl.schema import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "FedAvgM: FedAvg whose server steps with momentum on the average update (`fedavgm.lr`, `fedavgm.momentum`)"

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 import torch
@@ -60,11 +60,9 @@ from mpifl.algorithms.blocks import identity_rows, own_rows_metrics
 from mpifl.algorithms.state import transient
 from mpifl.errors import check
 from mpifl.logging.mixing import Dense
+from mpifl.schema import ConfigBase as Config
 from mpifl.train import Clients, per_sample_loss
 from mpifl.train.head import Head, find_head
-
-if TYPE_CHECKING:
-    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "FedC2I: client- and class-level influence by leave-one-out models passed around the ring"

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -55,10 +54,8 @@ from mpifl.algorithms.blocks import evaluate_global, local_update, sampled_weigh
 from mpifl.algorithms.state import per_client
 from mpifl.errors import check
 from mpifl.logging.mixing import Shared
+from mpifl.schema import ConfigBase as Config
 from mpifl.train import Objective
-
-if TYPE_CHECKING:
-    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = ("FedDyn: FedAvg whose clients add a dynamic regulariser (their last gradient's linear term + "

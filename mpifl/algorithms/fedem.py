@@ -44,7 +44,6 @@ clients (each component's average).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -56,10 +55,8 @@ from mpifl.algorithms.state import per_client
 from mpifl.errors import check
 from mpifl.logging.mixing import Shared
 from mpifl.rng import GLOBAL, rng
+from mpifl.schema import ConfigBase as Config
 from mpifl.train import Objective, loss_acc_from_probs, per_sample_loss
-
-if TYPE_CHECKING:
-    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (

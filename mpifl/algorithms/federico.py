@@ -73,7 +73,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 import torch
@@ -84,11 +84,9 @@ from mpifl.algorithms.blocks import sample_neighbours
 from mpifl.algorithms.state import per_client, transient
 from mpifl.errors import check
 from mpifl.logging.mixing import Dense
+from mpifl.schema import ConfigBase as Config
 from mpifl.train import loss_acc_from_probs, per_sample_loss
 from mpifl.train.evaluation import clients_per_chunk
-
-if TYPE_CHECKING:
-    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "FedeRiCo: decentralized EM, k neighbours pulled point to point, weighted gradients pushed back"

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -55,10 +54,8 @@ from mpifl.algorithms.blocks import own_rows_metrics, sample_neighbours
 from mpifl.algorithms.state import per_client
 from mpifl.errors import check
 from mpifl.logging.mixing import Dense
+from mpifl.schema import ConfigBase as Config
 from mpifl.train import per_sample_loss
-
-if TYPE_CHECKING:
-    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (

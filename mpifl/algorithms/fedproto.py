@@ -52,7 +52,6 @@ global prototypes of round t are their count-weighted means.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -63,11 +62,9 @@ from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import identity_rows
 from mpifl.algorithms.state import transient
 from mpifl.errors import check
+from mpifl.schema import ConfigBase as Config
 from mpifl.train import Step, StepView, loss_acc_from_probs, per_sample_loss
 from mpifl.train.head import Head, find_head
-
-if TYPE_CHECKING:
-    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (

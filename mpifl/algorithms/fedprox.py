@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -42,10 +41,8 @@ from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import GlobalModel, evaluate_global, init_global
 from mpifl.algorithms.blocks import step as fedavg_step  # this module's step is FedProx's
 from mpifl.errors import check
+from mpifl.schema import ConfigBase as Config
 from mpifl.train import Objective
-
-if TYPE_CHECKING:
-    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "FedProx: FedAvg whose local loss adds (mu/2)||w - w_global||^2 (`fedprox.mu`)"

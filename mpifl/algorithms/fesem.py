@@ -45,20 +45,17 @@ Evaluation: an assigned client evaluates its centre, one never sampled its own
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import group_weights, local_update, own_rows_metrics
-from mpifl.config.sections import sampled_count
 from mpifl.errors import ConfigError, check
 from mpifl.logging.mixing import Grouped
 from mpifl.rng import GLOBAL
-
-if TYPE_CHECKING:
-    from mpifl.config.sections import ConfigBase as Config
+from mpifl.schema import ConfigBase as Config
+from mpifl.schema import sampled_count
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "FeSEM: K centres in parameter space, clients assigned to the nearest by L2, centres = p-average of members"

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -48,11 +47,9 @@ from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import step
 from mpifl.algorithms.state import transient
 from mpifl.errors import check
+from mpifl.schema import ConfigBase as Config
 from mpifl.train import loss_acc_from_probs
 from mpifl.train.head import Head, find_head
-
-if TYPE_CHECKING:
-    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (

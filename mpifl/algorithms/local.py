@@ -28,19 +28,17 @@ resets it by default) makes no difference.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import identity_rows, own_rows_metrics
+from mpifl.schema import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "every client trains alone"
 MIXING_ROW = "identity"
 
-if TYPE_CHECKING:
-    from mpifl.config.sections import ConfigBase as Config
 
 
 @dataclass

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -54,11 +53,9 @@ from mpifl.algorithms.blocks import evaluate_global, local_update, sampled_weigh
 from mpifl.algorithms.state import per_client, transient
 from mpifl.errors import check
 from mpifl.logging.mixing import Shared
+from mpifl.schema import ConfigBase as Config
 from mpifl.train import Step, StepView, per_sample_loss
 from mpifl.train.head import Head, find_head
-
-if TYPE_CHECKING:
-    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = ("MOON: FedAvg whose local loss adds `moon.mu` x a contrastive term pulling the representation toward "

@@ -10,7 +10,6 @@ clients was sampled keeps its model for that round.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -18,9 +17,7 @@ import torch
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import cluster_fedavg, own_rows_metrics
 from mpifl.errors import check
-
-if TYPE_CHECKING:
-    from mpifl.config.sections import ConfigBase as Config
+from mpifl.schema import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "FedAvg inside each true cluster"

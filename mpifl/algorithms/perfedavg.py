@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 import torch
@@ -55,10 +55,8 @@ from mpifl.algorithms.base import Context, Round, evaluates
 from mpifl.algorithms.blocks import GlobalModel, init_global, local_update, own_rows_metrics, sampled_weights
 from mpifl.errors import check
 from mpifl.logging.mixing import Shared
+from mpifl.schema import ConfigBase as Config
 from mpifl.train import Step, StepView
-
-if TYPE_CHECKING:
-    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (

@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 import torch
@@ -66,9 +66,7 @@ from mpifl.algorithms.blocks import cluster_fedavg, own_rows_metrics, step
 from mpifl.algorithms.state import per_client
 from mpifl.errors import ConfigError, check
 from mpifl.logging.mixing import Dense
-
-if TYPE_CHECKING:
-    from mpifl.config.sections import ConfigBase as Config
+from mpifl.schema import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (

@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -69,10 +68,8 @@ from mpifl.algorithms.blocks import local_update, own_rows_metrics, sampled_weig
 from mpifl.algorithms.state import per_client
 from mpifl.errors import check
 from mpifl.logging.mixing import Shared
+from mpifl.schema import ConfigBase as Config
 from mpifl.train import Step, StepView
-
-if TYPE_CHECKING:
-    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = ("pFedMe: each client's personalized model solves its Moreau envelope (K inner steps, "

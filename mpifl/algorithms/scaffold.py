@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 import torch
@@ -62,10 +62,8 @@ from mpifl.algorithms.blocks import evaluate_global, local_update, sampled_weigh
 from mpifl.algorithms.state import per_client
 from mpifl.errors import check
 from mpifl.logging.mixing import Shared
+from mpifl.schema import ConfigBase as Config
 from mpifl.train import Step, StepView
-
-if TYPE_CHECKING:
-    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = ("SCAFFOLD: FedAvg whose local steps add the control-variate correction c - c_i (option II, "

@@ -3,7 +3,7 @@ and a comment saying what it means (``python -m mpifl.config`` prints them, the
 README's reference is generated from them), and :class:`ConfigBase`, what every
 Config has. A leaf: it imports nothing of mpifl, so every module may name these
 types. Algorithm sections are each algorithm module's ``Params``, joined to
-these by :mod:`.schema` (which consults the registry, ``mpifl.algorithms``)."""
+these by :mod:`mpifl.config.compose` (which consults the registry, ``mpifl.algorithms``)."""
 
 from __future__ import annotations
 
@@ -152,7 +152,7 @@ TAIL_SECTIONS = {"log": LogConfig}
 class ConfigBase:
     """What every Config has besides its algorithm sections: the core sections
     (typed here for whoever reads a Config) and the methods. The Config itself
-    (:func:`mpifl.config.schema.config_class`) adds one field per section."""
+    (:func:`mpifl.config.compose.config_class`) adds one field per section."""
 
     if TYPE_CHECKING:  # not at run time: typing.get_type_hints would list them before the Config's own fields
         run: RunConfig
