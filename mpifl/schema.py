@@ -1,9 +1,10 @@
 """The config's sections: one dataclass per concern, each key with its default
 and a comment saying what it means (``python -m mpifl.config`` prints them, the
 README's reference is generated from them), and :class:`ConfigBase`, what every
-Config has. A leaf: it imports nothing of mpifl, so every module may name these
-types. Algorithm sections are each algorithm module's ``Params``, joined to
-these by :mod:`mpifl.config.compose` (which consults the registry, ``mpifl.algorithms``)."""
+Config has. A leaf: it imports nothing of mpifl (importing it loads no other
+mpifl module), so every module may name these types. Algorithm sections are each
+algorithm's ``Params`` (in ``mpifl/algorithms/<name>_params.py``), joined to these
+by :mod:`mpifl.config.compose` (which consults the registry, ``mpifl.algorithms``)."""
 
 from __future__ import annotations
 
@@ -143,7 +144,7 @@ class LogConfig:
 
 
 # the core sections, in the order they are printed; algorithm sections come from
-# mpifl.algorithms (each module's Params) and sit between ``algorithm`` and ``log``
+# mpifl.algorithms (each algorithm's Params) and sit between ``algorithm`` and ``log``
 CORE_SECTIONS = {"run": RunConfig, "data": DataConfig, "model": ModelConfig, "train": TrainConfig,
                  "algorithm": AlgorithmConfig}
 TAIL_SECTIONS = {"log": LogConfig}

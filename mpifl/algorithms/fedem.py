@@ -51,11 +51,10 @@ import torch
 from mpifl import models
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import sampled_weights
+from mpifl.algorithms.fedem_params import Params  # noqa: F401 - re-exported
 from mpifl.algorithms.state import per_client
-from mpifl.errors import check
 from mpifl.logging.mixing import Shared
 from mpifl.rng import GLOBAL, rng
-from mpifl.schema import ConfigBase as Config
 from mpifl.train import Objective, loss_acc_from_probs, per_sample_loss
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
@@ -66,16 +65,6 @@ SUMMARY = (
 MIXING_ROW = "p over sampled clients (each component)"
 
 INIT_PURPOSE = "fedem/init"
-
-
-@dataclass
-class Params:
-    """Hyper-parameters: the config section ``fedem``."""
-
-    components: int = 4  # M shared component models (FedeRiCo ran FedEM with 4)
-
-    def validate(self, cfg: Config) -> None:
-        check(1 <= self.components <= 64, "components", self.components, "must be in [1, 64]")
 
 
 @dataclass

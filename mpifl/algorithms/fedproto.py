@@ -60,9 +60,8 @@ from torch.func import vmap
 
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import identity_rows
+from mpifl.algorithms.fedproto_params import Params  # noqa: F401 - re-exported
 from mpifl.algorithms.state import transient
-from mpifl.errors import check
-from mpifl.schema import ConfigBase as Config
 from mpifl.train import Step, StepView, loss_acc_from_probs, per_sample_loss
 from mpifl.train.head import Head, find_head
 
@@ -72,16 +71,6 @@ SUMMARY = (
     " count; loss CE + `fedproto.lam` x distance to the global prototype; nearest-prototype prediction"
 )
 MIXING_ROW = "identity (models never travel)"
-
-
-@dataclass
-class Params:
-    """Hyper-parameters: the config section ``fedproto``."""
-
-    lam: float = 1.0  # weight of the prototype distance term (the authors' default)
-
-    def validate(self, cfg: Config) -> None:
-        check(0 <= self.lam < float("inf"), "lam", self.lam, "must be a finite number >= 0")
 
 
 @dataclass

@@ -16,19 +16,11 @@ import torch
 
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import cluster_fedavg, own_rows_metrics
-from mpifl.errors import check
-from mpifl.schema import ConfigBase as Config
+from mpifl.algorithms.oracle_params import check_config  # noqa: F401 - re-exported
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "FedAvg inside each true cluster"
 MIXING_ROW = "p over sampled clients of i's cluster"
-
-
-def check_config(cfg: Config) -> None:
-    p = cfg.data.partition
-    check(p not in ("iid", "patho", "dirichlet"), "algorithm.name", "oracle",
-          f"oracle needs true clusters: data.partition={p!r} records none; "
-          "use clusters, noisy_clusters, permuted_clusters, domains, feature_shift or label_flip")
 
 
 @dataclass
