@@ -164,6 +164,31 @@ def test_leaf_modules_import_nothing_of_mpifl(leaf):
     assert graph()[leaf] == set()
 
 
+def _outside(path: Path) -> set[str]:
+    """Top-level packages other than mpifl and the standard library that ``path`` imports."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.add(node.module.split(".")[0])
+    return names - set(sys.stdlib_module_names) - {"mpifl"}
+
+
+def test_an_algorithms_config_part_imports_only_light_modules():
+    """``mpifl/algorithms/<name>_params.py`` is what config commands import of an
+    algorithm: numpy, the errors, the schema, the shared sections and a parent's
+    config part, never torch or training code."""
+    light = {"mpifl.errors", "mpifl.schema", "mpifl.algorithms", "mpifl.algorithms.shared_params"}
+    g = graph()
+    parts = sorted(m for m in g if m.startswith("mpifl.algorithms.") and m.endswith("_params"))
+    assert len(parts) > 20
+    heavy = {m: sorted(d for d in g[m] if d not in light and not d.endswith("_params")) for m in parts}
+    assert {m: d for m, d in heavy.items() if d} == {}
+    paths = {m: PKG.parent / (m.replace(".", "/") + ".py") for m in parts}
+    assert {m: sorted(_outside(p) - {"numpy"}) for m, p in paths.items() if _outside(p) - {"numpy"}} == {}
+
+
 def test_lower_layers_never_import_the_config_runtime_or_tools():
     """data, models, training, communication and logging take their config
     sections as arguments; the config package (which consults the algorithm
