@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from mpifl import models  # noqa: E402
-from mpifl.config.sections import ModelConfig  # noqa: E402
+from mpifl.schema import ModelConfig  # noqa: E402
 from mpifl.train import grouped  # noqa: E402
 from mpifl.train.loss import cross_entropy  # noqa: E402
 

@@ -64,7 +64,7 @@ from gpu import make  # noqa: E402 - bench/ is not a package
 
 from mpifl import models  # noqa: E402
 from mpifl.comm import keep_freed_memory  # noqa: E402
-from mpifl.config.sections import ModelConfig  # noqa: E402
+from mpifl.schema import ModelConfig  # noqa: E402
 
 SHAPES = {"1x28x28": (1, 28, 28), "3x32x32": (3, 32, 32)}
 

@@ -146,8 +146,7 @@ def mixed(paths: list[str | Path]) -> str | None:
 def _papers(chosen: list[tuple[Path, Any]], runs: list[Summary], paths: list[str | Path], out: Path, ddof: int,
             echo) -> list[str]:
     """Each paper layout rendered from the runs to ``<out>/<layout name>.md``."""
-    from mpifl.analysis.paper_table import cells, render_cells
-    from mpifl.sweep.status import failed_points
+    from mpifl.analysis.paper_table import cells, failed_points, render_cells
 
     papers = []
     failed = failed_points(paths) if chosen else []

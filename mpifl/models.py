@@ -30,15 +30,12 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from mpifl.errors import ConfigError
-
-if TYPE_CHECKING:  # a type hint only: importing the schema (a leaf) would run the config package first
-    from mpifl.config.sections import ModelConfig
+from mpifl.schema import ModelConfig
 
 
 def _dense(width: int, widths: list[int], n_classes: int, batchnorm: bool = False) -> list[nn.Module]:

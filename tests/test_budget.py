@@ -65,9 +65,8 @@ def test_versus_names_the_settings_that_differ_and_shows_the_budgets(sweep, tmp_
 
 
 def test_fedfomo_declares_the_share_it_holds_out_of_training():
-    from mpifl.algorithms._declared import declared
+    from mpifl.algorithms import fedfomo_params as fomo
 
-    fomo = declared("fedfomo")
     got = budget.selection_samples({"algorithm.name": "fedfomo", "fedfomo.val_frac": 0.25},
                                    np.array([1, 2, 10, 400]), np.zeros(4))
     np.testing.assert_array_equal(got, [0, 1, 2, 100])

@@ -50,6 +50,13 @@ def test_a_module_is_an_algorithm_by_what_it_defines_not_by_being_in_the_folder(
     assert algorithms.defines(tmp_path / "half.py") == {"State", "round"}  # a test of the package names it
 
 
+def orphan_parts(folder: Path, names: tuple[str, ...]) -> list[str]:
+    """Config parts (``<name>_params.py``) in ``folder`` with no algorithm ``<name>``
+    (``shared_params`` holds the sections several subclass: no algorithm's)."""
+    parts = {p.stem.removesuffix(algorithms.PARAMS) for p in folder.glob(f"*{algorithms.PARAMS}.py")} - {"shared"}
+    return sorted(parts - set(names))
+
+
 def test_every_algorithm_module_is_registered_with_its_contract_and_section():
     import dataclasses
     import importlib
@@ -67,6 +74,8 @@ def test_every_algorithm_module_is_registered_with_its_contract_and_section():
     assert half == {}, "modules defining part of base.Algorithm (State, init, round, evaluate)"
     assert set(algorithms.NAMES) == {n for n, p in files.items() if algorithms.defines(p)}
     assert {"base", "blocks", "head", "mixing", "state"} & set(algorithms.NAMES) == set()
+    assert [n for n in algorithms.NAMES if n.endswith(algorithms.PARAMS)] == []  # a config part is no algorithm
+    assert orphan_parts(Path(algorithms.__file__).parent, algorithms.NAMES) == [], "no algorithm of that name"
     assert typing.get_type_hints(config.AlgorithmConfig)["name"] is str  # the schema knows no algorithm
     assert f"one of {', '.join(algorithms.NAMES)} |" in config.reference()  # the registry's names, documented
     cfg = config.Config()
@@ -82,7 +91,7 @@ def test_every_algorithm_module_is_registered_with_its_contract_and_section():
         assert mod.__doc__ and "mpifl.main" in mod.__doc__, f"{name}'s docstring has no runnable command"
         params = getattr(mod, "Params", None)
         if params is not None:  # its section, every key defaulted, validating itself
-            section = getattr(cfg, name)  # the class read from the module's file (mpifl.algorithms._declared)
+            section = getattr(cfg, name)
             assert type(section).__qualname__ == "Params"
             assert dataclasses.asdict(section) == dataclasses.asdict(params())
             assert all(f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
@@ -262,25 +271,37 @@ def test_every_bare_key_an_algorithm_checks_is_a_field_of_its_params():
     for name in algorithms.NAMES:
         mod = algorithms.get(name)
         fields = {f.name for f in dataclasses.fields(mod.Params)} if hasattr(mod, "Params") else set()
-        for node in ast.walk(ast.parse(Path(mod.__file__).read_text())):
+        part = algorithms.config_part(name)
+        text = "\n".join(Path(m.__file__).read_text() for m in (mod, part) if m is not None)
+        for node in ast.walk(ast.parse(text)):
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "check" and len(node.args) == 4:
                 key = node.args[1]
                 if isinstance(key, ast.Constant) and "." not in key.value:
                     assert key.value in fields, f"{name} checks {key.value!r}, no key of its section"
 
 
-@pytest.mark.parametrize("name", [n for n in algorithms.NAMES if hasattr(algorithms.get(n), "Params")])
-def test_the_section_read_from_the_file_is_the_modules_params(name):
-    """The config's section (:mod:`mpifl.algorithms._declared`, read without the
-    training code) has the fields, defaults and checks of the module's own Params."""
-    from mpifl.algorithms._declared import declared
+@pytest.mark.parametrize("name", [n for n in algorithms.NAMES if algorithms.config_part(n) is not None])
+def test_an_algorithms_config_part_is_the_one_its_module_and_the_config_hold(name):
+    """One class per ``Params``: the algorithm's (``fedprox.Params``) is its config
+    part's (``fedprox_params.Params``, imported without the training code), and so is
+    the config's section; the same for ``check_config``, ``READS``, ``selection_samples``."""
+    part, mod = algorithms.config_part(name), algorithms.get(name)
+    assert part.__name__ == f"mpifl.algorithms.{name}_params"
+    names = [a for a in ("Params", "check_config", "READS", "selection_samples") if hasattr(part, a)]
+    assert names and [a for a in names if getattr(mod, a, None) is not getattr(part, a)] == []
+    if "Params" in names:
+        assert type(getattr(config.Config(), name)) is part.Params is mod.Params
 
-    light, real = declared(name).Params, algorithms.get(name).Params
-    assert light is not real  # two classes made from one source
-    assert [(f.name, f.type, f.default) for f in dataclasses.fields(light)] == \
-        [(f.name, f.type, f.default) for f in dataclasses.fields(real)]
-    assert light.validate.__code__.co_code == real.validate.__code__.co_code
-    assert hasattr(declared(name), "check_config") == hasattr(algorithms.get(name), "check_config")
+
+def test_a_config_part_without_its_algorithm_is_named(tmp_path):
+    """``<name>_params.py`` whose ``<name>.py`` is missing (renamed, or a typo) would be
+    a section no algorithm reads: the registry test above names it; here it sees one."""
+    (tmp_path / "algo.py").write_text("from .blocks import GlobalModel as State, init_global as init\n"
+                                      "def round(ctx, state, t):\n    pass\n\nevaluate = round\n")
+    (tmp_path / "algo_params.py").write_text("class Params:\n    pass\n")
+    (tmp_path / "ago_params.py").write_text("class Params:\n    pass\n")
+    names = algorithms._discover(tmp_path)
+    assert names == ("algo",) and orphan_parts(tmp_path, names) == ["ago"]
 
 
 @pytest.mark.parametrize("name", algorithms.NAMES)

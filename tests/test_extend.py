@@ -217,7 +217,8 @@ def test_every_section_an_algorithm_reads_is_declared():
     """An algorithm that reads another's section (``cfg.fedprox.mu`` in fedprox_ft)
     names it in ``READS``, else that key would not count toward its runs' identity."""
     for name in algorithms.NAMES:
-        text = (Path(algorithms.__file__).parent / f"{name}.py").read_text()
+        files = [Path(algorithms.__file__).parent / f"{name}{end}.py" for end in ("", algorithms.PARAMS)]
+        text = "".join(f.read_text() for f in files if f.is_file())
         read = {m for m in re.findall(r"cfg\.(\w+)\.", text) if m in algorithms.sections()}
         assert read <= set(algorithms.sections_of(name)), name
 

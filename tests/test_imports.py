@@ -62,21 +62,20 @@ def test_the_warm_worker_imports_the_runtime_and_does_not_start_mpi(tmp_path):
 def test_a_sweep_lists_and_writes_its_points_without_the_heavy_packages(tmp_path):
     args = ["jobs/sweeps/quickstart-algorithms.yaml", "--out-dir", str(tmp_path), "--allow-local-paths"]
     mods = modules_after(f"from mpifl.sweep import cli\nassert cli.main({args!r}) == 0\n", tmp_path)
-    assert "mpifl.algorithms._declared.pfedlia" in mods and (tmp_path / "quickstart-algorithms" / "runs.txt").is_file()
+    assert "mpifl.algorithms.pfedlia_params" in mods and (tmp_path / "quickstart-algorithms" / "runs.txt").is_file()
     assert [m for m in HEAVY if loaded(mods, m)] == []
 
 
 def training_code(mods: set[str]) -> list[str]:
     """torch and the algorithm modules (the registry itself, ``mpifl.algorithms``, the
-    sections it reads from their files, ``mpifl.algorithms._declared``, and the light
-    sections several share, ``mpifl.algorithms.shared_params``, are not)."""
-    light = ("mpifl.algorithms._declared", "mpifl.algorithms.shared_params")
-    return sorted(m for m in mods if m == "torch" or (m.startswith("mpifl.algorithms.") and not m.startswith(light)))
+    algorithms' config parts, ``mpifl.algorithms.<name>_params``, and the sections
+    several share, ``mpifl.algorithms.shared_params``, are not)."""
+    return sorted(m for m in mods if m == "torch" or (m.startswith("mpifl.algorithms.") and not m.endswith("_params")))
 
 
 def test_the_config_package_and_its_schema_import_no_training_code(tmp_path):
-    mods = modules_after("import mpifl.config\nfrom mpifl.config.sections import ConfigBase\n", tmp_path)
-    assert "mpifl.config.sections" in mods and "mpifl.algorithms" in mods  # the check can fail
+    mods = modules_after("import mpifl.config\nfrom mpifl.schema import ConfigBase\n", tmp_path)
+    assert "mpifl.schema" in mods and "mpifl.algorithms" in mods  # the check can fail
     assert training_code(mods) == []
 
 
@@ -92,5 +91,5 @@ except SystemExit as e:
 
 def test_resolving_a_config_imports_neither_torch_nor_an_algorithm(tmp_path):
     mods = modules_after(RESOLVE, tmp_path)
-    assert "mpifl.config.schema" in mods  # the check can fail
+    assert "mpifl.config.compose" in mods  # the check can fail
     assert training_code(mods) == []

@@ -1,6 +1,7 @@
-"""An algorithm is one file: a module dropped into a copy of the package is at once
-an algorithm name, a config section, a row of the generated docs, a case of the
-kill/resume test, and a run, with no other file edited."""
+"""An algorithm is one file, with its config part beside it: a module (and its
+``_params`` module) dropped into a copy of the package is at once an algorithm
+name, a config section, a row of the generated docs, a case of the kill/resume
+test, and a run, with no other file edited."""
 
 import os
 import shutil
@@ -27,17 +28,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import check
 from .base import Context, Round
 from .blocks import evaluate_global, step
-
-
-@dataclass
-class Params:
-    share: float = 0.5  # share of the average update the server takes
-
-    def validate(self, cfg) -> None:
-        check(0 < self.share <= 1, "share", self.share, "must be in (0, 1]")
+from .throwaway_params import Params  # noqa: F401 - its config part
 
 
 @dataclass
@@ -66,6 +59,24 @@ def round(ctx: Context, state: State, t: int) -> Round:
 evaluate = evaluate_global
 '''
 
+PARAMS = '''\
+"""Throwaway's config part."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mpifl.errors import check
+
+
+@dataclass
+class Params:
+    share: float = 0.5  # share of the average update the server takes
+
+    def validate(self, cfg) -> None:
+        check(0 < self.share <= 1, "share", self.share, "must be in (0, 1]")
+'''
+
 CHECKS = '''\
 import sys
 from pathlib import Path
@@ -81,7 +92,8 @@ repo = Path(sys.argv[1])
 assert algorithms.__file__.startswith(sys.argv[2]), algorithms.__file__  # the copy, not the checkout
 assert "throwaway" in algorithms.NAMES
 assert isinstance(algorithms.get("throwaway"), Algorithm)
-assert config.load(None, ["algorithm.name=throwaway", "throwaway.share=0.25"]).throwaway.share == 0.25
+cfg = config.load(None, ["algorithm.name=throwaway", "throwaway.share=0.25"])
+assert cfg.throwaway.share == 0.25 and type(cfg.throwaway) is algorithms.get("throwaway").Params
 with pytest.raises(ConfigError, match="^throwaway.share=2"):
     config.load(None, ["throwaway.share=2"])
 assert "| `throwaway.share` | `0.5` | float | must be in (0, 1] |" in config.reference()
@@ -101,6 +113,7 @@ def test_a_new_module_is_everywhere_it_must_be(tmp_path):
     pkg = tmp_path / "mpifl"
     shutil.copytree(REPO / "mpifl", pkg, ignore=shutil.ignore_patterns("__pycache__"))
     (pkg / "algorithms" / "throwaway.py").write_text(MODULE)
+    (pkg / "algorithms" / "throwaway_params.py").write_text(PARAMS)
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     res = subprocess.run([sys.executable, "-c", CHECKS, str(REPO), str(pkg)], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=300, check=False)

@@ -104,9 +104,10 @@ def test_an_unfinished_run_is_shown_waiting_not_averaged_in(layout):
 def test_a_point_that_ran_and_failed_is_told_from_one_never_run(layout, tmp_path):
     from test_sweep import _sweep_file
 
+    from mpifl.analysis.paper_table import failed_points
     from mpifl.sweep import rundirs as sweep_rundirs
     from mpifl.sweep import spec as sweep_spec
-    from mpifl.sweep.status import failed_points, mark_finished
+    from mpifl.sweep.status import mark_finished
 
     grid = {"algorithm.name": ["fedavg", "pfedlia"], "data.partition": ["clusters", "noisy_clusters"]}
     sets = {"data.n_clusters": 4, "data.n_clients": 8, "pfedlia.warmup_rounds": 1}

@@ -30,10 +30,14 @@ def root(tmp_path, monkeypatch):
     record.write(tmp_path / "data" / "r.csv", _rows(THEN))
     record.write(tmp_path / "data" / "u.csv", _rows(None))
 
+    # THEN's layout: the core sections and dpfl's Params in the files they were first written in
+    moved = {"mpifl/config/sections.py": "mpifl/schema.py",
+             "mpifl/algorithms/dpfl.py": "mpifl/algorithms/dpfl_params.py"}
+
     def show(commit: str, path: str) -> str | None:
-        text = (REPO / path).read_text()
-        if commit != THEN:
+        if commit != THEN or path in moved.values():
             return None
+        text = (REPO / moved.get(path, path)).read_text()
         return text.replace("tau_train: int = 5", "tau_train: int = 7") if path.endswith("dpfl.py") else text
 
     monkeypatch.setattr(settings, "_show", show)

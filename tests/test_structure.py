@@ -4,6 +4,9 @@ two modules that cannot be read apart), and the leaf modules stay leaves."""
 
 import ast
 import functools
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -105,17 +108,92 @@ def test_no_import_cycles():
     assert cycles(graph()) == []
 
 
+def unit(module: str) -> str:
+    """The package a module belongs to, for the package-level graph: the first two
+    dotted parts (``mpifl.config.load``: ``mpifl.config``; ``mpifl.schema`` is its
+    own); a ``__main__`` is a unit of its own, a command line nothing imports."""
+    if module.endswith(".__main__"):
+        return module
+    return ".".join(module.split(".")[:2])
+
+
+def packages(g: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The graph between units: an import between two modules is one between their units."""
+    out: dict[str, set[str]] = {unit(m): set() for m in g}
+    for m, deps in g.items():
+        out[unit(m)].update(unit(d) for d in deps if unit(d) != unit(m))
+    return out
+
+
+def test_no_import_cycles_between_packages():
+    """Counting every import, as above: two packages that need each other cannot be
+    read, tested or moved apart, even when no two of their modules form a circle."""
+    assert cycles(packages(graph())) == []
+
+
+def test_the_package_check_sees_a_circle_closed_by_a_type_only_import(tmp_path):
+    pkg = tmp_path / "mpifl"
+    for d in ("", "a", "b"):
+        (pkg / d).mkdir(exist_ok=True)
+        (pkg / d / "__init__.py").write_text("")
+    (pkg / "a/one.py").write_text("from mpifl.b.two import x\n")
+    (pkg / "b/two.py").write_text("x = 1\n")
+    (pkg / "b/three.py").write_text("import typing\nif typing.TYPE_CHECKING:\n    from mpifl.a import one\n")
+    (pkg / "b/__main__.py").write_text("from mpifl.a import one\n")
+    g = graph(pkg)
+    assert cycles(g) == []  # no circle between modules
+    assert packages(g)["mpifl.b.__main__"] == {"mpifl.a"}
+    assert cycles(packages(g)) == [["mpifl.a", "mpifl.b"]]
+
+
+@pytest.mark.slow  # starts a Python process
+def test_the_schema_is_a_leaf_when_imported():
+    """``import mpifl.schema`` loads no other module of mpifl: every module may name
+    the config's sections (a type hint, a default) without running the config
+    package, which reads every algorithm's ``Params``."""
+    code = ("import sys, mpifl.schema\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'mpifl'))\n")
+    res = subprocess.run([sys.executable, "-c", code], cwd=PKG.parent, capture_output=True, text=True,
+                         timeout=120, check=True, env={**os.environ, "PYTHONPATH": str(PKG.parent)})
+    assert res.stdout.split("\n")[0] == "['mpifl', 'mpifl.schema']"
+
+
 @pytest.mark.parametrize("leaf", [
-    "mpifl.errors", "mpifl.paths", "mpifl.rng", "mpifl.algorithms.state", "mpifl.config.sections"])
+    "mpifl.errors", "mpifl.paths", "mpifl.rng", "mpifl.algorithms.state", "mpifl.schema"])
 def test_leaf_modules_import_nothing_of_mpifl(leaf):
     assert graph()[leaf] == set()
+
+
+def _outside(path: Path) -> set[str]:
+    """Top-level packages other than mpifl and the standard library that ``path`` imports."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.add(node.module.split(".")[0])
+    return names - set(sys.stdlib_module_names) - {"mpifl"}
+
+
+def test_an_algorithms_config_part_imports_only_light_modules():
+    """``mpifl/algorithms/<name>_params.py`` is what config commands import of an
+    algorithm: numpy, the errors, the schema, the shared sections and a parent's
+    config part, never torch or training code."""
+    light = {"mpifl.errors", "mpifl.schema", "mpifl.algorithms", "mpifl.algorithms.shared_params"}
+    g = graph()
+    parts = sorted(m for m in g if m.startswith("mpifl.algorithms.") and m.endswith("_params"))
+    assert len(parts) > 20
+    heavy = {m: sorted(d for d in g[m] if d not in light and not d.endswith("_params")) for m in parts}
+    assert {m: d for m, d in heavy.items() if d} == {}
+    paths = {m: PKG.parent / (m.replace(".", "/") + ".py") for m in parts}
+    assert {m: sorted(_outside(p) - {"numpy"}) for m, p in paths.items() if _outside(p) - {"numpy"}} == {}
 
 
 def test_lower_layers_never_import_the_config_runtime_or_tools():
     """data, models, training, communication and logging take their config
     sections as arguments; the config package (which consults the algorithm
-    registry) sits above them. Its schema, ``mpifl.config.sections``, is a leaf
-    every module may name."""
+    registry) sits above them. The sections themselves, ``mpifl.schema``, are a
+    leaf outside it that every module may name."""
     upper = ("mpifl.config", "mpifl.run", "mpifl.main", "mpifl.sweep", "mpifl.analyze", "mpifl.analysis", "mpifl.check")
     g = graph()
     for m, deps in g.items():
@@ -123,7 +201,7 @@ def test_lower_layers_never_import_the_config_runtime_or_tools():
             continue
         if m.startswith(("mpifl.data", "mpifl.models", "mpifl.train", "mpifl.comm",
                          "mpifl.logging", "mpifl.yamlio", "mpifl.cli", "mpifl.algorithms")):
-            bad = sorted(d for d in deps if d.startswith(upper) and d != "mpifl.config.sections")
+            bad = sorted(d for d in deps if d.startswith(upper))
             assert not bad, f"{m} imports {bad}"
 
 
@@ -210,7 +288,7 @@ def test_clients_have_every_member_of_the_surface():
 def test_the_top_level_holds_the_commands_and_shared_pieces_only():
     """Everything else sits in a package named for its job (README, Layout)."""
     top = sorted(p.name for p in PKG.glob("*.py"))
-    assert len(top) <= 12, top
+    assert len(top) <= 13, top
 
 
 def _functions(root: Path = PKG):

@@ -5,11 +5,15 @@ them, and a module that defines only some is a mistake a test names.
 
 The module list is read from the package folder, so adding an algorithm is
 adding one file (and its test); nothing else names it. A module provides what
-``base.Algorithm`` describes and,
-when it has hyper-parameters, a ``Params`` dataclass: the config section of the
-module's name (``fedprox.mu``), with commented defaults and a ``validate(cfg)``
-method naming its keys bare (``mu``: the field), and it receives that section as
-``ctx.params``.
+``base.Algorithm`` describes. When it has hyper-parameters, its config part sits
+beside it in ``<name>_params.py`` (:func:`config_part`): a ``Params`` dataclass,
+the config section of the module's name (``fedprox.mu``), with commented defaults
+and a ``validate(cfg)`` method naming its keys bare (``mu``: the field), and where
+needed ``check_config(cfg)``, ``READS`` and ``selection_samples``. That file
+imports only light modules (no torch, no training code); the algorithm imports
+its names back (``fedprox.Params``) and receives its section as ``ctx.params``.
+A ``_params`` module defines none of :data:`CONTRACT`, so it is no algorithm; one
+without its algorithm is a mistake a test names.
 
 Nothing here imports torch or the algorithm modules until asked, so the names
 are known to ``mpifl.config`` without the cost of importing every algorithm.
@@ -23,18 +27,22 @@ import contextlib
 import dataclasses
 import importlib
 import re
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from mpifl.errors import ConfigError
+from mpifl.schema import ConfigBase
 
 if TYPE_CHECKING:
     from mpifl.algorithms.base import Algorithm
-    from mpifl.config.sections import ConfigBase
 
 # base.Algorithm's members: a module of this package defining all of them is an algorithm
 CONTRACT = ("State", "init", "round", "evaluate")
+# <name>_params.py beside <name>.py: the algorithm's config part (config_part)
+PARAMS = "_params"
+HERE = Path(__file__).parent
 
 # the order of the README's table: these baselines first, then alphabetical
 _FIRST = ("local", "fedavg", "fedavg_ft", "oracle")
@@ -49,7 +57,7 @@ def defines(path: Path) -> set[str]:
             if re.search(rf"^(?:(?:def|class) {n}\b|{n}\s*(?::[^=\n]*)?=|from \S+ import .*\b{n}\b)", text, re.M)}
 
 
-def _discover(folder: Path = Path(__file__).parent) -> tuple[str, ...]:
+def _discover(folder: Path = HERE) -> tuple[str, ...]:
     """The algorithms among the modules in ``folder``, read from their files (not imported)."""
     found = {p.stem for p in folder.glob("*.py") if not p.stem.startswith("_") and defines(p) == set(CONTRACT)}
     return tuple(n for n in _FIRST if n in found) + tuple(sorted(found - set(_FIRST)))
@@ -64,15 +72,21 @@ def get(name: str) -> Algorithm:
     return cast("Algorithm", importlib.import_module(f"{__name__}.{name}"))
 
 
+def config_part(name: str) -> types.ModuleType | None:
+    """Algorithm ``name``'s config part, ``mpifl.algorithms.<name>_params`` (its
+    ``Params``, ``check_config``, ``READS``, ``selection_samples``), a light module
+    imported without the training code; None where the algorithm has none."""
+    if not (HERE / f"{name}{PARAMS}.py").is_file():
+        return None
+    return importlib.import_module(f"{__name__}.{name}{PARAMS}")
+
+
 def sections() -> dict[str, type]:
     """Config section name -> hyper-parameter dataclass, for every algorithm that
-    has one, read from the modules' files without importing their training code
-    (:mod:`mpifl.algorithms._declared`)."""
-    from mpifl.algorithms._declared import declared
-
+    has one (its config part's ``Params``)."""
     out = {}
     for name in NAMES:
-        params = getattr(declared(name), "Params", None)
+        params = getattr(config_part(name), "Params", None)
         if params is not None:
             out[name] = params
     return out
@@ -80,24 +94,20 @@ def sections() -> dict[str, type]:
 
 def sections_of(name: str) -> tuple[str, ...]:
     """The config sections algorithm ``name`` reads: its own (where it has
-    hyper-parameters) and those its module names in ``READS`` (FedProx+FT trains as
-    FedProx: ``fedprox``)."""
-    from mpifl.algorithms._declared import declared
-
-    mod = declared(name)
-    return (*((name,) if hasattr(mod, "Params") else ()), *getattr(mod, "READS", ()))
+    hyper-parameters) and those its config part names in ``READS`` (FedProx+FT
+    trains as FedProx: ``fedprox``)."""
+    part = config_part(name)
+    return (*((name,) if hasattr(part, "Params") else ()), *getattr(part, "READS", ()))
 
 
 def validate(cfg: ConfigBase) -> None:
     """Every algorithm section validates itself (``Params.validate``, whether
     chosen or not: a sweep may switch to it), then the chosen algorithm may refuse
     a combination (``check_config``)."""
-    from mpifl.algorithms._declared import declared
-
     for name, params in sections().items():
         with _keys_of(name, params):
             getattr(cfg, name).validate(cfg)
-    chosen = declared(cfg.algorithm.name)
+    chosen = config_part(cfg.algorithm.name)
     if hasattr(chosen, "check_config"):
         with _keys_of(cfg.algorithm.name, getattr(chosen, "Params", None)):
             chosen.check_config(cfg)

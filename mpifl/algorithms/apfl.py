@@ -46,20 +46,16 @@ round (bench/README.md).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from mpifl.algorithms.apfl_params import Params  # noqa: F401 - re-exported
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import local_update, own_rows_metrics, sampled_weights
 from mpifl.algorithms.state import per_client
-from mpifl.errors import check
 from mpifl.logging.mixing import Shared
 from mpifl.train import Step, StepView
-
-if TYPE_CHECKING:
-    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (
@@ -67,17 +63,6 @@ SUMMARY = (
     "gradient (`apfl.alpha` initial, `apfl.adaptive`), w synchronised every round"
 )
 MIXING_ROW = "p over sampled clients (FedAvg of w)"
-
-
-@dataclass
-class Params:
-    """Hyper-parameters: the config section ``apfl``."""
-
-    alpha: float = 0.5  # initial mixing weight alpha_i of the local model (authors' code: 0.5)
-    adaptive: bool = True  # learn alpha_i by its gradient (the paper's adaptive APFL); false: fixed
-
-    def validate(self, cfg: Config) -> None:
-        check(0 <= self.alpha <= 1, "alpha", self.alpha, "must be in [0, 1]")
 
 
 @dataclass

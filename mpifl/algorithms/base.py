@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from mpifl.config.sections import sampled_count
 from mpifl.data import FederatedData
 from mpifl.logging.mixing import Mixing
 from mpifl.rng import GLOBAL, rng
+from mpifl.schema import ConfigBase as Config
+from mpifl.schema import sampled_count
 
 if TYPE_CHECKING:  # algorithms are imported by the config (their Params) before MPI is wanted
     from collections.abc import Iterator
@@ -27,7 +28,6 @@ if TYPE_CHECKING:  # algorithms are imported by the config (their Params) before
     from torch import nn
 
     from mpifl.comm import Comm
-    from mpifl.config.sections import ConfigBase as Config
     from mpifl.train import BatchPlan, Objective, RowOptimizer, Step
 
 

@@ -54,18 +54,14 @@ read by ``python -m mpifl.analyze`` for the ARI), ``/cfl/update_norm`` [N]
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
 
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import group_weights, local_update, own_rows_metrics
-from mpifl.errors import check
+from mpifl.algorithms.cfl_params import Params  # noqa: F401 - re-exported
 from mpifl.logging.mixing import Grouped
-
-if TYPE_CHECKING:
-    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (
@@ -73,24 +69,6 @@ SUMMARY = (
     "`cfl.eps2` splits by the optimal bipartition of its updates' cosine similarities"
 )
 MIXING_ROW = "p over sampled clients of i's cluster"
-
-
-@dataclass
-class Params:
-    """Hyper-parameters: the config section ``cfl``."""
-
-    eps1: float = 0.4  # split only if the cluster's mean update norm is below this (reference code: 0.4)
-    eps2: float = 1.6  # ... and its largest client update norm above this (reference code: 1.6)
-    warmup_rounds: int = 20  # no split before this round (reference code: after round 20)
-    min_size: int = 2  # only clusters with more members than this split (reference code: 2)
-    # single: the paper's optimal bipartition (exact); complete: its reference code's heuristic
-    linkage: Literal["single", "complete"] = "single"
-
-    def validate(self, cfg: Config) -> None:
-        check(self.eps1 > 0 and np.isfinite(self.eps1), "eps1", self.eps1, "must be a finite number > 0")
-        check(self.eps2 > 0 and np.isfinite(self.eps2), "eps2", self.eps2, "must be a finite number > 0")
-        check(self.warmup_rounds >= 0, "warmup_rounds", self.warmup_rounds, "must be >= 0")
-        check(self.min_size >= 1, "min_size", self.min_size, "must be >= 1 (a split needs two members)")
 
 
 @dataclass

@@ -42,7 +42,6 @@ model), and ``/ditto/global_train_loss`` (the global copies' training loss;
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,8 +49,8 @@ import torch
 
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import own_rows_metrics, step
+from mpifl.algorithms.ditto_params import Params  # noqa: F401 - re-exported
 from mpifl.algorithms.state import per_client
-from mpifl.errors import check
 from mpifl.train import Objective
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
@@ -60,17 +59,6 @@ SUMMARY = (
     "w||^2; evaluated on the personal model"
 )
 MIXING_ROW = "p over sampled clients (the global model)"
-
-
-@dataclass
-class Params:
-    lam: float = 0.75  # pull lam of (lam/2)||v_k - w||^2 toward the global model (DPFL F.6: 0.75)
-    personal_epochs: int = 0  # local epochs of the personal model per round; 0 = train.local_epochs
-
-    def validate(self, cfg) -> None:
-        check(self.lam >= 0 and math.isfinite(self.lam), "lam", self.lam, "must be a finite number >= 0")
-        check(self.personal_epochs >= 0, "personal_epochs", self.personal_epochs,
-              "must be >= 0 (0 = train.local_epochs)")
 
 
 @dataclass

@@ -64,7 +64,6 @@ LocalOpt (round 0: after tau_init epochs), when the round is evaluated.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -74,69 +73,19 @@ import torch
 
 from mpifl.algorithms.base import Context, Round, evaluates
 from mpifl.algorithms.blocks import own_rows_metrics
+from mpifl.algorithms.dpfl_params import Params, check_config, selection_samples  # noqa: F401 - re-exported
 from mpifl.algorithms.state import per_client
-from mpifl.errors import ConfigError, check
 from mpifl.logging.mixing import Dense
 from mpifl.rng import GLOBAL
 
 if TYPE_CHECKING:
     from mpifl.comm import Comm
-    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "DPFL: BGGC candidate graph under budget B_c, GGC collaborators every `dpfl.period` rounds"
 MIXING_ROW = "p over i's collaborators and itself"
 
 Reward = Callable[[torch.Tensor], Sequence[float]]  # [m, P] models -> [m] rewards (higher is better)
-
-
-
-@dataclass
-class Params:
-    """Hyper-parameters: the config section ``dpfl``."""
-
-    # max collaborators besides self: an integer, a fraction of N ("0.1N"), or inf
-    budget: str = "inf"
-    tau_init: int = 10  # local epochs before the preprocessing BGGC (the first round)
-    tau_train: int = 5  # local epochs per training round
-    period: int = 1  # run GGC every `period` training rounds (collaborators kept between)
-    malicious: float = 0.0  # fraction of clients whose labels go through one fixed permutation
-    malicious_run_ggc: bool = True  # false: malicious clients only train locally (still serve models)
-    random_graph: bool = False  # ablation: random candidates of the same budget, all used, no GGC
-
-    def budget_for(self, n_clients: int) -> float:
-        """B_c as a number of clients (math.inf when unbounded), at least 1."""
-        text = str(self.budget).strip()
-        if text.lower() in ("inf", "+inf", ".inf", "infinity"):
-            return math.inf
-        try:
-            if text[-1:] in ("N", "n"):
-                b = math.floor(float(text[:-1]) * n_clients + 0.5)
-                return float(max(1, b)) if float(text[:-1]) > 0 else 0.0
-            if not re.fullmatch(r"[0-9]+", text):
-                raise ValueError(text)
-            return float(int(text))
-        except (ValueError, OverflowError):
-            raise ConfigError(f"budget={self.budget!r} is not allowed; use a positive integer, "
-                              f"a fraction of N like 0.1N, or inf", "budget") from None
-
-    def validate(self, cfg: Config) -> None:
-        check(self.budget_for(cfg.data.n_clients) >= 1, "budget", self.budget, "must be >= 1 client (or inf)")
-        check(self.tau_init >= 0, "tau_init", self.tau_init, "must be >= 0")
-        check(self.tau_train >= 0, "tau_train", self.tau_train, "must be >= 0")
-        check(self.period >= 1, "period", self.period, "must be >= 1")
-        check(0 <= self.malicious < 1, "malicious", self.malicious, "must be in [0, 1)")
-
-
-def check_config(cfg: Config) -> None:
-    v = cfg.data.val_frac
-    check(v > 0, "data.val_frac", v, "dpfl's rewards are validation losses: must be > 0")
-
-
-def selection_samples(p: Params, n_train: np.ndarray, n_val: np.ndarray) -> np.ndarray:
-    """Per client, the samples it chooses its collaborators on: its validation split
-    (BGGC's rewards are validation losses), which Local never uses."""
-    return np.asarray(n_val)
 
 
 @dataclass

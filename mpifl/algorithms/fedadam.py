@@ -34,11 +34,9 @@ Logged: as FedAvg (the mixing row p over the sampled clients).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from mpifl.algorithms.base import Context
 from mpifl.algorithms.blocks import ServerAdaptive, ServerState, evaluate_global, server_round
-from mpifl.algorithms.shared_params import AdaptiveParams
+from mpifl.algorithms.fedadam_params import Params  # noqa: F401 - re-exported
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (
@@ -46,12 +44,6 @@ SUMMARY = (
     "`beta2`, `tau`)"
 )
 MIXING_ROW = "as fedavg"
-
-
-@dataclass
-class Params(AdaptiveParams):
-    """Hyper-parameters: the config section ``fedadam`` (the fields, defaults and
-    checks of ``shared_params.AdaptiveParams``)."""
 
 
 State = ServerState  # the global model and blocks.ServerAdaptive

@@ -63,40 +63,21 @@ client is charged one model sent and one received (u_i). Logged:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import own_rows_metrics
-from mpifl.errors import check
+from mpifl.algorithms.fedamp_params import Params  # noqa: F401 - re-exported
 from mpifl.logging.mixing import Dense
 from mpifl.train import Objective
-
-if TYPE_CHECKING:
-    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = ("FedAMP: the server sends each client an attention-weighted message u_i = sum_j xi_ij w_j "
            "(xi from exp(-||w_i - w_j||^2 / sigma)), clients take a proximal step around it")
 MIXING_ROW = "xi_i over the sampled clients (attention)"
-
-
-@dataclass
-class Params:
-    alpha: float = 1.0  # step alpha_k on the attention term (PFLlib's -alk; the paper tunes it)
-    lam: float = 1.0  # weight lam of the attention term; prox weight lam/alpha (PFLlib's -lam; 0 = local)
-    # distance scale of A(x) = 1 - exp(-x/sigma) (the paper tunes it; PFLlib's -sg 1 makes
-    # xi_ii < 0 on close models: 100 keeps xi_ii >= 0 at zero distance up to 101 clients a round)
-    sigma: float = 100.0
-
-    def validate(self, cfg: Config) -> None:
-        check(self.alpha > 0 and math.isfinite(self.alpha), "alpha", self.alpha, "must be a finite number > 0")
-        check(self.lam >= 0 and math.isfinite(self.lam), "lam", self.lam, "must be a finite number >= 0")
-        check(self.sigma > 0 and math.isfinite(self.sigma), "sigma", self.sigma, "must be a finite number > 0")
 
 
 @dataclass

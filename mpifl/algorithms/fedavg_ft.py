@@ -30,13 +30,11 @@ root attribute ``best_round`` (the round whose model fine-tuning starts from).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import FineTuneState, finetuned_metrics, ft_epochs, init_finetune, step, track_best
-from mpifl.algorithms.shared_params import FineTuneParams, finetune_selection_samples
+from mpifl.algorithms.fedavg_ft_params import Params, selection_samples  # noqa: F401 - re-exported
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (
@@ -46,13 +44,6 @@ SUMMARY = (
 MIXING_ROW = "as fedavg"
 
 
-@dataclass
-class Params(FineTuneParams):
-    """Hyper-parameters: the config section ``fedavg_ft`` (the fields, defaults and
-    checks of ``shared_params.FineTuneParams``)."""
-
-
-selection_samples = finetune_selection_samples  # the samples fine-tuning's start is chosen on
 State = FineTuneState
 init = init_finetune
 

@@ -30,34 +30,17 @@ Logged: as FedAvg (the mixing row p over the sampled clients).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from mpifl.algorithms.base import Context
 from mpifl.algorithms.blocks import ServerState, evaluate_global, server_round
-from mpifl.errors import check
-
-if TYPE_CHECKING:
-    from mpifl.config.sections import ConfigBase as Config
+from mpifl.algorithms.fedavgm_params import Params  # noqa: F401 - re-exported
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "FedAvgM: FedAvg whose server steps with momentum on the average update (`fedavgm.lr`, `fedavgm.momentum`)"
 MIXING_ROW = "as fedavg"
-
-
-@dataclass
-class Params:
-    """Hyper-parameters: the config section ``fedavgm``."""
-
-    lr: float = 1.0  # server learning rate eta_s (1 with momentum 0: FedAvg)
-    momentum: float = 0.9  # server momentum beta
-
-    def validate(self, cfg: Config) -> None:
-        check(self.lr > 0 and math.isfinite(self.lr), "lr", self.lr, "must be a finite number > 0")
-        check(0 <= self.momentum < 1, "momentum", self.momentum, "must be in [0, 1)")
 
 
 @dataclass

@@ -46,8 +46,8 @@ import numpy as np
 
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import PartState, finetuned_metrics, part_round, part_state
+from mpifl.algorithms.fedbabu_params import Params  # noqa: F401 - re-exported
 from mpifl.algorithms.state import transient
-from mpifl.errors import check
 from mpifl.train import Objective
 from mpifl.train.head import find_head
 
@@ -55,14 +55,6 @@ from mpifl.train.head import find_head
 SUMMARY = ("FedBABU: body averaged with the head frozen at its random initial weights; every client fine-tunes "
            "the whole model `fedbabu.ft_epochs` epochs before evaluation")
 MIXING_ROW = "p over sampled clients (the body only)"
-
-
-@dataclass
-class Params:
-    ft_epochs: int = 5  # fine-tuning epochs (whole model) before evaluation (paper: several tau; PFLlib: 10)
-
-    def validate(self, cfg) -> None:
-        check(self.ft_epochs >= 0, "ft_epochs", self.ft_epochs, "must be >= 0")
 
 
 @dataclass

@@ -48,46 +48,22 @@ Logs per round: /fedc2i/influence [R,N,N] (a), /fedc2i/class_influence
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
 
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import identity_rows, own_rows_metrics
+from mpifl.algorithms.fedc2i_params import Params, check_config  # noqa: F401 - re-exported
 from mpifl.algorithms.state import transient
-from mpifl.errors import check
 from mpifl.logging.mixing import Dense
 from mpifl.train import Clients, per_sample_loss
 from mpifl.train.head import Head, find_head
 
-if TYPE_CHECKING:
-    from mpifl.config.sections import ConfigBase as Config
-
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "FedC2I: client- and class-level influence by leave-one-out models passed around the ring"
 MIXING_ROW = "the influence vector a_i"
-
-
-
-@dataclass
-class Params:
-    """Hyper-parameters: the config section ``fedc2i``."""
-
-    alpha: float = 5.0  # influence sensitivity; 0 = uniform weights (paper grid {0.5, 1, 2, 5, 10})
-    # the paper's Table 3: none = full method; client_only = whole model by the influence vector;
-    # class_only_local / class_only_global = classifier by the class matrix on local / averaged features
-    ablation: Literal["none", "client_only", "class_only_local", "class_only_global"] = "none"
-
-    def validate(self, cfg: Config) -> None:
-        check(self.alpha >= 0 and math.isfinite(self.alpha), "alpha", self.alpha, "must be a finite number >= 0")
-
-
-def check_config(cfg: Config) -> None:
-    n = cfg.data.n_clients
-    check(n >= 2, "data.n_clients", n, "fedc2i needs >= 2 clients (leave-one-out models)")
 
 
 @dataclass

@@ -43,35 +43,22 @@ as FedAvg), ``/feddyn/h_norm`` ||h^t|| (the same in every row: the server's) and
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import evaluate_global, local_update, sampled_weights
+from mpifl.algorithms.feddyn_params import Params  # noqa: F401 - re-exported
 from mpifl.algorithms.state import per_client
-from mpifl.errors import check
 from mpifl.logging.mixing import Shared
 from mpifl.train import Objective
-
-if TYPE_CHECKING:
-    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = ("FedDyn: FedAvg whose clients add a dynamic regulariser (their last gradient's linear term + "
            "(alpha/2)||w - w_global||^2, `feddyn.alpha`); the server corrects the average by its state h")
 MIXING_ROW = "as fedavg"
-
-
-@dataclass
-class Params:
-    alpha: float = 0.01  # regulariser weight alpha (paper: tuned in {0.1, 0.01, 0.001}; 0 = FedAvg)
-
-    def validate(self, cfg: Config) -> None:
-        check(self.alpha >= 0 and math.isfinite(self.alpha), "alpha", self.alpha, "must be a finite number >= 0")
 
 
 @dataclass

@@ -44,7 +44,6 @@ clients (each component's average).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -52,14 +51,11 @@ import torch
 from mpifl import models
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import sampled_weights
+from mpifl.algorithms.fedem_params import Params  # noqa: F401 - re-exported
 from mpifl.algorithms.state import per_client
-from mpifl.errors import check
 from mpifl.logging.mixing import Shared
 from mpifl.rng import GLOBAL, rng
 from mpifl.train import Objective, loss_acc_from_probs, per_sample_loss
-
-if TYPE_CHECKING:
-    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (
@@ -69,16 +65,6 @@ SUMMARY = (
 MIXING_ROW = "p over sampled clients (each component)"
 
 INIT_PURPOSE = "fedem/init"
-
-
-@dataclass
-class Params:
-    """Hyper-parameters: the config section ``fedem``."""
-
-    components: int = 4  # M shared component models (FedeRiCo ran FedEM with 4)
-
-    def validate(self, cfg: Config) -> None:
-        check(1 <= self.components <= 64, "components", self.components, "must be in [1, 64]")
 
 
 @dataclass

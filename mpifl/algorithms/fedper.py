@@ -32,24 +32,14 @@ row (p over the sampled clients, of the shared part), ``/fedper/personal_drift``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import PartState, last_layers, part_evaluate, part_round, part_state
-from mpifl.errors import check
+from mpifl.algorithms.fedper_params import Params  # noqa: F401 - re-exported
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = ("FedPer: base layers averaged, the last `fedper.personal_layers` layers personal; the whole model "
            "trains at once")
 MIXING_ROW = "p over sampled clients (the base layers)"
-
-
-@dataclass
-class Params:
-    personal_layers: int = 1  # last layers kept by each client (K_P; 1: the classifier, as PFLlib's; 0 = FedAvg)
-
-    def validate(self, cfg) -> None:
-        check(self.personal_layers >= 0, "personal_layers", self.personal_layers, "must be >= 0 (0 = FedAvg)")
 
 
 State = PartState

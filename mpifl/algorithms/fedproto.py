@@ -52,7 +52,6 @@ global prototypes of round t are their count-weighted means.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -61,13 +60,10 @@ from torch.func import vmap
 
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import identity_rows
+from mpifl.algorithms.fedproto_params import Params  # noqa: F401 - re-exported
 from mpifl.algorithms.state import transient
-from mpifl.errors import check
 from mpifl.train import Step, StepView, loss_acc_from_probs, per_sample_loss
 from mpifl.train.head import Head, find_head
-
-if TYPE_CHECKING:
-    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (
@@ -75,16 +71,6 @@ SUMMARY = (
     " count; loss CE + `fedproto.lam` x distance to the global prototype; nearest-prototype prediction"
 )
 MIXING_ROW = "identity (models never travel)"
-
-
-@dataclass
-class Params:
-    """Hyper-parameters: the config section ``fedproto``."""
-
-    lam: float = 1.0  # weight of the prototype distance term (the authors' default)
-
-    def validate(self, cfg: Config) -> None:
-        check(0 <= self.lam < float("inf"), "lam", self.lam, "must be a finite number >= 0")
 
 
 @dataclass

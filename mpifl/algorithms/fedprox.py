@@ -31,33 +31,18 @@ others): what the proximal term holds back.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 import numpy as np
 import torch
 
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import GlobalModel, evaluate_global, init_global
 from mpifl.algorithms.blocks import step as fedavg_step  # this module's step is FedProx's
-from mpifl.errors import check
+from mpifl.algorithms.fedprox_params import Params  # noqa: F401 - re-exported
 from mpifl.train import Objective
-
-if TYPE_CHECKING:
-    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "FedProx: FedAvg whose local loss adds (mu/2)||w - w_global||^2 (`fedprox.mu`)"
 MIXING_ROW = "as fedavg"
-
-
-@dataclass
-class Params:
-    mu: float = 0.1  # proximal weight mu of (mu/2)||w - w_global||^2 (DPFL F.6: 0.1)
-
-    def validate(self, cfg: Config) -> None:
-        check(self.mu >= 0 and math.isfinite(self.mu), "mu", self.mu, "must be a finite number >= 0")
 
 
 State = GlobalModel

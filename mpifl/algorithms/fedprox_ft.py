@@ -26,35 +26,20 @@ Logged: as ``fedprox`` (mixing row, ``drift``) plus, with ``best_val``,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
-
 import numpy as np
 
 from mpifl.algorithms import fedprox
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import FineTuneState, finetuned_metrics, ft_epochs, init_finetune, track_best
-from mpifl.algorithms.shared_params import FineTuneParams, finetune_selection_samples
-
-READS = ("fedprox",)  # it trains as FedProx does: fedprox.mu is part of its runs
+from mpifl.algorithms.fedprox_ft_params import READS, Params, selection_samples  # noqa: F401 - re-exported
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "FedProx+FT (DPFL): FedProx's best-validation global model fine-tuned 2E epochs before evaluation"
 MIXING_ROW = "as fedavg"
 
 
-@dataclass
-class Params(FineTuneParams):
-    """FedAvg+FT's keys and checks, starting from another model by default."""
-
-    # global model fine-tuned: best_val = the one of best mean validation accuracy over
-    # clients so far (DPFL), last = the current one
-    start: Literal["best_val", "last"] = "best_val"
-
-
 State = FineTuneState
 init = init_finetune
-selection_samples = finetune_selection_samples
 
 
 def round(ctx: Context, state: State, t: int) -> Round:

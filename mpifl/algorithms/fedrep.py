@@ -44,8 +44,8 @@ import torch
 
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import download, own_rows_metrics, sampled_weights
+from mpifl.algorithms.fedrep_params import Params  # noqa: F401 - re-exported
 from mpifl.algorithms.state import transient
-from mpifl.errors import check
 from mpifl.logging.mixing import Shared
 from mpifl.train import Objective
 from mpifl.train.head import Head, body_slices, find_head
@@ -56,14 +56,6 @@ SUMMARY = (
     "frozen, then body epochs with the head frozen"
 )
 MIXING_ROW = "p over sampled clients (the body only)"
-
-
-@dataclass
-class Params:
-    head_epochs: int = 10  # epochs of head training (body frozen) before the body's, per round (paper: 10)
-
-    def validate(self, cfg) -> None:
-        check(self.head_epochs >= 0, "head_epochs", self.head_epochs, "must be >= 0")
 
 
 @dataclass

@@ -26,24 +26,13 @@ Choices where the paper leaves room, and how Flower differs:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from mpifl.algorithms.base import Context
 from mpifl.algorithms.blocks import ServerAdaptive, ServerState, evaluate_global, server_round
-from mpifl.algorithms.shared_params import AdaptiveParams
+from mpifl.algorithms.fedyogi_params import Params  # noqa: F401 - re-exported
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "FedYogi: FedAdam with Yogi's second moment (`fedyogi.lr`, `beta1`, `beta2`, `tau`)"
 MIXING_ROW = "as fedavg"
-
-
-@dataclass
-class Params(AdaptiveParams):
-    """Hyper-parameters: the config section ``fedyogi``: FedAdam's keys, defaults and
-    ranges (Yogi changes how v moves, not what it needs)."""
-
-    # Yogi's v moves by (1 - beta2) Delta^2 toward Delta^2 each round (paper: 0.99)
-    beta2: float = 0.99
 
 
 State = ServerState  # the global model and blocks.ServerAdaptive

@@ -45,47 +45,22 @@ Evaluation: an assigned client evaluates its centre, one never sampled its own
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import group_weights, local_update, own_rows_metrics
-from mpifl.config.sections import sampled_count
-from mpifl.errors import ConfigError, check
+from mpifl.algorithms.fesem_params import Params, check_config  # noqa: F401 - re-exported
+from mpifl.errors import ConfigError
 from mpifl.logging.mixing import Grouped
 from mpifl.rng import GLOBAL
-
-if TYPE_CHECKING:
-    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "FeSEM: K centres in parameter space, clients assigned to the nearest by L2, centres = p-average of members"
 MIXING_ROW = "p over sampled clients of i's centre"
 
 INIT_PURPOSE = "fesem/init"
-
-
-@dataclass
-class Params:
-    """Hyper-parameters: the config section ``fesem``."""
-
-    k: int = 0  # centres; 0 = the partition's true number of clusters
-
-    def validate(self, cfg: Config) -> None:
-        check(self.k >= 0, "k", self.k, "must be >= 1, or 0 for the partition's number of clusters")
-
-
-NO_CLUSTERS = ("iid", "patho", "dirichlet")
-
-
-def check_config(cfg: Config) -> None:
-    k, part = cfg.fesem.k, cfg.data.partition
-    check(k > 0 or part not in NO_CLUSTERS, "k", k,
-          f"data.partition={part!r} records no true clusters: set fesem.k >= 1")
-    m = sampled_count(cfg.algorithm.fraction, cfg.data.n_clients)
-    check(k <= m, "k", k, f"must be <= the clients sampled per round ({m}): round 0 seeds the centres with them")
 
 
 @dataclass

@@ -37,22 +37,17 @@ model is this run's accuracy against a FedAvg run with the same seed (or
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import step
+from mpifl.algorithms.knn_per_params import Params  # noqa: F401 - re-exported
 from mpifl.algorithms.state import transient
-from mpifl.errors import check
 from mpifl.train import loss_acc_from_probs
 from mpifl.train.head import Head, find_head
-
-if TYPE_CHECKING:
-    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (
@@ -60,21 +55,6 @@ SUMMARY = (
     " training embeddings) with the model"
 )
 MIXING_ROW = "as fedavg"
-
-
-@dataclass
-class Params:
-    """Hyper-parameters: the config section ``knn_per``."""
-
-    k: int = 10  # neighbours of a query in the client's datastore (DPFL F.6)
-    lam: float = 0.5  # weight of the kNN prediction in the interpolation (DPFL F.6)
-    temperature: float = 1.0  # kernel exp(-d^2 / temperature) over the neighbours
-
-    def validate(self, cfg: Config) -> None:
-        check(1 <= self.k <= 10_000, "k", self.k, "must be in [1, 10000]")
-        check(0 <= self.lam <= 1, "lam", self.lam, "must be in [0, 1]")
-        check(self.temperature > 0 and math.isfinite(self.temperature), "temperature", self.temperature,
-              "must be a finite number > 0")
 
 
 @dataclass

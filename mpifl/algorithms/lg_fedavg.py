@@ -39,24 +39,14 @@ mixing row (p over the sampled clients, of the global layers),
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import PartState, last_layers, part_evaluate, part_round, part_state
-from mpifl.errors import check
+from mpifl.algorithms.lg_fedavg_params import Params  # noqa: F401 - re-exported
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = ("LG-FedAvg: the last `lg_fedavg.global_layers` layers averaged, the layers below them local; the whole "
            "model trains at once")
 MIXING_ROW = "p over sampled clients (the global layers)"
-
-
-@dataclass
-class Params:
-    global_layers: int = 1  # last layers averaged (1: the classifier, as PFLlib's; all the model's: FedAvg)
-
-    def validate(self, cfg) -> None:
-        check(self.global_layers >= 1, "global_layers", self.global_layers, "must be >= 1")
 
 
 State = PartState

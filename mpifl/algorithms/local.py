@@ -28,29 +28,16 @@ resets it by default) makes no difference.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import identity_rows, own_rows_metrics
+from mpifl.algorithms.local_params import Params  # noqa: F401 - re-exported
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "every client trains alone"
 MIXING_ROW = "identity"
-
-if TYPE_CHECKING:
-    from mpifl.config.sections import ConfigBase as Config
-
-
-@dataclass
-class Params:
-    # train only the clients sampled each round (algorithm.fraction), as FL-bench's Local-only
-    # baseline does; false: every client every round
-    sampled_only: bool = False
-
-    def validate(self, cfg: Config) -> None:
-        pass  # a bool: its type was checked while building
 
 
 @dataclass

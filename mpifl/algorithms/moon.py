@@ -40,9 +40,7 @@ local loss CE + mu l_con.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -51,29 +49,16 @@ from torch.func import vmap
 
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import evaluate_global, local_update, sampled_weights
+from mpifl.algorithms.moon_params import Params  # noqa: F401 - re-exported
 from mpifl.algorithms.state import per_client, transient
-from mpifl.errors import check
 from mpifl.logging.mixing import Shared
 from mpifl.train import Step, StepView, per_sample_loss
 from mpifl.train.head import Head, find_head
-
-if TYPE_CHECKING:
-    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = ("MOON: FedAvg whose local loss adds `moon.mu` x a contrastive term pulling the representation toward "
            "the global model's and away from the client's previous model's (`moon.tau`)")
 MIXING_ROW = "as fedavg"
-
-
-@dataclass
-class Params:
-    mu: float = 1.0  # weight of the contrastive term (paper: 1 on CIFAR-100/Tiny-ImageNet, 5 on CIFAR-10; 0 = FedAvg)
-    tau: float = 0.5  # temperature of the contrastive term (paper: 0.5)
-
-    def validate(self, cfg: Config) -> None:
-        check(self.mu >= 0 and math.isfinite(self.mu), "mu", self.mu, "must be a finite number >= 0")
-        check(self.tau > 0 and math.isfinite(self.tau), "tau", self.tau, "must be a finite number > 0")
 
 
 @dataclass

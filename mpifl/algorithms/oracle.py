@@ -10,28 +10,17 @@ clients was sampled keeps its model for that round.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import cluster_fedavg, own_rows_metrics
-from mpifl.errors import check
-
-if TYPE_CHECKING:
-    from mpifl.config.sections import ConfigBase as Config
+from mpifl.algorithms.oracle_params import check_config  # noqa: F401 - re-exported
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "FedAvg inside each true cluster"
 MIXING_ROW = "p over sampled clients of i's cluster"
-
-
-def check_config(cfg: Config) -> None:
-    p = cfg.data.partition
-    check(p not in ("iid", "patho", "dirichlet"), "algorithm.name", "oracle",
-          f"oracle needs true clusters: data.partition={p!r} records none; "
-          "use clusters, noisy_clusters, permuted_clusters, domains, feature_shift or label_flip")
 
 
 @dataclass

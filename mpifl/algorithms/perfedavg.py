@@ -44,21 +44,14 @@ to the adapted one in ``test_acc``.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
-
 import numpy as np
 import torch
 
 from mpifl.algorithms.base import Context, Round, evaluates
 from mpifl.algorithms.blocks import GlobalModel, init_global, local_update, own_rows_metrics, sampled_weights
-from mpifl.errors import check
+from mpifl.algorithms.perfedavg_params import Params  # noqa: F401 - re-exported
 from mpifl.logging.mixing import Shared
 from mpifl.train import Step, StepView
-
-if TYPE_CHECKING:
-    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (
@@ -66,21 +59,6 @@ SUMMARY = (
     "evaluated after one step of size `perfedavg.alpha`"
 )
 MIXING_ROW = "p over sampled clients"
-
-
-@dataclass
-class Params:
-    """Hyper-parameters: the config section ``perfedavg``."""
-
-    variant: Literal["fo", "hf"] = "fo"  # first-order MAML, or Hessian-free (finite-difference HVP)
-    alpha: float = 0.01  # inner (personalisation) step size (DPFL appendix F.6)
-    beta: float = 0.0  # outer step size; 0 = train.lr (PFLlib's choice)
-    delta: float = 0.001  # hf: finite-difference step of the Hessian-vector product
-
-    def validate(self, cfg: Config) -> None:
-        check(0 < self.alpha < math.inf, "alpha", self.alpha, "must be a finite number > 0")
-        check(0 <= self.beta < math.inf, "beta", self.beta, "must be a finite number >= 0 (0 = train.lr)")
-        check(0 < self.delta < math.inf, "delta", self.delta, "must be a finite number > 0")
 
 
 State = GlobalModel  # the global model

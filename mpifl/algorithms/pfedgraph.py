@@ -45,22 +45,17 @@ Logged per round: ``/pfedgraph/graph`` [N, N] (the graph after the round),
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import own_rows_metrics
+from mpifl.algorithms.pfedgraph_params import Params  # noqa: F401 - re-exported
 from mpifl.algorithms.state import per_client
-from mpifl.errors import check
 from mpifl.logging.mixing import Dense
 from mpifl.train import Step, StepView
-
-if TYPE_CHECKING:
-    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = (
@@ -68,19 +63,6 @@ SUMMARY = (
     "`pfedgraph.alpha`), clients train with a cosine regulariser toward their aggregate (`pfedgraph.lam`)"
 )
 MIXING_ROW = "i's graph row over the sampled clients"
-
-
-@dataclass
-class Params:
-    """Hyper-parameters: the config section ``pfedgraph``."""
-
-    alpha: float = 0.8  # weight of ||A_i - p||^2 in the graph objective (authors' code: 0.8)
-    lam: float = 0.01  # weight of the similarity regulariser in local training (authors' code: 0.01)
-
-    def validate(self, cfg: Config) -> None:
-        check(self.alpha > 0 and math.isfinite(self.alpha), "alpha", self.alpha,
-              "must be a finite number > 0")
-        check(self.lam >= 0 and math.isfinite(self.lam), "lam", self.lam, "must be a finite number >= 0")
 
 
 @dataclass

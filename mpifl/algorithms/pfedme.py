@@ -57,45 +57,22 @@ moved from the client's local model this round) and ``/pfedme/dist_to_global``
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import local_update, own_rows_metrics, sampled_weights
+from mpifl.algorithms.pfedme_params import Params  # noqa: F401 - re-exported
 from mpifl.algorithms.state import per_client
-from mpifl.errors import check
 from mpifl.logging.mixing import Shared
 from mpifl.train import Step, StepView
-
-if TYPE_CHECKING:
-    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = ("pFedMe: each client's personalized model solves its Moreau envelope (K inner steps, "
            "`pfedme.lam`), its local model steps toward it; the server beta-mixes the average")
 MIXING_ROW = "p over sampled clients (the average beta mixes in)"
-
-
-@dataclass
-class Params:
-    lam: float = 15.0  # lam of the Moreau envelope (paper's MNIST: 15; 0 = no pull, see the docstring)
-    K: int = 5  # inner steps solving theta_i per batch (paper: 5)
-    personal_lr: float = 0.1  # inner step size eta_p (authors' MNIST command: 0.1)
-    beta: float = 1.0  # server mixing beta (paper: 1; beta = 1 takes the average itself)
-    all_train: bool = True  # every client updates each round (the paper's); false: only the sampled (PFLlib)
-
-    def validate(self, cfg: Config) -> None:
-        check(self.lam >= 0 and math.isfinite(self.lam), "lam", self.lam, "must be a finite number >= 0")
-        # K multiplies every batch's work and no epoch count sees it (the run-time estimate
-        # reads *epochs keys): bounded here, so 10^18 is refused rather than run forever
-        check(1 <= self.K <= 1000, "K", self.K, "must be an integer in [1, 1000]")
-        check(self.personal_lr > 0 and math.isfinite(self.personal_lr), "personal_lr", self.personal_lr,
-              "must be a finite number > 0")
-        check(self.beta > 0 and math.isfinite(self.beta), "beta", self.beta, "must be a finite number > 0")
 
 
 @dataclass

@@ -50,38 +50,22 @@ row: the server's variate).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
 
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import evaluate_global, local_update, sampled_weights
+from mpifl.algorithms.scaffold_params import Params  # noqa: F401 - re-exported
 from mpifl.algorithms.state import per_client
-from mpifl.errors import check
 from mpifl.logging.mixing import Shared
 from mpifl.train import Step, StepView
-
-if TYPE_CHECKING:
-    from mpifl.config.sections import ConfigBase as Config
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = ("SCAFFOLD: FedAvg whose local steps add the control-variate correction c - c_i (option II, "
            "`scaffold.lr`, `scaffold.weights`)")
 MIXING_ROW = "p over sampled clients (`scaffold.weights=uniform`: 1/|S|)"
-
-
-@dataclass
-class Params:
-    lr: float = 1.0  # global step size eta_g (paper's experiments: 1; 1 takes the average itself)
-    # weights of Delta y and Delta c: uniform = the paper's 1/|S| and 1/N (and PFLlib's);
-    # p = training-set size (FedAvg's: with zero variates, mpifl's FedAvg)
-    weights: Literal["p", "uniform"] = "uniform"
-
-    def validate(self, cfg: Config) -> None:
-        check(self.lr > 0 and math.isfinite(self.lr), "lr", self.lr, "must be a finite number > 0")
 
 
 @dataclass

@@ -2,24 +2,21 @@
 ``Params`` to subclass: an adaptive server optimizer's (FedAdam, FedYogi) and
 evaluation-time fine-tuning's (FedAvg+FT, FedProx+FT).
 
-Light on purpose: the config reads every algorithm's ``Params`` without torch
-(:mod:`mpifl.algorithms._declared` imports this module as it is), so only what
-``Params`` and ``check_config`` may use is imported here. The training code that
-goes with these sections is in :mod:`mpifl.algorithms.blocks`.
+Light on purpose, as every algorithm's ``<name>_params`` module that imports it:
+the config reads those without torch or the training code. The training code
+that goes with these sections is in :mod:`mpifl.algorithms.blocks`.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 
 from mpifl.errors import check
-
-if TYPE_CHECKING:
-    from mpifl.config.sections import ConfigBase as Config
+from mpifl.schema import ConfigBase as Config
 
 
 @dataclass

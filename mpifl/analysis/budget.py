@@ -11,8 +11,8 @@ Per run, per client (mean over clients):
   ``/train/samples``: counted by the engine, ``mpifl.train.Clients.count``, a step
   being one batch trained on, fine-tuning before an evaluation included);
 - ``select_samples``: the samples the method chooses or weights its
-  collaborators on, as the algorithm declares them (its module's
-  ``selection_samples``: DPFL's and pFedLIA's validation split, FedFomo's
+  collaborators on, as the algorithm declares them (its config part's
+  ``selection_samples``, ``mpifl.algorithms.<name>_params``: DPFL's and pFedLIA's validation split, FedFomo's
   held-out share of the training split; 0 for a method that declares none);
 - ``models_recv`` and ``mb_recv`` / ``mb_sent``: the models and megabytes
   (10^6 bytes) a client received and sent over the run (``/comm/*``).
@@ -63,10 +63,10 @@ def _total(run: Run, key: str) -> np.ndarray | None:
 def selection_samples(config: dict[str, Any], n_train: np.ndarray, n_val: np.ndarray) -> np.ndarray:
     """Per client, the samples the run's algorithm declares it chooses or weights
     collaborators on (zeros where it declares none); ``config``: flattened."""
-    from mpifl.algorithms._declared import declared
+    from mpifl.algorithms import config_part
 
     name = str(config.get("algorithm.name"))
-    mod = declared(name)
+    mod = config_part(name)
     fn = getattr(mod, "selection_samples", None)
     if fn is None:
         return np.zeros(len(n_val))

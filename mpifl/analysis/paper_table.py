@@ -46,11 +46,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from mpifl.errors import ConfigError
+from mpifl.paths import RunDir
+from mpifl.sweep.status import PREEMPTED, exit_marker
 from mpifl.yamlio import read_yaml
 
 if TYPE_CHECKING:
     from mpifl.analysis.summary import Summary
-    from mpifl.sweep.status import Failed
 
 METRICS = ("final_acc", "final_acc_w", "tail_acc", "tail_acc_w", "best_acc", "best_acc_w", "ari")
 
@@ -154,7 +155,7 @@ def _place(layout: Layout, config: dict[str, Any]) -> tuple[list[str], list[str]
 def cells(layout: Layout, runs: list[Summary], failed: list[Failed] = ()) -> tuple[dict[tuple[str, str], Cell],
                                                                                     list[str]]:
     """The runs of every (row, column); and one line per run that fits no cell or several.
-    ``failed``: points that ran and exited non-zero (``sweep_status.failed_points``):
+    ``failed``: points that ran and exited non-zero (:func:`failed_points`):
     their cell says so rather than "not run", or counts them instead of as unfinished."""
     from mpifl.analysis.summary import metric_value
 
@@ -264,3 +265,51 @@ def render_cells(layout: Layout, got: dict[tuple[str, str], Cell], notes: list[s
     lines += [f"- unfinished, not averaged: {u} in {row} / {col}"
               for (row, col), cell in got.items() for u in cell.unfinished]
     return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- points that ran and failed
+
+
+@dataclass
+class Failed:
+    run_dir: Path
+    name: str
+    config: dict  # flattened, as mpifl.analysis.summary.Summary.config
+    rc: int  # the exit status --local recorded (mpifl.sweep.status.mark_finished)
+
+
+def _sweep_roots(paths: list) -> list[Path]:
+    roots = []
+    for p in map(Path, paths):
+        if (p / "runs.txt").is_file():
+            roots.append(p)
+        elif p.is_dir() and p.name == "runs" and (p.parent / "runs.txt").is_file():
+            roots.append(p.parent)
+    return roots
+
+
+def failed_points(paths: list) -> list[Failed]:
+    """The points of the sweep directories among ``paths`` whose last ``--local``
+    run exited non-zero (not preempted), with their configs: ``analyze --layout``
+    tells a point that ran and failed from one never run."""
+    from mpifl.analysis.summary import defaults, sweep_points
+    from mpifl.config.identity import flatten
+
+    out = []
+    for root in _sweep_roots(paths):
+        values = sweep_points(root) or {}
+        for i, line in enumerate((root / "runs.txt").read_text().splitlines()):
+            run_dir = Path(line.strip())
+            try:
+                rc = int(exit_marker(root / "logs", i).read_text().split()[0])
+                cfg = read_yaml(RunDir(run_dir).config, "a point's config")
+            except (OSError, ValueError, IndexError):  # never run here, or markers of another shape
+                continue
+            if rc in (0, PREEMPTED) or not isinstance(cfg, dict):
+                continue
+            flat = {**defaults(), **flatten(cfg)}
+            base = (values.get(run_dir.name) or {}).get("base")
+            if base is not None:
+                flat["job"] = Path(str(base)).stem  # mpifl.analysis.summary.JOB, as sweep_job names it
+            out.append(Failed(run_dir, run_dir.name, flat, rc))
+    return out

@@ -1,4 +1,4 @@
-"""Run configuration: one dataclass per concern (:mod:`.sections`), loaded from
+"""Run configuration: one dataclass per concern (:mod:`mpifl.schema`), loaded from
 YAML and overridden by ``a.b=value`` arguments (:mod:`.load`), validated before
 any training (:mod:`.validate`), documented from the code (:mod:`.reference`;
 ``python -m mpifl.config`` prints it).
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mpifl.config.compose import config_class
 from mpifl.config.load import (
     all_keys,
     assign,
@@ -26,8 +27,9 @@ from mpifl.config.load import (
     override,
 )
 from mpifl.config.reference import KeyDoc, annotated_yaml, key_docs, reference
-from mpifl.config.schema import config_class
-from mpifl.config.sections import (
+from mpifl.config.validate import CONTROL, validate
+from mpifl.errors import did_you_mean
+from mpifl.schema import (
     CORE_SECTIONS,
     TAIL_SECTIONS,
     AlgorithmConfig,
@@ -38,8 +40,6 @@ from mpifl.config.sections import (
     RunConfig,
     TrainConfig,
 )
-from mpifl.config.validate import CONTROL, validate
-from mpifl.errors import did_you_mean
 
 __all__ = ["CONTROL", "CORE_SECTIONS", "TAIL_SECTIONS", "AlgorithmConfig", "Config", "ConfigBase", "DataConfig",
            "KeyDoc", "LogConfig", "ModelConfig", "RunConfig", "TrainConfig", "all_keys", "annotated_yaml", "assign",

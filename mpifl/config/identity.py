@@ -61,7 +61,7 @@ def _flat_pair(old: dict, new: dict) -> tuple[dict[str, Any], dict[str, Any]]:
     """Both configs flattened; a key added by a later mpifl was, in effect, at its
     default in the older run, and a moved key (:data:`MOVED`) is read where it went
     (dropped where the run's algorithm never read it)."""
-    from mpifl.config.schema import config_class
+    from mpifl.config.compose import config_class
 
     old, new = flatten(old), flatten(new)
     for key, field in MOVED.items():
@@ -88,7 +88,7 @@ def unread(flat: dict[str, Any]) -> set[str]:
 def unread_text(cfg_dict: dict) -> str:
     """``"fedprox.mu=0.5, ..."``: the keys of :func:`unread` set away from their
     defaults (nested sections); "" if none."""
-    from mpifl.config.schema import config_class
+    from mpifl.config.compose import config_class
 
     flat, defaults = flatten(cfg_dict), flatten(config_class()().to_dict())
     keys = sorted(k for k in unread(flat) if flat[k] != defaults.get(k))

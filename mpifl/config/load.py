@@ -12,7 +12,7 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
-from mpifl.config.schema import config_class
+from mpifl.config.compose import config_class
 from mpifl.config.validate import validate
 from mpifl.errors import MAX_SHOWN, ConfigError, did_you_mean, shorten
 from mpifl.yamlio import parse_yaml, read_yaml

@@ -16,7 +16,7 @@ from typing import Any, Literal
 import yaml
 
 from mpifl import algorithms
-from mpifl.config.schema import config_class
+from mpifl.config.compose import config_class
 from mpifl.config.validate import validate
 
 # keys whose choices validation checks (not their type): the registry's names

@@ -7,7 +7,6 @@ samples of its own clients only.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -15,9 +14,7 @@ from mpifl.data import datasets
 from mpifl.data.partition import Partition, PoolInfo, partition
 from mpifl.errors import ConfigError
 from mpifl.rng import GLOBAL, rng
-
-if TYPE_CHECKING:  # a type hint only: importing the schema (a leaf) would run the config package first
-    from mpifl.config.sections import DataConfig
+from mpifl.schema import DataConfig
 
 SPLITS = ("train", "val", "test")
 

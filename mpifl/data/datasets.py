@@ -44,7 +44,6 @@ import gzip
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -52,9 +51,7 @@ from mpifl.data import cache
 from mpifl.data.sources import NAMES as FETCHABLE
 from mpifl.errors import ConfigError
 from mpifl.rng import GLOBAL, rng
-
-if TYPE_CHECKING:  # a type hint only: importing the schema (a leaf) would run the config package first
-    from mpifl.config.sections import DataConfig
+from mpifl.schema import DataConfig
 
 BUILTIN = ("digits", "mnist1d", "synthetic")
 

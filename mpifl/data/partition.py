@@ -33,15 +33,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from mpifl.errors import ConfigError
 from mpifl.rng import GLOBAL, rng
-
-if TYPE_CHECKING:  # a type hint only: importing the schema (a leaf) would run the config package first
-    from mpifl.config.sections import DataConfig
+from mpifl.schema import DataConfig
 
 
 @dataclass

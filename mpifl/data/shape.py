@@ -10,12 +10,10 @@ from __future__ import annotations
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:  # a type hint only: importing the schema (a leaf) would run the config package first
-    from mpifl.config.sections import DataConfig
+from mpifl.schema import DataConfig
 
 # data.emnist_split -> (classes, samples): EMNIST's published splits
 EMNIST = {"byclass": (62, 814255), "bymerge": (47, 814255), "balanced": (47, 131600), "letters": (26, 145600),

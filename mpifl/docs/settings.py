@@ -102,6 +102,22 @@ def _show(commit: str, path: str) -> str | None:
     return p.stdout if p.returncode == 0 else None
 
 
+def _former(path: str) -> tuple[str, ...]:
+    """Where a section's class was written before its file moved: the core sections
+    in ``mpifl/config/sections.py``, an algorithm's ``Params`` in its own module
+    before it had a ``<name>_params.py``."""
+    if path == "mpifl/schema.py":
+        return ("mpifl/config/sections.py",)
+    if path.startswith("mpifl/algorithms/") and path.endswith("_params.py"):
+        return (path.removesuffix("_params.py") + ".py",)
+    return ()
+
+
+def _show_section(commit: str, path: str) -> str | None:
+    """The file a section's class was written in at ``commit``: ``path``, else its former place."""
+    return next((src for p in (path, *_former(path)) if (src := _show(commit, p)) is not None), None)
+
+
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
         return float(a) == float(b) or (math.isnan(float(a)) and math.isnan(float(b)))
@@ -117,7 +133,7 @@ def changed_since(commit: str) -> dict[str, tuple[Any, Any]] | None:
     now = defaults()
     out = {}
     for section, (path, cls) in _sources().items():
-        src = _show(commit, path)
+        src = _show_section(commit, path)
         if src is None:
             if section in ("run", "data", "model", "train", "algorithm", "log"):
                 return None  # the commit itself is not here

@@ -52,20 +52,16 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mpifl import config as config_mod
 from mpifl.errors import ConfigError
 from mpifl.paths import RunDir, atomic_write_text
-from mpifl.sweep.select import select
-from mpifl.sweep.spec import SlurmOptions
-
-if TYPE_CHECKING:  # building Config imports every algorithm: only when points are loaded
-    pass
 from mpifl.sweep.rundirs import stored_diff, write
 from mpifl.sweep.runner import PREEMPTED, Interrupted, local_preflight, run_local
+from mpifl.sweep.select import select
 from mpifl.sweep.slurm import _sbatch, preflight, refuse_node_local, run_script, submission_plan, submit
-from mpifl.sweep.spec import load
+from mpifl.sweep.spec import SlurmOptions, load
 from mpifl.sweep.status import is_complete, status
 
 

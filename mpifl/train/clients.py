@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -20,6 +19,7 @@ from torch import nn
 
 from mpifl.data import FederatedData
 from mpifl.models import has_batchnorm, layers
+from mpifl.schema import TrainConfig
 from mpifl.train import batched, evaluation, fused, grouped, loop
 from mpifl.train.engine import Engine
 from mpifl.train.grouped import GroupedConv, fuse, grouped_convnet
@@ -30,9 +30,6 @@ from mpifl.train.optimizer import RowOptimizer
 from mpifl.train.plan import SPLIT_INDEX, BatchPlan, gather, make_plan
 from mpifl.train.rowmodel import RowByRow, RowModel, Vmap
 from mpifl.train.rows import Rows, Snapshot, flat
-
-if TYPE_CHECKING:  # a type hint only: importing the schema (a leaf) would run the config package first
-    from mpifl.config.sections import TrainConfig
 
 
 class NonFiniteError(RuntimeError):

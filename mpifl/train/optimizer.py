@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
+from mpifl.schema import TrainConfig
 from mpifl.train.rows import read_rows, write_back
-
-if TYPE_CHECKING:  # a type hint only: importing the schema (a leaf) would run the config package first
-    from mpifl.config.sections import TrainConfig
 
 
 class RowOptimizer:

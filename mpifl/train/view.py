@@ -12,8 +12,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from mpifl.schema import TrainConfig
+
 if TYPE_CHECKING:  # type hints only
-    from mpifl.config.sections import TrainConfig
     from mpifl.train.engine import Engine
     from mpifl.train.layout import Layout
     from mpifl.train.optimizer import RowOptimizer

@@ -1,4 +1,4 @@
-"""The whole Config: the core sections (:mod:`.sections`) with one section per
+"""The whole Config: the core sections (:mod:`mpifl.schema`) with one section per
 algorithm that has hyper-parameters, read from the registry (``mpifl.algorithms``),
 between ``algorithm`` and ``log``."""
 
@@ -8,7 +8,7 @@ import dataclasses
 import functools
 
 from mpifl import algorithms
-from mpifl.config.sections import CORE_SECTIONS, TAIL_SECTIONS, ConfigBase
+from mpifl.schema import CORE_SECTIONS, TAIL_SECTIONS, ConfigBase
 
 
 @functools.cache

@@ -1,9 +1,10 @@
 """The config's sections: one dataclass per concern, each key with its default
 and a comment saying what it means (``python -m mpifl.config`` prints them, the
 README's reference is generated from them), and :class:`ConfigBase`, what every
-Config has. A leaf: it imports nothing of mpifl, so every module may name these
-types. Algorithm sections are each algorithm module's ``Params``, joined to
-these by :mod:`.schema` (which consults the registry, ``mpifl.algorithms``)."""
+Config has. A leaf: it imports nothing of mpifl (importing it loads no other
+mpifl module), so every module may name these types. Algorithm sections are each
+algorithm's ``Params`` (in ``mpifl/algorithms/<name>_params.py``), joined to these
+by :mod:`mpifl.config.compose` (which consults the registry, ``mpifl.algorithms``)."""
 
 from __future__ import annotations
 
@@ -143,7 +144,7 @@ class LogConfig:
 
 
 # the core sections, in the order they are printed; algorithm sections come from
-# mpifl.algorithms (each module's Params) and sit between ``algorithm`` and ``log``
+# mpifl.algorithms (each algorithm's Params) and sit between ``algorithm`` and ``log``
 CORE_SECTIONS = {"run": RunConfig, "data": DataConfig, "model": ModelConfig, "train": TrainConfig,
                  "algorithm": AlgorithmConfig}
 TAIL_SECTIONS = {"log": LogConfig}
@@ -152,7 +153,7 @@ TAIL_SECTIONS = {"log": LogConfig}
 class ConfigBase:
     """What every Config has besides its algorithm sections: the core sections
     (typed here for whoever reads a Config) and the methods. The Config itself
-    (:func:`mpifl.config.schema.config_class`) adds one field per section."""
+    (:func:`mpifl.config.compose.config_class`) adds one field per section."""
 
     if TYPE_CHECKING:  # not at run time: typing.get_type_hints would list them before the Config's own fields
         run: RunConfig

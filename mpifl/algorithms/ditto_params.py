@@ -1,0 +1,20 @@
+"""The config part of :mod:`mpifl.algorithms.ditto`, which that module imports back:
+``Params``. Light (no torch, no training code): config commands import it alone."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from mpifl.errors import check
+
+
+@dataclass
+class Params:
+    lam: float = 0.75  # pull lam of (lam/2)||v_k - w||^2 toward the global model (DPFL F.6: 0.75)
+    personal_epochs: int = 0  # local epochs of the personal model per round; 0 = train.local_epochs
+
+    def validate(self, cfg) -> None:
+        check(self.lam >= 0 and math.isfinite(self.lam), "lam", self.lam, "must be a finite number >= 0")
+        check(self.personal_epochs >= 0, "personal_epochs", self.personal_epochs,
+              "must be >= 0 (0 = train.local_epochs)")

@@ -1,0 +1,16 @@
+"""The config part of :mod:`mpifl.algorithms.fedrep`, which that module imports back:
+``Params``. Light (no torch, no training code): config commands import it alone."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mpifl.errors import check
+
+
+@dataclass
+class Params:
+    head_epochs: int = 10  # epochs of head training (body frozen) before the body's, per round (paper: 10)
+
+    def validate(self, cfg) -> None:
+        check(self.head_epochs >= 0, "head_epochs", self.head_epochs, "must be >= 0")

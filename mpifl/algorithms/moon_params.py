@@ -1,0 +1,20 @@
+"""The config part of :mod:`mpifl.algorithms.moon`, which that module imports back:
+``Params``. Light (no torch, no training code): config commands import it alone."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from mpifl.errors import check
+from mpifl.schema import ConfigBase as Config
+
+
+@dataclass
+class Params:
+    mu: float = 1.0  # weight of the contrastive term (paper: 1 on CIFAR-100/Tiny-ImageNet, 5 on CIFAR-10; 0 = FedAvg)
+    tau: float = 0.5  # temperature of the contrastive term (paper: 0.5)
+
+    def validate(self, cfg: Config) -> None:
+        check(self.mu >= 0 and math.isfinite(self.mu), "mu", self.mu, "must be a finite number >= 0")
+        check(self.tau > 0 and math.isfinite(self.tau), "tau", self.tau, "must be a finite number > 0")

@@ -1,0 +1,22 @@
+"""The config part of :mod:`mpifl.algorithms.scaffold`, which that module imports back:
+``Params``. Light (no torch, no training code): config commands import it alone."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from mpifl.errors import check
+from mpifl.schema import ConfigBase as Config
+
+
+@dataclass
+class Params:
+    lr: float = 1.0  # global step size eta_g (paper's experiments: 1; 1 takes the average itself)
+    # weights of Delta y and Delta c: uniform = the paper's 1/|S| and 1/N (and PFLlib's);
+    # p = training-set size (FedAvg's: with zero variates, mpifl's FedAvg)
+    weights: Literal["p", "uniform"] = "uniform"
+
+    def validate(self, cfg: Config) -> None:
+        check(self.lr > 0 and math.isfinite(self.lr), "lr", self.lr, "must be a finite number > 0")
