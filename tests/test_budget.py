@@ -98,3 +98,12 @@ def test_a_page_renders_the_budget_from_the_record(sweep, tmp_path):
     local = {r.config["data.train_per_client"]: r for r in runs if r.config["algorithm.name"] == "local"}
     assert all(r.budget["steps_round"] == 5 * local[r.config["data.train_per_client"]].budget["steps_round"]
                for r in dpfl)
+
+
+def test_dpfl_chooses_on_its_validation_split_unless_its_graph_is_drawn():
+    n_val = np.array([7, 70, 875])
+    chosen = budget.selection_samples({"algorithm.name": "dpfl"}, np.array([10, 50, 400]), n_val)
+    drawn = budget.selection_samples({"algorithm.name": "dpfl", "dpfl.random_graph": True}, np.array([10, 50, 400]),
+                                     n_val)
+    np.testing.assert_array_equal(chosen, n_val)
+    np.testing.assert_array_equal(drawn, [0, 0, 0])

@@ -58,5 +58,6 @@ def check_config(cfg: Config) -> None:
 
 def selection_samples(p: Params, n_train: np.ndarray, n_val: np.ndarray) -> np.ndarray:
     """Per client, the samples it chooses its collaborators on: its validation split
-    (BGGC's rewards are validation losses), which Local never uses."""
-    return np.asarray(n_val)
+    (BGGC's rewards are validation losses), which Local never uses; none with
+    ``random_graph``, whose collaborators are drawn, not chosen."""
+    return np.zeros(len(n_val)) if p.random_graph else np.asarray(n_val)

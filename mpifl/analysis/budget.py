@@ -34,7 +34,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -174,34 +173,3 @@ def versus_block(runs: list, base: str, methods: list[str], setting: Callable[[A
             lines.append(f"  - budget {label}: {_fmt(a)} | {_fmt(b)}{_ratio(a, b)}")
     return "\n".join(lines) + "\n"
 
-
-def render(path: str, root: Path, *, x: str, y: str | None = None, methods: tuple[str, ...] = ()) -> str:
-    """The budget table of a record's ``budget:*`` rows, per arm of each method and
-    cell (x, and y where given), each field's mean over the cell's runs, with the
-    provenance line: what a page says each method spent, never typed."""
-    from mpifl.analysis import record as rec
-    from mpifl.analysis.course import NOT_IN_RECORD
-    from mpifl.analysis.summary import defaults
-
-    rows = [r for r in rec.read_joined(path, root) if r.metric.startswith(METRIC)]
-    if not rows:
-        return (f"The budget is {NOT_IN_RECORD}: `python -m mpifl.analyze ... --record FILE` records each run's "
-                f"steps, samples, selection samples and traffic from its log.\n")
-    d = defaults()
-    keys, arm = rec._arms(rows, (x, y))
-    chosen = rec._chosen(path, list(dict.fromkeys(r.method for r in rows)), methods)
-    cells: dict[tuple, dict[str, list[float]]] = {}
-    seeds: dict[tuple, set[int]] = {}
-    for r in sorted((r for r in rows if r.method in chosen), key=lambda r: chosen.index(r.method)):
-        a = arm(r)
-        label = ", ".join([a[0], *(f"{k}={v}" for k, v in zip(keys[1:], a[1:]) if v != rec.NOT_READ)])
-        cell = (label, *(r.config.get(k, d.get(k)) for k in ((y,) if y else ()) + (x,)))
-        cells.setdefault(cell, {}).setdefault(r.metric.removeprefix(METRIC), []).append(r.value)
-        seeds.setdefault(cell, set()).add(r.seed)
-    head = ["method", *((y,) if y else ()), x, "n_runs"]
-    labels = list(dict.fromkeys(cell[0] for cell in cells))  # each arm's rows together, its cells ascending
-    table_rows = [{**dict(zip(head, cell)), "n_runs": len(seeds[cell]),
-                   **{f: mean_std(cells[cell].get(f, [math.nan]))[0] for f in FIELDS}}
-                  for cell in sorted(cells, key=lambda c: (labels.index(c[0]), *c[1:]))]
-    shown = [r for r in rows if r.method in chosen and r.metric == METRIC + "steps"]
-    return markdown([*head, *FIELDS], table_rows) + "\n" + rec._provenance(shown)

@@ -40,13 +40,13 @@ import numpy as np
 
 from mpifl.analysis import curves as cv
 from mpifl.analysis.figure import pyplot, save
+from mpifl.analysis.record import NOT_IN_RECORD
 from mpifl.analysis.summary import ES
 
 # The fixed rounds a record carries: of these, the ones a run evaluated, and its last
 # evaluated round whatever its length, so a run of 60 rounds gives 10, 30, 60 and one
 # of 2 rounds gives 2. Chosen for the room sweeps (150 rounds, first fixed at 60).
 COURSE = (10, 30, 60, 100, 150)
-NOT_IN_RECORD = "not in this record"
 
 
 def course_rounds(rounds: np.ndarray, curve: np.ndarray) -> list[int]:

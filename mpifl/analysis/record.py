@@ -29,6 +29,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -250,6 +251,8 @@ def _curves(path: str | Path, root: Path, x: str, y: str | None, metric: str
     return rows, columns, cs, keys
 
 
+# what a block says of a value an older record lacks (the time course, Local+ES, the budget)
+NOT_IN_RECORD = "not in this record"
 # a key of an algorithm section the run's algorithm does not read (as mpifl.analyze labels it)
 NOT_READ = "–"
 
@@ -370,3 +373,36 @@ def versus_points(path: str | Path, root: Path = REPO, *, x: str, versus: str, y
         return rows, cv.crossovers(["algorithm.name"], cs, versus, list(methods), ceiling)
     except cv.CurveError as e:
         raise RecordError(f"record {str(path)!r}: {e}") from None
+
+
+def render_budget(path: str | Path, root: Path = REPO, *, x: str, y: str | None = None,
+                  methods: tuple[str, ...] = ()) -> str:
+    """The budget table (:mod:`mpifl.analysis.budget`) of a record's ``budget:*`` rows, per arm of each method and
+    cell (x, and y where given), each field's mean over the cell's runs, with the
+    provenance line: what a page says each method spent, never typed."""
+    from mpifl.analysis.budget import FIELDS, METRIC, markdown
+    from mpifl.analysis.stats import mean_std
+    from mpifl.analysis.summary import defaults
+
+    rows = [r for r in read_joined(str(path), root) if r.metric.startswith(METRIC)]
+    if not rows:
+        return (f"The budget is {NOT_IN_RECORD}: `python -m mpifl.analyze ... --record FILE` records each run's "
+                f"steps, samples, selection samples and traffic from its log.\n")
+    d = defaults()
+    keys, arm = _arms(rows, (x, y))
+    chosen = _chosen(path, list(dict.fromkeys(r.method for r in rows)), methods)
+    cells: dict[tuple, dict[str, list[float]]] = {}
+    seeds: dict[tuple, set[int]] = {}
+    for r in sorted((r for r in rows if r.method in chosen), key=lambda r: chosen.index(r.method)):
+        a = arm(r)
+        label = ", ".join([a[0], *(f"{k}={v}" for k, v in zip(keys[1:], a[1:]) if v != NOT_READ)])
+        cell = (label, *(r.config.get(k, d.get(k)) for k in ((y,) if y else ()) + (x,)))
+        cells.setdefault(cell, {}).setdefault(r.metric.removeprefix(METRIC), []).append(r.value)
+        seeds.setdefault(cell, set()).add(r.seed)
+    head = ["method", *((y,) if y else ()), x, "n_runs"]
+    labels = list(dict.fromkeys(cell[0] for cell in cells))  # each arm's rows together, its cells ascending
+    table_rows = [{**dict(zip(head, cell)), "n_runs": len(seeds[cell]),
+                   **{f: mean_std(cells[cell].get(f, [math.nan]))[0] for f in FIELDS}}
+                  for cell in sorted(cells, key=lambda c: (labels.index(c[0]), *c[1:]))]
+    shown = [r for r in rows if r.method in chosen and r.metric == METRIC + "steps"]
+    return markdown([*head, *FIELDS], table_rows) + "\n" + _provenance(shown)

@@ -188,11 +188,11 @@ def best_table(root: Path, arg: str) -> str:
 BLOCKS: dict[str, Callable[[Path], str]] = {"algorithms": algorithm_table, "config": config_reference}
 def budget_table(root: Path, arg: str) -> str:
     """``FILE x=KEY [y=KEY2] [method=A,B]``: what each arm of each method spent per cell,
-    from a record's ``budget:*`` rows (:func:`mpifl.analysis.budget.render`)."""
-    from mpifl.analysis.budget import render
+    from a record's ``budget:*`` rows (:func:`mpifl.analysis.record.render_budget`)."""
+    from mpifl.analysis.record import render_budget
 
     path, opts, methods = _options("budget", arg, ("x", "y", "method"), "x=KEY", lambda o: o.get("x"))
-    return render(path, root, methods=methods, **opts).rstrip("\n")
+    return render_budget(path, root, methods=methods, **opts).rstrip("\n")
 
 
 def settings_table(root: Path, arg: str) -> str:
