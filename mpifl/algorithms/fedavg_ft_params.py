@@ -1,6 +1,4 @@
-"""The config part of :mod:`mpifl.algorithms.fedavg_ft`, which that module imports back:
-``Params``, ``selection_samples``. Light (no torch, no training code): config
-commands import it alone."""
+"""The config part of :mod:`mpifl.algorithms.fedavg_ft` (light: a config command imports it alone)."""
 
 from __future__ import annotations
 

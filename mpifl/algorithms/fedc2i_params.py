@@ -1,6 +1,4 @@
-"""The config part of :mod:`mpifl.algorithms.fedc2i`, which that module imports back:
-``Params``, ``check_config``. Light (no torch, no training code): config commands
-import it alone."""
+"""The config part of :mod:`mpifl.algorithms.fedc2i` (light: a config command imports it alone)."""
 
 from __future__ import annotations
 

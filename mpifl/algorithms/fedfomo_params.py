@@ -1,6 +1,4 @@
-"""The config part of :mod:`mpifl.algorithms.fedfomo`, which that module imports back:
-``Params``, ``check_config``, ``selection_samples``. Light (no torch, no training
-code): config commands import it alone."""
+"""The config part of :mod:`mpifl.algorithms.fedfomo` (light: a config command imports it alone)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""The config part of :mod:`mpifl.algorithms.fedprox_ft`, which that module imports
-back: ``Params``, ``READS``, ``selection_samples``. Light (no torch, no training
-code): config commands import it alone."""
+"""The config part of :mod:`mpifl.algorithms.fedprox_ft` (light: a config command imports it alone)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The config part of :mod:`mpifl.algorithms.knn_per`, which that module imports back:
-``Params``. Light (no torch, no training code): config commands import it alone."""
+"""The config part of :mod:`mpifl.algorithms.knn_per` (light: a config command imports it alone)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The config part of :mod:`mpifl.algorithms.local`, which that module imports back:
-``Params``. Light (no torch, no training code): config commands import it alone."""
+"""The config part of :mod:`mpifl.algorithms.local` (light: a config command imports it alone)."""
 
 from __future__ import annotations
 

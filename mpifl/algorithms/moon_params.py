@@ -1,5 +1,4 @@
-"""The config part of :mod:`mpifl.algorithms.moon`, which that module imports back:
-``Params``. Light (no torch, no training code): config commands import it alone."""
+"""The config part of :mod:`mpifl.algorithms.moon` (light: a config command imports it alone)."""
 
 from __future__ import annotations
 

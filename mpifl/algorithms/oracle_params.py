@@ -1,6 +1,4 @@
-"""The config part of :mod:`mpifl.algorithms.oracle`, which that module imports back:
-``check_config``. Light (no torch, no training code): config commands import it
-alone."""
+"""The config part of :mod:`mpifl.algorithms.oracle` (light: a config command imports it alone)."""
 
 from __future__ import annotations
 
