@@ -46,8 +46,8 @@ rerun)  # the tests listed in .gpudata/rerun.txt (node ids, one a line), on 12 w
     MPIFL_TEST_DEVICE=cuda timeout ${RERUN_S:-170} $PY -c "import sys, pytest; sys.exit(pytest.main(['-v', '-n', '12', \
         '-p', 'no:cacheprovider'] + open('.gpudata/rerun.txt').read().splitlines()))" > "$OUT/rerun.txt" 2>&1
     echo "rerun exit $?"; grep -E "^(FAILED|ERROR)|^E  " "$OUT/rerun.txt" | cut -c1-300 | tail -30; tail -2 "$OUT/rerun.txt"
-    MPIFL_TEST_DEVICE=cuda timeout 60 mpiexec -n 2 $PY -m mpi4py -m pytest -q -p no:cacheprovider tests/mpi/test_pfedgraph.py \
-        tests/mpi/test_knn_per.py tests/mpi/test_setup.py > "$OUT/rerun_mpi.txt" 2>&1; echo "rerun mpi exit $?"
+    MPIFL_TEST_DEVICE=cuda timeout 60 mpiexec -n 2 $PY -m mpi4py -m pytest -q -p no:cacheprovider tests/mpi/algorithms/test_pfedgraph.py \
+        tests/mpi/algorithms/test_knn_per.py tests/mpi/comm/test_setup.py > "$OUT/rerun_mpi.txt" 2>&1; echo "rerun mpi exit $?"
     tail -2 "$OUT/rerun_mpi.txt"; stamp rerun ;;
 fit)  # the largest N: the MLP at --clients N, batched, one round (OUT of memory is a result too)
     timeout ${FIT_S:-150} $PY bench/gpu.py --only throughput fit --models mlp --clients ${FIT_N:-100000} \

@@ -36,7 +36,7 @@ from the new global model (what the authors' code and PFLlib report).
 Reductions: ``fedala.layers=0`` (no layer adapts) and ``fedala.eta=0`` (W_i stays
 at ones, theta^_i = Theta) are FedAvg bit for bit: theta^_i is computed as
 Theta + (theta_i - Theta) (.) (1 - W_i), algebraically the same, which is Theta
-exactly at W = 1 (tests/mpi/test_fedala.py).
+exactly at W = 1 (tests/mpi/algorithms/test_fedala.py).
 
 Choices where the paper leaves room:
 

@@ -26,7 +26,7 @@ with alpha = ``fedamp.alpha`` (the paper's alpha_k, constant here), lam =
 
 Reduction: lam = 0 drops the proximal term, so every sampled client trains its
 own model alone: ``local`` with ``local.sampled_only=true``, bit for bit
-(tests/mpi/test_baselines4b.py). (At the other end, sigma large against the
+(tests/mpi/algorithms/test_baselines4b.py). (At the other end, sigma large against the
 distances with alpha = sigma / |S| makes every xi_ij 1/|S|: u_i is the uniform
 average of S, FedProx's pull toward it.)
 

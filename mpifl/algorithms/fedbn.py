@@ -18,7 +18,7 @@ The models with BatchNorm: ``resnet18`` (torchvision's, every ``BatchNorm2d``,
 the downsample branches' too) and ``mlp`` with ``model.batchnorm=true`` (a
 BatchNorm1d before each hidden ReLU). The plain ``mlp``, ``lenet``, ``cnn_dpfl`` and
 ``cnn2`` have none: their personal part is empty and FedBN is FedAvg bit for bit (the same
-download and average; ``tests/mpi/test_fedbn.py``); the log's root attribute
+download and average; ``tests/mpi/algorithms/test_fedbn.py``); the log's root attribute
 ``fedbn_personal_params`` = 0 says so.
 
 Choices where the paper leaves room:

@@ -30,7 +30,7 @@ class Params:
     # size (noisy_clusters clients hold 3 labels, not 2): cosine compares the rows'
     # direction only; correlation also centres each row. euclidean (sklearn's default)
     # stays the default: on very clean clusters cosine distances inside a cluster are
-    # ~1e-3 and xi's relative-jump rule can split them (tests/test_pfedlia.py)
+    # ~1e-3 and xi's relative-jump rule can split them (tests/algorithms/test_pfedlia.py)
     metric: Literal["euclidean", "cosine", "correlation"] = "euclidean"
 
     def validate(self, cfg: Config) -> None:

@@ -26,7 +26,7 @@ client's theta_i after round t is w^0 trained by plain SGD (step eta_p) K times
 on each of that round's batches: with K = 1 and eta_p = ``train.lr``, the model
 a ``local`` client would reach in round t from w^0 (Local restarted every round
 from the initial model), to float rounding: the algorithm step and Local's plain
-step order their sums apart (tests/mpi/test_baselines4b.py, to 1e-5).
+step order their sums apart (tests/mpi/algorithms/test_baselines4b.py, to 1e-5).
 
 Choices where the paper leaves room:
 

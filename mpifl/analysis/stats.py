@@ -89,7 +89,7 @@ def holm_verdict(mean: float, p_adjusted: float, alpha: float = 0.05) -> str:
 
 # A sample "splits into modes" where, sorted, two neighbours with at least two values on
 # each side are further apart than SPLIT_K times the pooled standard deviation within the
-# two sides. Simulated on normal noise (tests/test_verdicts.py) it flags about 1 sample of 5
+# two sides. Simulated on normal noise (tests/analysis/test_verdicts.py) it flags about 1 sample of 5
 # values in 90, 1 of 4 values in 40, and almost never 10 values; pFedLIA's seeds 25, 25,
 # 47, 47, 47 (their differences from Local) give a ratio near 140.
 SPLIT_K = 10.0

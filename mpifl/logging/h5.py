@@ -692,7 +692,7 @@ class Run:
         always logged; ``log.every`` > 1 logs fewer rows than rounds); 0 when none.
         One open, so one snapshot: a count from one open indexed into the next read
         a live run's log between a flush of its rounds and the next, and a sweep
-        driver probing another driver's point died of an IndexError (tests/test_log.py)."""
+        driver probing another driver's point died of an IndexError (tests/logging/test_log.py)."""
         with self._file() as f:
             rounds = f[ROUND_KEY] if ROUND_KEY in f else None
             return int(rounds[-1]) + 1 if rounds is not None and rounds.shape[0] else 0

@@ -28,7 +28,7 @@ them into a grouped convolution's layout where one of torch's layers follows).
 Bits: each client's sums run in an order fixed by its own shapes, one thread a
 client (backward) or a client's sample (forward), so a client's results are the
 same whatever clients share the call and on any number of threads
-(tests/test_train_fused.py), as the grouped path promises. They are not torch's
+(tests/train/test_train_fused.py), as the grouped path promises. They are not torch's
 (other sums; the compiler's fused multiply-adds for ``-march=native``): a run
 logs which kernel it took (``conv_kernel``) and a resume keeps it.
 
@@ -44,7 +44,7 @@ short by a full disk or a killed copy, empty, another machine's, from before
 digests) is never loaded, since loading a damaged one can kill the process with
 SIGBUS; its outputs are made again (the library alone where the object file is
 intact: a link, a second or so), or, in a cache that cannot be written, refused
-in one line naming the folder (:func:`damaged`; ``tests/test_fused_cache.py``).
+in one line naming the folder (:func:`damaged`; ``tests/train/test_fused_cache.py``).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ clients on one thread (bench/README.md, Performance III); channels-last took
 another quarter off cnn_dpfl's step and half off LeNet's (Performance IV).
 
 The results are vmap's up to the order of the kernels' sums (float32 rounding;
-tests/test_train_grouped.py). What must not move is a client's bits when other
+tests/train/test_train_grouped.py). What must not move is a client's bits when other
 clients share its call (another rank count puts other clients beside it): the
 convolutions' bias gradients are therefore summed by :func:`column_sums`, in an
 order fixed by the batch alone, and a lone client runs beside a zero one
@@ -123,7 +123,7 @@ def _pool_before_relu(ops: list[Op]) -> list[Op]:
     to its first maximal entry, where it is not both pass zero. After the pooling
     the ReLU and its backward touch a quarter of the entries (2x2 windows), which
     was 9% of a LeNet step in ReLU's backward alone (bench/README.md,
-    Performance IV); tests/test_train_grouped.py checks pooling with ties."""
+    Performance IV); tests/train/test_train_grouped.py checks pooling with ties."""
     out = list(ops)
     for i in range(len(out) - 1):
         if out[i][0] == "relu" and out[i + 1][0] == "pool":
@@ -139,7 +139,7 @@ def grouped_forward(ops: list[Op], p: dict[str, torch.Tensor], x: torch.Tensor) 
     ungrouped kernel, whose sums (weight and input gradients; some forwards) run in
     another order than the grouped kernel's, so a client's bits would depend on
     whether it steps alone (alone on its rank, or the only one with a batch left) or
-    with others (tests/test_train_grouped.py). With two or more groups each group's
+    with others (tests/train/test_train_grouped.py). With two or more groups each group's
     results are the same whatever the others hold, on one thread or several."""
     if x.shape[0] == 1:
         p = {k: torch.cat([v, torch.zeros_like(v)]) for k, v in p.items()}
@@ -287,7 +287,7 @@ class _DepthwiseForward(torch.autograd.Function):
     vectorises over channels where the grouped one loops over groups of 1 x c_out,
     and with the repeat it is faster for a few output channels (cnn_dpfl's 4: 1.03
     against 1.61 ms at 64 clients). Each output is the same sum in the same order,
-    to the bit (tests/test_train_grouped.py). The backward is the grouped
+    to the bit (tests/train/test_train_grouped.py). The backward is the grouped
     convolution's own."""
 
     @staticmethod
@@ -372,7 +372,7 @@ def _folded_depthwise(h: torch.Tensor, wt: torch.Tensor, bias: torch.Tensor | No
     with the model's filters, so the kernel runs on k x c channels. A sample's
     outputs are the same sums in the same order whatever stands beside it (the
     depthwise kernel's bits do not depend on the channel count:
-    tests/test_train_grouped.py), so its logits are those of the sample alone; the
+    tests/train/test_train_grouped.py), so its logits are those of the sample alone; the
     last image is filled up with zero samples, computed and dropped."""
     n, c = h.shape[0], wt.shape[0]
     k = max(1, FOLD_CHANNELS // c)

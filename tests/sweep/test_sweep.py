@@ -13,6 +13,7 @@ from shlex import join as shlex_join
 import numpy as np
 import pytest
 import yaml
+from helpers import REPO
 
 from mpifl.check import node_local
 from mpifl.errors import ConfigError
@@ -21,7 +22,7 @@ from mpifl.sweep import rundirs as sweep_rundirs
 from mpifl.sweep import slurm as sweep_slurm
 from mpifl.sweep import spec as sweep_spec
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 GOLDEN = Path(__file__).resolve().parent / "golden"
 TINY = {  # seconds per run, also under mpiexec -n 2
     "run": {"rounds": 2, "threads": 1},

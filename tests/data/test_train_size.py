@@ -2,7 +2,7 @@
 from its own training part, its val and test splits are those of n = 0 (so
 regimes of different n are evaluated on the same data), and a size the
 partition cannot supply is refused in one line. Rank-count independence is in
-tests/mpi/test_data.py.
+tests/mpi/data/test_data.py.
 
 Bits: the exact comparisons are of sample indices and sizes (integers) only."""
 

@@ -3,7 +3,7 @@ norms, the optimal bipartition found by enumerating every bipartition), and the
 split rule: a split must happen where two groups' updates are opposite, and not
 where they agree or before the warm-up.
 
-    mpiexec -n 2 python -m mpi4py -m pytest -x -q tests/mpi/test_cfl.py
+    mpiexec -n 2 python -m mpi4py -m pytest -x -q tests/mpi/algorithms/test_cfl.py
 
 Bits: the exact comparisons are of cluster labels (integers) against the
 reference's; no floating-point result is compared exactly (models and norms within

@@ -4,7 +4,7 @@ at lam = 0: the global model stays w^0 and theta_i is Local restarted from it;
 FedAMP at lam = 0: ``local`` with ``sampled_only``, bit for bit), and the same
 bits on any number of ranks as in one process.
 
-Bits: as tests/mpi/test_baselines4.py's: one CPU and thread count, ranks against one
+Bits: as tests/mpi/algorithms/test_baselines4.py's: one CPU and thread count, ranks against one
 process client by client (any x86 kind), batched within a tolerance."""
 
 import math
@@ -157,7 +157,7 @@ def test_fedamp_with_lam_0_is_local_sampled_only_bit_for_bit(mpi, batched):
 @pytest.mark.parametrize("batched", ["off", "on"])
 @pytest.mark.parametrize("name", ["pfedme", "fedamp"])
 def test_the_same_bits_on_any_number_of_ranks_as_in_one_process(mpi, name, batched):
-    """As tests/mpi/test_baselines4.py's: client by client the global state, every
+    """As tests/mpi/algorithms/test_baselines4.py's: client by client the global state, every
     client's rows, personalized models, mixing rows and logs agree bit for bit;
     batched, to float tolerance."""
     cfg = make_cfg(mpi, **{"algorithm.name": name, "train.batched": batched, "fedamp.sigma": 2.0, "pfedme.K": 2})

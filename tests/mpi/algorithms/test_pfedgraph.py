@@ -3,7 +3,7 @@ cross-entropy minus lam * <c_i, theta>/||theta|| (autograd), the graph QP solved
 by enumerating supports, aggregation by the graph's rows; and the closed-form
 simplex projection against that enumeration.
 
-    mpiexec -n 2 python -m mpi4py -m pytest -x -q tests/mpi/test_pfedgraph.py
+    mpiexec -n 2 python -m mpi4py -m pytest -x -q tests/mpi/algorithms/test_pfedgraph.py
 
 Bits: the one exact comparison is of byte counters (integers); weights and models
 are compared within tolerances.

@@ -17,11 +17,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import mounted
+from helpers import REPO, mounted
 
 from mpifl.train import fused
 
-REPO = Path(__file__).resolve().parents[1]
 LOAD = ("from mpifl.train import fused\n"
         "built = fused._build()\n"
         "print('refused: ' + built if isinstance(built, str) else 'loaded ' + built.__file__)\n")

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
+from helpers import REPO
 
 from mpifl import main as entry
 from mpifl.data.partition import PARTITIONS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 TINY = ["run.rounds=2", "run.threads=1", "data.n_clients=6", "data.n_clusters=2", "data.min_client_size=5",
         "train.batch_size=64", "model.hidden=[16]"]
 SIZE = {"mnist1d": ["data.n_samples=600"], "digits": ["data.subsample=0.4"]}

@@ -1,6 +1,6 @@
 """FedeRiCo's steps against values worked out by hand, its config checks, and one
 end-to-end run of ``python -m mpifl.main`` (the MPI tests compare whole rounds
-with a serial reference: tests/mpi/test_federico_mpi.py).
+with a serial reference: tests/mpi/algorithms/test_federico_mpi.py).
 
 Bits: the exact comparisons are of neighbour draws and counters (integers), of an
 input left untouched, and of initial rows that must differ: no computed float is

@@ -1,6 +1,6 @@
 """Partition properties, for every partition: disjoint clients, promised label
 structure, configured sizes and ratios, seeded (same seed -> same, other seed ->
-other). Rank-count independence is in tests/mpi/test_data.py.
+other). Rank-count independence is in tests/mpi/data/test_data.py.
 
 Bits: the exact comparisons are of sample indices, labels and cluster ids
 (integers), and of domain 0's features, which the stand-in transform returns

@@ -1,5 +1,5 @@
 """DPFL: GGC/BGGC equivalence (Theorem 1), the coin, the budget, config and an
-end-to-end run. MPI paths: tests/mpi/test_dpfl.py.
+end-to-end run. MPI paths: tests/mpi/algorithms/test_dpfl.py.
 
 Bits: the exact comparisons are of partitions' sample indices (integers) only."""
 

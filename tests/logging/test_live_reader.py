@@ -24,7 +24,7 @@ from mpifl.logging.journal import journal_path, still
 from mpifl.logging.mixing import Dense
 
 N = 6
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # a child imports this module from its folder alone, without helpers
 
 
 def _round(w: Writer, t: int) -> None:
@@ -132,7 +132,7 @@ def test_a_reader_polling_a_live_writer_sees_only_whole_rounds(tmp_path):
     is not the one written."""
     path = tmp_path / "run.h5"
     writer = textwrap.dedent(f"""
-        import sys; sys.path.insert(0, {str(ROOT / 'tests')!r})
+        import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})
         from pathlib import Path
         from test_live_reader import _round, _writer
         w = _writer(Path({str(path)!r}))
@@ -145,7 +145,7 @@ def test_a_reader_polling_a_live_writer_sees_only_whole_rounds(tmp_path):
         w.close()
     """)
     reader = textwrap.dedent(f"""
-        import sys, time; sys.path.insert(0, {str(ROOT / 'tests')!r})
+        import sys, time; sys.path.insert(0, {str(Path(__file__).parent)!r})
         from pathlib import Path
         import numpy as np
         from mpifl.logging.h5 import open_run

@@ -12,7 +12,7 @@ from mpifl import algorithms, config
 from mpifl.config import __main__ as config_cli
 from mpifl.errors import ConfigError
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = REPO / "README.md"
 
 
 def test_yaml_and_overrides_merge_and_coerce(tmp_path):
@@ -167,7 +167,7 @@ def test_string_keys_take_the_override_text_as_it_is():
 def test_config_cli_prints_the_resolved_config_with_types_and_allowed_values(tmp_path, capsys):
     import yaml
 
-    job = Path(__file__).resolve().parents[1] / "jobs" / "quickstart.yaml"
+    job = REPO / "jobs" / "quickstart.yaml"
     assert config_cli.main([str(job), "train.lr=0.1", "run.name=off"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"# resolved: {job} train.lr=0.1 run.name=off\n")

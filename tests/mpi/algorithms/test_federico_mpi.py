@@ -1,8 +1,8 @@
 """FedeRiCo over real point-to-point MPI against a serial reference written out
 by hand (plain torch autograd, explicit Adam), on every rank.
 
-    mpiexec -n 2 python -m mpi4py -m pytest -x -q tests/mpi/test_federico_mpi.py
-    mpiexec -n 4 python -m mpi4py -m pytest -x -q tests/mpi/test_federico_mpi.py
+    mpiexec -n 2 python -m mpi4py -m pytest -x -q tests/mpi/algorithms/test_federico_mpi.py
+    mpiexec -n 4 python -m mpi4py -m pytest -x -q tests/mpi/algorithms/test_federico_mpi.py
 
 Bits: the exact comparisons are of neighbour draws (integers), against the reference
 and between a run on one rank and on all, of traffic counters, and of each client's

@@ -3,7 +3,7 @@ candidates, loss-improvement-per-distance weights on the held-out part of the
 training data, the affinity update, the first-order model update and SGD on
 the rest of the training data.
 
-    mpiexec -n 2 python -m mpi4py -m pytest -x -q tests/mpi/test_fedfomo.py
+    mpiexec -n 2 python -m mpi4py -m pytest -x -q tests/mpi/algorithms/test_fedfomo.py
 
 Bits: the one exact comparison is of model counters (integers); weights and models
 are compared within tolerances.

@@ -1,7 +1,7 @@
 """pFedLIA under MPI: the ring's all-pairs influence equals a serial double loop,
 the ring verb's accounting, and a run's clusters do not depend on the ranks.
 
-    mpiexec -n 3 python -m mpi4py -m pytest -x -q tests/mpi/test_pfedlia_mpi.py
+    mpiexec -n 3 python -m mpi4py -m pytest -x -q tests/mpi/algorithms/test_pfedlia_mpi.py
 
 Bits: the exact comparisons are of a visited block's first column (client ids stored
 as floats: copies), of traffic counters, and of the clusters and collaborator sets

@@ -1,7 +1,7 @@
 """FeSEM under MPI against a plain single-process reference: local SGD from the
 assigned centre, E-step (nearest centre by L2), M-step (p-weighted mean).
 
-    mpiexec -n 2 python -m mpi4py -m pytest -x -q tests/mpi/test_fesem.py
+    mpiexec -n 2 python -m mpi4py -m pytest -x -q tests/mpi/algorithms/test_fesem.py
 
 Bits: the exact comparisons are of cluster assignments (integers); distances and
 centres are compared within tolerances.

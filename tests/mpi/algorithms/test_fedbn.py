@@ -3,7 +3,7 @@ BatchNorm (3 clients, or one per rank, 3 rounds, the same batches): the shared
 part is the p-weighted average, each client keeps its BatchNorm parameters and
 running statistics; without BatchNorm FedBN is FedAvg bit for bit.
 
-Bits: as tests/mpi/test_baselines4.py's (client by client exact on one CPU and
+Bits: as tests/mpi/algorithms/test_baselines4.py's (client by client exact on one CPU and
 thread count, any x86 kind; batched within a tolerance); the running statistics too."""
 
 import numpy as np

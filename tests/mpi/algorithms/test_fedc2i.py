@@ -2,7 +2,7 @@
 leave-one-out means taken from explicit lists of models, full forward passes
 through an nn.Module (no running sum, no feature trick, no ring).
 
-    mpiexec -n 2 python -m mpi4py -m pytest -x -q tests/mpi/test_fedc2i.py
+    mpiexec -n 2 python -m mpi4py -m pytest -x -q tests/mpi/algorithms/test_fedc2i.py
 
 Bits: the one exact comparison is of a model counter (integers); influences, losses
 and rows are compared within tolerances.

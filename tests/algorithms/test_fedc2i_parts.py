@@ -1,7 +1,7 @@
 """FedC2I pieces that need no MPI: the classifier split, the one-op class-level
 losses against a loop, and config checks.
 
-    python -m pytest -x -q tests/test_fedc2i_parts.py
+    python -m pytest -x -q tests/algorithms/test_fedc2i_parts.py
 
 Bits: the exact comparisons are of rows written into and read back from the
 classifier's slots (copies): any CPU. Logits and losses are compared within
