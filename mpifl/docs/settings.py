@@ -104,8 +104,9 @@ def _show(commit: str, path: str) -> str | None:
 
 def _former(path: str) -> tuple[str, ...]:
     """Where a section's class was written before its file moved: the core sections
-    in ``mpifl/config/sections.py``, an algorithm's ``Params`` in its own module
-    before it had a ``<name>_params.py``."""
+    in the config package's ``sections`` module before they became the leaf
+    ``mpifl/schema.py``, an algorithm's ``Params`` in its own module before it had a
+    ``<name>_params.py``."""
     if path == "mpifl/schema.py":
         return ("mpifl/config/sections.py",)
     if path.startswith("mpifl/algorithms/") and path.endswith("_params.py"):
