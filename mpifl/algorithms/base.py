@@ -21,7 +21,7 @@ from mpifl.schema import ConfigBase as Config
 from mpifl.schema import sampled_count
 
 if TYPE_CHECKING:  # algorithms are imported by the config (their Params) before MPI is wanted
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
     from contextlib import AbstractContextManager
 
     import torch
@@ -67,6 +67,7 @@ class ClientsSurface(Protocol):
               max_batches: int | None = None) -> np.ndarray: ...
     def evaluate(self, split: str, params: torch.Tensor | None = None,
                  local: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]: ...
+    def scorer(self, split: str, local: np.ndarray) -> Callable[[torch.Tensor], np.ndarray]: ...
     def using(self, params: torch.Tensor,
               opt_state: dict[str, torch.Tensor] | None = None) -> AbstractContextManager[None]: ...
     def count(self, local: np.ndarray, steps: np.ndarray | int, samples: np.ndarray | int) -> None: ...

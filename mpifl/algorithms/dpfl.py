@@ -262,9 +262,11 @@ def init(ctx: Context) -> State:
 
 def _reward(ctx: Context, i: int) -> Reward:
     c = ctx.clients
+    pair = c.scorer("val", np.full(2, i))  # GGC scores two models a decision: its samples gathered once
 
     def reward(models: torch.Tensor) -> np.ndarray:
-        return -c.evaluate("val", models.to(c.params.dtype), np.full(len(models), i))[0]
+        models = models.to(c.params.dtype)
+        return -(pair(models) if len(models) == 2 else c.evaluate("val", models, np.full(len(models), i))[0])
 
     return reward
 

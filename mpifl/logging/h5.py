@@ -141,9 +141,14 @@ class _Log:
             chunk = (per, *row.shape) if row.ndim else (256,)
             # a chunk rewritten every round would be recompressed every round
             big = row.size > 64 and per == 1
+            # a row the file holds but no write reached (grown ahead, or a process killed
+            # before its chunk was flushed while rounds/round's extent was) reads as
+            # missing (nan), never as a measured 0
+            fill = np.nan if row.dtype.kind == "f" else None
             self.f.create_dataset(path, shape=(0, *row.shape), maxshape=(None, *row.shape), dtype=row.dtype,
                                   chunks=chunk, compression="gzip" if big else None,
-                                  compression_opts=1 if big else None, fletcher32=not big)  # see the module
+                                  compression_opts=1 if big else None, fletcher32=not big,  # see the module
+                                  fillvalue=fill)
             self.f[path].attrs["per_round"] = True
         ds = self.ds[path] = self.f[path]
         self.size[path] = ds.shape[0]

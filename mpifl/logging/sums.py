@@ -49,7 +49,8 @@ def _datasets(f: h5py.File) -> list[h5py.Dataset]:
 class Running:
     """The CRC-32 of each extensible dataset, kept as the writer appends to it, so
     sealing does not read back (and decompress) what was just written. Rows never
-    written before the last one read as HDF5's fill value, zeros; a dataset
+    written before the last one read as the dataset's fill value (nan for the
+    writer's floats, zeros otherwise: :func:`_fill`); a dataset
     rewritten out of order, or found with rows a previous writer wrote, is summed
     from the file."""
 
@@ -71,19 +72,29 @@ class Running:
             del self.done[path]
             return
         if at > rows:
-            crc = _zeros(crc, (at - rows) * (block.nbytes // max(1, len(block))))
+            crc = _fill(crc, ds, at - rows)
         self.done[path] = (at + len(block), zlib.crc32(block, crc))
 
     def value(self, ds: h5py.Dataset) -> int:
-        """The dataset's CRC-32 (its unwritten tail rows as zeros)."""
+        """The dataset's CRC-32 (its unwritten tail rows as its fill value)."""
         got = self.done.get(ds.name.lstrip("/"))
         if got is None or ds.shape[0] < got[0]:
             return crc32(ds)
-        return _zeros(got[1], (ds.shape[0] - got[0]) * _row_bytes(ds))
+        return _fill(got[1], ds, ds.shape[0] - got[0])
 
 
-def _row_bytes(ds: h5py.Dataset) -> int:
-    return ds.dtype.itemsize * int(np.prod(ds.shape[1:], dtype=np.int64))
+def _fill(crc: int, ds: h5py.Dataset, rows: int) -> int:
+    """``crc`` continued over ``rows`` unwritten rows of ``ds``: its fill value's bytes."""
+    row = np.full(ds.shape[1:], ds.fillvalue, dtype=ds.dtype).tobytes()
+    if not any(row):
+        return _zeros(crc, rows * len(row))
+    per = max(1, BLOCK_BYTES // max(1, len(row)))
+    block = row * min(rows, per)
+    while rows > 0:
+        k = min(rows, per)
+        crc = zlib.crc32(block[:k * len(row)], crc)
+        rows -= k
+    return crc
 
 
 def _zeros(crc: int, n: int) -> int:

@@ -10,7 +10,7 @@ share and chooses the training path (``train.batched``).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import numpy as np
@@ -394,6 +394,11 @@ class Clients:
         """(mean loss, accuracy) per client on its own ``split``
         (:func:`mpifl.train.evaluation.evaluate`)."""
         return evaluation.evaluate(self, split, params, local)
+
+    def scorer(self, split: str, local: np.ndarray) -> Callable[[torch.Tensor], np.ndarray]:
+        """Mean ``split`` loss of ``[len(local), P]`` model rows, each as its listed
+        client's, the samples gathered once (:func:`mpifl.train.evaluation.scorer`)."""
+        return evaluation.scorer(self, split, local)
 
     def split_batches(self, split: str, local: np.ndarray | None = None
                       ) -> Iterator[tuple[slice, np.ndarray, torch.Tensor, torch.Tensor, torch.Tensor]]:

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from mpifl.train import grouped, mlp
-from mpifl.train.loss import loss_acc
+from mpifl.train.loss import cross_entropy, loss_acc
 from mpifl.train.plan import SPLIT_INDEX, gather
 
 if TYPE_CHECKING:
@@ -101,6 +101,25 @@ def evaluate(c: ClientsView, split: str, params: torch.Tensor | None = None,
         out = shared_logits(c, params, x, local[sl], w) if params.dim() == 1 else c.logits(params[sl], x, local[sl])
         loss[sl], acc[sl] = loss_acc(out, y, w)
     return loss, acc
+
+
+def scorer(c: ClientsView, split: str, local: np.ndarray) -> Callable[[torch.Tensor], np.ndarray]:
+    """The mean loss on ``split`` of model rows ``params [m, P]``, row j scored as
+    client ``local[j]`` (``m = len(local)``), with the clients' samples gathered once:
+    for scoring many candidate models on the same clients (DPFL's GGC scores two a
+    decision, thousands a round). The numbers are :func:`evaluate`'s losses bit for
+    bit: the same inputs, forward pass and loss, less the repeated indexing."""
+    local = np.asarray(local)
+    idx = split_index(c, local, split)
+    if idx.shape[1] == 0 or clients_per_chunk(c, idx.shape[1]) < len(local):  # evaluate's own chunking
+        return lambda params: evaluate(c, split, params, local)[0]
+    x, y, w = gather(c, idx)
+
+    @torch.no_grad()
+    def score(params: torch.Tensor) -> np.ndarray:
+        return cross_entropy(c.logits(params, x, local), y, w).cpu().numpy()
+
+    return score
 
 
 def _valid_only(forward: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

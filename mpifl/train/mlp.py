@@ -174,7 +174,8 @@ class StackedMLP:
     @torch.no_grad()
     def logits(self, params: torch.Tensor, x: torch.Tensor, buffers: torch.Tensor,
                local: np.ndarray | None = None) -> torch.Tensor:
-        self.model.eval()
+        if self.model.training:  # a walk over the modules per call, where DPFL scores thousands of pairs a round
+            self.model.eval()
         if _alone(params):
             return stacked_forward(self.ops, self.layout.parts(torch.cat([params, torch.zeros_like(params)])),
                                    torch.cat([x, torch.zeros_like(x)]))[:1]

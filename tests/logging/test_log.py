@@ -274,3 +274,23 @@ def test_rounds_done_reads_one_snapshot_of_a_live_log(tmp_path, monkeypatch, flu
     monkeypatch.setattr(h5.Run, "_file", counted)
     assert run.rounds_done == 5 and len(opens) == 1
     w.close()
+
+
+def test_a_row_no_write_reached_reads_as_missing_not_as_zero(tmp_path):
+    """Per-round datasets grow ahead of the rounds written (64 rows at a time); a row
+    the file holds but no write reached (there, or in a file whose process was
+    killed before its chunk was flushed while rounds/round's extent was) must read
+    as nan, the mark of a round not evaluated, never as an accuracy of 0."""
+    path = tmp_path / "r.h5"
+    w = Writer(path, {"algorithm": "x"}, {}, N)
+    for t in range(3):
+        w.write_round(t, {"wall_s": 1.0}, {"metrics/test_acc": np.full(N, 0.5, np.float32),
+                                           "comm/bytes_sent": np.ones(N, np.int64)})
+    w.flush()
+    with h5py.File(path, "r", locking=False) as f:
+        acc, sent = f["metrics/test_acc"], f["comm/bytes_sent"]
+        assert acc.shape[0] > 3  # grown ahead of the rounds written
+        assert np.isnan(acc[3:]).all() and (acc[:3] == 0.5).all()
+        assert np.isnan(acc.fillvalue) and sent.fillvalue == 0  # integers keep 0: no nan to mark them
+    w.close()
+    assert open_run(path).get("metrics/test_acc").shape[0] == 3
