@@ -357,3 +357,18 @@ def test_max_steps_caps_every_training_call_at_the_first_batches(batched):
     a.train(local, 1, 0, max_batches=1)
     b.train(local, 1, 0, max_batches=1)
     assert torch.equal(a.params, b.params)
+
+
+@pytest.mark.parametrize("batched", ["on", "off"])
+@pytest.mark.parametrize("bn", [False, True], ids=["mlp", "mlp+batchnorm"])
+def test_a_scorer_gives_evaluates_losses_bit_for_bit(batched, bn, threads):
+    """``scorer`` gathers a split once and then scores any model rows as
+    ``evaluate`` would (DPFL scores two a decision, a client listed twice):
+    the same losses, to the bit, after training has moved the rows on."""
+    c = make(batched, **({"model.batchnorm": "true"} if bn else {}))
+    local = np.array([2, 2, 5, 0])
+    score = c.scorer("val", local)
+    for t in range(2):
+        rows = c.params[torch.as_tensor([3, 1, 4, 4])].clone()
+        np.testing.assert_array_equal(score(rows), c.evaluate("val", rows, local)[0])
+        c.train(np.arange(c.n), 1, t)
