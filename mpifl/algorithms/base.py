@@ -9,6 +9,7 @@ returns is logged by the runtime. The building blocks algorithms share are in
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -102,12 +103,62 @@ class ClientsSurface(Protocol):
     def relabel(self, k: int, perm: torch.Tensor) -> None: ...
 
 
+class RoundStopped(Exception):
+    """Every rank agreed to abandon the round in progress: a stop signal arrived and
+    the last complete round is already on disk (``Interrupt.abandonable``)."""
+
+
+@dataclass
+class Interrupt:
+    """A stop signal seen inside a round (``ctx.stop``), for the rounds that run
+    for minutes (DPFL's graph search, FedC2I's leave-one-out pass at large N).
+
+    A round normally ends before the job stops, and is checkpointed. The runtime
+    sets ``abandonable`` when that is not needed: the round before is already on
+    disk (it checkpoints after any round longer than ``LONG_ROUND_S``, and before
+    one the algorithm's ``long_round`` names), or this is round 0 (started over, it
+    gives the same bits). Then an algorithm may stop
+    a long round early:
+
+    - between pieces of work one rank does alone (its own clients): ``if
+      ctx.stop.requested: break``; what it leaves half done is thrown away;
+    - at a step every rank takes together: ``ctx.stop.agreed(comm, x)`` in place
+      of ``comm.allreduce_max(x)``; it raises :class:`RoundStopped` on every rank
+      at once when any rank was asked to stop.
+
+    A round cut short on any rank is abandoned on every rank: the runtime agrees
+    after ``round`` returns too, and never logs or checkpoints it (the job exits
+    and the state it held is gone), so an algorithm agrees early only to skip the
+    work that would follow. Outside a run (tests, benches) nothing is requested."""
+
+    signum: int = 0  # the stop signal this rank received (set by the runtime's handler)
+    abandonable: bool = False  # the runtime's, each round
+    cut: bool = False  # this rank skipped work this round because of ``requested``
+
+    @property
+    def requested(self) -> bool:
+        """Whether this rank should skip the rest of its own work now (no communication)."""
+        if self.signum and self.abandonable:
+            self.cut = True
+        return self.cut
+
+    def agreed(self, comm: Comm, x: float = 0.0) -> float:
+        """``comm.allreduce_max(x)``, and the stop decided together: a rank asked to
+        stop contributes +inf, which every rank then sees and raises on."""
+        out = comm.allreduce_max(math.inf if self.requested else float(x))
+        if out == math.inf:
+            self.cut = True
+            raise RoundStopped()
+        return out
+
+
 @dataclass
 class Context:
     cfg: Config
     comm: Comm
     clients: ClientsSurface
     data: FederatedData
+    stop: Interrupt = field(default_factory=Interrupt)
 
     @property
     def params(self) -> Any:
@@ -181,7 +232,10 @@ class Algorithm(Protocol):
     and the registry adds the section); ``check_config(cfg)``, refusing
     combinations when the algorithm is chosen (keys named the same way);
     ``SUMMARY`` and ``MIXING_ROW``, one line each for the README's table
-    (``mpifl.docs.blocks``; without them the docstring's first sentence and "–"). The
+    (``mpifl.docs.blocks``; without them the docstring's first sentence and "–");
+    ``long_round(cfg, t) -> bool``, a round known in advance to run long (the
+    runtime checkpoints the round before it, so a stop signal may abandon it,
+    :class:`Interrupt`). The
     module docstring opens with the paper, the equations and a runnable
     ``python -m mpifl.main`` command.
     """

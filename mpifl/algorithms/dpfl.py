@@ -71,7 +71,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from mpifl.algorithms.base import Context, Round, evaluates
+from mpifl.algorithms.base import Context, Interrupt, Round, evaluates
 from mpifl.algorithms.blocks import own_rows_metrics
 from mpifl.algorithms.dpfl_params import Params, check_config, selection_samples  # noqa: F401 - re-exported
 from mpifl.algorithms.state import per_client
@@ -199,15 +199,17 @@ def bggc(k: int, candidates: Sequence[int], own: torch.Tensor, p: np.ndarray, re
     return run.result
 
 
-def drive(comm: Comm, rows: torch.Tensor, runs: Mapping[int, BGGC]) -> np.ndarray:
+def drive(comm: Comm, rows: torch.Tensor, runs: Mapping[int, BGGC], stop: Interrupt | None = None) -> np.ndarray:
     """Run this rank's BGGC processes (keyed by local index) in lockstep, one
     collective ``pull`` per batch step until every rank's are done. Returns, per
-    local client, the most models it received in one pull (byte counters)."""
+    local client, the most models it received in one pull (byte counters). A stop
+    signal (``stop``) ends it between steps, on every rank together."""
+    stop = stop or Interrupt()
     most = np.zeros(comm.n_local, np.int64)
     while True:
         wanted = {i: run.request() for i, run in runs.items()}
         wanted = {i: w for i, w in wanted.items() if w}
-        if comm.allreduce_max(float(len(wanted))) == 0:
+        if stop.agreed(comm, len(wanted)) == 0:
             return most
         before = comm.models_recv.copy()
         got = comm.pull(rows, wanted)
@@ -291,7 +293,7 @@ def _preprocess(ctx: Context, state: State) -> tuple[list[torch.Tensor | None], 
     runs = {i: BGGC(int(k), np.delete(np.arange(N), k), c.params[i], state.p, _reward(ctx, i), B,
                     ctx.rng(0, int(k), "dpfl_bggc"))
             for i, k in enumerate(comm.local_ids) if state.peers[i].greedy}
-    most = drive(comm, c.params, runs)
+    most = drive(comm, c.params, runs, ctx.stop)
     for i, run in runs.items():
         choice = run.result
         assert len(choice.members) <= B and run.largest <= B
@@ -341,7 +343,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
         most = comm.models_recv.copy()
         new = [None] * comm.n_local
         for i, (k, pe) in enumerate(zip(comm.local_ids, state.peers)):
-            if not (pe.greedy and pe.omega):
+            if not (pe.greedy and pe.omega) or ctx.stop.requested:
                 continue
             # GGC as BGGC over the pulled Omega_k: the same decisions (Theorem 1) from
             # running sums, O(P) per candidate instead of re-averaging the set
@@ -349,6 +351,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
                           ctx.rng(t, int(k), "dpfl_ggc"), lambda ids: got)
             pe.chosen, new[i] = choice.members, choice.mean
         del got
+        ctx.stop.agreed(comm)  # a client skipped for a stop signal: every rank abandons the round here
     assert most.max(initial=0) <= state.budget, "a client received more than B_c models in one pull"
     for i, row in enumerate(new):
         if row is not None:

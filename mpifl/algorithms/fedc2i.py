@@ -53,13 +53,17 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from mpifl.algorithms.base import Context, Round
+from mpifl.algorithms.base import Context, Interrupt, Round
 from mpifl.algorithms.blocks import identity_rows, own_rows_metrics
 from mpifl.algorithms.fedc2i_params import Params, check_config  # noqa: F401 - re-exported
 from mpifl.algorithms.state import transient
 from mpifl.logging.mixing import Dense
 from mpifl.train import Clients, per_sample_loss
 from mpifl.train.head import Head, find_head
+
+# leave-one-out models scored in one engine call: bounds the call's activations
+# (LOO_ROWS x the rank's clients x a batch) and is where a stop signal is heard
+LOO_ROWS = 64
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = "FedC2I: client- and class-level influence by leave-one-out models passed around the ring"
@@ -88,17 +92,28 @@ def init(ctx: Context) -> State:
 # --------------------------------------------------------------------------- measurements
 
 
-def loo_losses(c: Clients, loo: torch.Tensor, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def loo_losses(c: Clients, loo: torch.Tensor, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
+               stop: Interrupt | None = None) -> torch.Tensor:
     """``[m, b]`` mean loss of each model row ``loo [b, P]`` on each local client's
-    batch ``x [m, bs, ...]`` (client i's BatchNorm stats where the model has any)."""
+    batch ``x [m, bs, ...]`` (client i's BatchNorm stats where the model has any).
+    A stop signal (``stop.requested``) leaves the remaining rows' losses at zero:
+    the round is being abandoned."""
     m, bs = y.shape
     b = loo.shape[0]
-    if c.rows_at_once:  # BatchNorm: each client its own statistics
-        flat = x.reshape(1, m * bs, *x.shape[2:]).expand(b, m * bs, *x.shape[2:])
-        out = c.logits(loo, flat).reshape(b, m, bs, -1)
-    else:
+    out = torch.zeros(b, m, bs, c.n_classes, dtype=loo.dtype, device=loo.device)
+    if c.rows_at_once:  # no BatchNorm: LOO_ROWS models on every client's batch in one call
+        flat = x.reshape(1, m * bs, *x.shape[2:])
+        for a in range(0, b, LOO_ROWS):
+            if stop is not None and stop.requested:
+                break
+            rows = loo[a:a + LOO_ROWS]
+            out[a:a + len(rows)] = c.logits(rows, flat.expand(len(rows), *flat.shape[1:])).reshape(len(rows), m, bs, -1)
+    else:  # BatchNorm: each client its own statistics, one model row for every client at once
         local = np.arange(m)
-        out = torch.stack([c.logits(loo[j].expand(m, -1), x, local) for j in range(b)])
+        for j in range(b):
+            if stop is not None and stop.requested:
+                break
+            out[j] = c.logits(loo[j].expand(m, -1), x, local)
     ce = per_sample_loss(out, y.expand(b, m, bs))
     return ((ce * w).sum(-1) / w.sum(-1).clamp_min(1.0)).T
 
@@ -183,7 +198,7 @@ def aggregate(ctx: Context, state: State, t: int) -> Aggregation:
             v_all[j] = rows.reshape(len(ids), C, head.width)
             return
         v_all[j] = head.rows(rows)
-        lj = loo_losses(c, (total[None] - rows) / (N - 1), x, y, w)
+        lj = loo_losses(c, (total[None] - rows) / (N - 1), x, y, w, ctx.stop)
         loss[:, j] = lj
         s = alpha * lj
         new = torch.maximum(run["max"], s.max(1).values)
@@ -195,6 +210,7 @@ def aggregate(ctx: Context, state: State, t: int) -> Aggregation:
 
     travelling = c.params if client_level else head.rows(c.params).reshape(m, -1)
     comm.ring(travelling, visit)
+    ctx.stop.agreed(comm)  # a stop signal during the pass: every rank abandons the round here
 
     nan_a = np.full((m, N), np.nan, np.float32)
     nan_m = np.full((m, N, C), np.nan, np.float32)

@@ -108,6 +108,12 @@ def round(ctx: Context, state: State, t: int) -> Round:
     return out
 
 
+def long_round(cfg, t: int) -> bool:
+    """The LIA round is known to be the long one (N^2 evaluations): the runtime
+    checkpoints the round before it, so a stop signal can abandon it."""
+    return t == cfg.pfedlia.warmup_rounds
+
+
 def evaluate(ctx: Context, state: State, t: int) -> dict[str, np.ndarray]:
     if state.models is not None:
         c = ctx.clients
@@ -146,10 +152,13 @@ def influence(ctx: Context, theta0: torch.Tensor, hats: torch.Tensor) -> np.ndar
 
     def visit(ids: np.ndarray, rows: torch.Tensor) -> None:
         for j, row in zip(ids, rows):
+            if ctx.stop.requested:  # N^2 evaluations at large N: a stop signal is heard between them
+                return
             loss, _ = c.evaluate("val", row)
             out[:, j] = (base - loss) * n_val
 
     ctx.comm.ring(hats, visit)
+    ctx.stop.agreed(ctx.comm)  # every rank abandons the round together
     return out
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from mpifl import algorithms, models
-from mpifl.algorithms.base import Algorithm, Context, evaluates
+from mpifl.algorithms.base import Algorithm, Context, Interrupt, RoundStopped, evaluates
 from mpifl.comm import Comm, agree, keep_freed_memory, node_local_rank, node_of_ranks, pick_device, set_threads
 from mpifl.config import Config
 from mpifl.data import build as build_data
@@ -34,6 +34,9 @@ METRICS = ("val_loss", "val_acc", "test_loss", "test_acc")
 PREEMPTED = 75  # exit status after a signal-triggered checkpoint (EX_TEMPFAIL): requeue me
 LOG_FAILED = 1 << 10  # above any signal number: rank 0's log write was refused (agreed with the stop flag)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+# a round longer than this is checkpointed when it ends, so that a stop signal inside
+# the next one need not wait for its end (SLURM kills 30 s after SIGTERM by default)
+LONG_ROUND_S = 30.0
 
 
 class Preempted(Exception):
@@ -172,7 +175,8 @@ class _Rounds:
         self.cfg, self.ctx, self.algo, self.state, self.writer = cfg, s.ctx, s.algo, state, writer
         self.comm, self.rd, self.first, self.say = s.ctx.comm, RunDir(cfg.run_dir), first, say
         self.events = roundlog.events(cfg, writer)
-        self.stop = _StopFlag()
+        self.stop = _StopFlag(self.ctx.stop)
+        self.saved = first - 1  # the last round a checkpoint holds (-1: a fresh start gives the same bits)
         self.fault = _injected_fault(self.comm.rank)
         self.t_start = time.perf_counter()
         self.last_at, self.last_acc = -1, float("nan")  # round of the last evaluation seen, its mean test_acc
@@ -191,7 +195,7 @@ class _Rounds:
         ctx.clients.skipped[:] = 0
         ctx.clients.steps[:], ctx.clients.samples[:] = 0, 0
         t0 = time.perf_counter()
-        out = self.algo.round(ctx, self.state, t)
+        out = self._train(t)
         if evaluates(cfg, t):
             metrics = self.algo.evaluate(ctx, self.state, t)
         else:
@@ -213,7 +217,35 @@ class _Rounds:
         flag = comm.allreduce_max(LOG_FAILED if failed else self.stop.signum)
         if flag >= LOG_FAILED:  # every rank stops with rank 0's message
             raise StorageError(comm.bcast(None if failed is None else str(failed)))
-        self._checkpoint(t, stopping=flag)
+        self._checkpoint(t, stopping=flag, long=wall > LONG_ROUND_S or self.long_next(t + 1))
+
+    def long_next(self, t: int) -> bool:
+        """Whether the algorithm knows round ``t`` to be long (its ``long_round``)."""
+        known = getattr(self.algo, "long_round", None)
+        return t < self.cfg.run.rounds and known is not None and bool(known(self.cfg, t))
+
+    def _train(self, t: int):
+        """The algorithm's round; one that every rank agreed to abandon for a stop
+        signal (``ctx.stop``) ends the job here, the round before already on disk."""
+        stop = self.ctx.stop
+        stop.abandonable, stop.cut = self.saved == t - 1, False
+        if self.fault == (t, "stop_in_round"):  # as if the signal arrived during this round's work
+            stop.signum = signal.SIGTERM
+        try:
+            out = self.algo.round(self.ctx, self.state, t)
+            # abandonable is the same on every rank: this collective only runs where a cut could be
+            if stop.abandonable and self.comm.allreduce_max(float(stop.cut)):
+                raise RoundStopped()
+        except RoundStopped:
+            R = self.cfg.run.rounds
+            kept = f"the checkpoint of round {t}" if t else "nothing (the run starts over, with the same bits)"
+            self.say(f"mpifl: stop signal ({_signal_name(stop.signum or signal.SIGTERM)}) during round {t + 1}/{R}; "
+                     f"the round was abandoned and {kept} resumes: run the same command again (exit {PREEMPTED})",
+                     flush=True)
+            raise Preempted() from None
+        finally:
+            stop.abandonable = False
+        return out
 
     def _progress(self, t: int, gathered: dict[str, np.ndarray], wall: float) -> None:
         R = self.cfg.run.rounds
@@ -227,18 +259,20 @@ class _Rounds:
         self.say(f"round {t + 1:>4}/{R}  test_acc {_acc_text(self.last_acc, self.last_at, t)}  {wall:.2f}s/round  "
                  f"eta {eta:.0f}s{_skipped_text(int(gathered['metrics/skipped'].sum()))}", flush=True)
 
-    def _checkpoint(self, t: int, stopping: int) -> None:
-        """The checkpoints ``run.checkpoint_every`` asks for, and one before a stop
-        (``stopping``: the signal every rank agreed on, 0 for none)."""
+    def _checkpoint(self, t: int, stopping: int, long: bool = False) -> None:
+        """The checkpoints ``run.checkpoint_every`` asks for, one before a stop
+        (``stopping``: the signal every rank agreed on, 0 for none), and one after a
+        ``long`` round (the agreed wall time), so the next may be abandoned."""
         run, R, writer = self.cfg.run, self.cfg.run.rounds, self.writer
         last = t == R - 1
         every = run.checkpoint_every
-        if (stopping or last or (every and (t + 1) % every == 0)) and (run.keep_final_checkpoint or not last):
+        if (stopping or long or last or (every and (t + 1) % every == 0)) and (run.keep_final_checkpoint or not last):
             # the log must hold every round the checkpoint does
             agree(self.comm, lambda: writer.flush() if writer is not None else None)
             dying = self.fault == (t, "kill_in_checkpoint")
             checkpoint.save(self.rd, self.ctx, self.state, t, die_before_publish=dying,
                             keep=1 if last else run.keep_checkpoints)
+            self.saved = t
         if stopping and t < R - 1:
             self.say(f"mpifl: stop signal ({_signal_name(stopping)}) after round {t + 1}/{R}; checkpoint written, "
                      f"resume by running the same command again (exit {PREEMPTED})", flush=True)
@@ -316,8 +350,8 @@ class _StopFlag:
     process at once, as an unhandled one would (mpiexec aborts every rank on its
     own second Ctrl-C). The handlers before it come back when the loop ends."""
 
-    def __init__(self) -> None:
-        self.signum = 0
+    def __init__(self, into: Interrupt | None = None) -> None:
+        self.into = into if into is not None else Interrupt()  # the algorithms' view (ctx.stop)
         self._old: dict[int, object] = {}
         for sig in STOP_SIGNALS:
             try:
@@ -325,11 +359,15 @@ class _StopFlag:
             except ValueError:  # not the main thread (embedded use): no handler
                 pass
 
+    @property
+    def signum(self) -> int:
+        return self.into.signum
+
     def _handle(self, signum, frame) -> None:
         if signum == signal.SIGINT and self.signum == signal.SIGINT:
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGINT)
-        self.signum = signum
+        self.into.signum = signum
 
     def restore(self) -> None:
         for sig, old in self._old.items():
@@ -344,9 +382,10 @@ def _signal_name(signum: int) -> str:
 
 
 def _injected_fault(rank: int) -> tuple[int, str] | None:
-    """``MPIFL_FAULT=rank:round[:raise|kill|kill_in_checkpoint]``: fail that rank at
-    that round, for the reliability tests (raise an exception, SIGKILL itself at
-    the round's start, or SIGKILL itself in the middle of writing a checkpoint)."""
+    """``MPIFL_FAULT=rank:round[:raise|kill|kill_in_checkpoint|stop_in_round]``: fail
+    that rank at that round, for the reliability tests (raise an exception, SIGKILL
+    itself at the round's start, SIGKILL itself in the middle of writing a
+    checkpoint, or take a stop signal as the round's work begins)."""
     parts = os.environ.get("MPIFL_FAULT", "").split(":")
     if len(parts) < 2:
         return None
