@@ -238,10 +238,10 @@ class _Rounds:
                 raise RoundStopped()
         except RoundStopped:
             R = self.cfg.run.rounds
-            kept = f"the checkpoint of round {t}" if t else "nothing (the run starts over, with the same bits)"
+            then = f"the checkpoint of round {t} resumes" if t else "no round had finished, so it starts over " \
+                "(the same bits)"
             self.say(f"mpifl: stop signal ({_signal_name(stop.signum or signal.SIGTERM)}) during round {t + 1}/{R}; "
-                     f"the round was abandoned and {kept} resumes: run the same command again (exit {PREEMPTED})",
-                     flush=True)
+                     f"the round was abandoned and {then}: run the same command again (exit {PREEMPTED})", flush=True)
             raise Preempted() from None
         finally:
             stop.abandonable = False
