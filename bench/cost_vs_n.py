@@ -17,8 +17,9 @@ is ``mpiexec -n RANKS python -m mpifl.main``, one thread a rank, ``--rounds``
 rounds, evaluation in the last; times are the log's ``/rounds/wall_s`` (max over
 ranks), memory the largest rank's peak resident set (``os.wait4``'s ru_maxrss).
 
-A point whose fitted time a round would pass ``--limit`` seconds is not run (the
-fit of the points below it says so), and one that passes it is stopped; the
+A point whose fitted time a round (or first round) would pass ``--limit`` seconds,
+or whose peak memory extrapolated linearly would pass 60% of the memory available,
+is not run (the line says which), and one that passes the time is stopped; the
 largest N a method reaches is where its fit meets the limit, or the largest N run.
 """
 
@@ -114,6 +115,33 @@ def largest(name: str, c: float, limit: float) -> float:
     return lo
 
 
+def too_big(done: list[dict], n: int, a) -> str | None:
+    """Why N = n would not fit, from the points below it: its steady round or its
+    first round (DPFL's BGGC, N^2 models moved) fitted past the limit, or its peak
+    memory, extrapolated linearly in N, past 60% of the memory available now on
+    all ranks together (the OOM killer takes a rank, and maybe a neighbour's job)."""
+    ns = [r["N"] for r in done]
+    for what, ts in (("round", [typical(r) for r in done]), ("first round", [r["round_s"][0] for r in done])):
+        name, c, _ = fit(ns, ts)
+        if c * GROWTH[name](n) > a.limit:
+            return f"its {what}, fitted {name}, would take {c * GROWTH[name](n):.0f} s, over the {a.limit:.0f} s limit"
+    slope, icpt = np.polyfit(ns, [r["peak_rss_gib"] for r in done], 1)
+    need = a.ranks * (slope * n + icpt)
+    have = available_gib()
+    if need > 0.6 * have:
+        return (f"its peak memory, linear in N, would be {need:.1f} GiB on {a.ranks} ranks, "
+                f"over 60% of {have:.1f} available")
+    return None
+
+
+def available_gib() -> float:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 2**20
+    return 0.0
+
+
 def measure(a) -> list[dict]:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -122,14 +150,12 @@ def measure(a) -> list[dict]:
     for method in a.methods:
         done: list[dict] = []
         for n in sorted(a.clients):
-            if len(done) >= 2:
-                name, c, _ = fit([r["N"] for r in done], [typical(r) for r in done])
-                if c * GROWTH[name](n) > a.limit:
-                    rec = {"method": method, "N": n, "stopped": f"not run: fitted {name} gives "
-                           f"{c * GROWTH[name](n):.0f} s a round, over the {a.limit:.0f} s limit"}
-                    recs.append(rec)
-                    print(json.dumps(rec), flush=True)
-                    continue
+            why = too_big(done, n, a) if len(done) >= 2 else None
+            if why:
+                rec = {"method": method, "N": n, "stopped": f"not run: {why}"}
+                recs.append(rec)
+                print(json.dumps(rec), flush=True)
+                continue
             rec = point(method, n, a, runs)
             recs.append(rec)
             print(json.dumps(rec), flush=True)
