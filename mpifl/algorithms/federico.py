@@ -216,7 +216,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
         state.weights = group_mask(state.weights, ids, ctx.data.cluster)
 
     wij = torch.as_tensor(state.weights[rows_of, members.reshape(-1)], dtype=grads.dtype, device=grads.device)
-    scaled = (grads * wij[:, None]).reshape(n, f.k + 1, -1)
+    scaled = grads.mul_(wij[:, None]).reshape(n, f.k + 1, -1)  # in place: [n (k+1), P] is the round's largest
     contributions = {r: {int(j): scaled[r, q] for q, j in enumerate(S[r])} for r in range(n)}
     G = comm.push(contributions, c.P, device=c.device)
     G = G + scaled[:, f.k]  # the owner's own term never leaves the client
@@ -257,13 +257,14 @@ def evaluate(ctx: Context, state: State, t: int) -> dict[str, np.ndarray]:
             for a in range(0, n, step):
                 rs = np.arange(a, min(n, a + step))
                 x, y, w = c.batch(idx_all[rs])
-                rows_of = np.repeat(rs, k + 1)
-                models = torch.stack([state.held[int(j)] if j != ids[r] else c.params[r]
-                                      for r in rs for j in members[r]])
-                probs = torch.softmax(c.logits(models, x[rows_of - a], rows_of), -1)
+                # the q-th held model of every client at once, on the clients' own inputs:
+                # k + 1 calls instead of one on k + 1 copies of the inputs
+                probs = torch.stack([torch.softmax(c.logits(torch.stack(
+                    [state.held[int(members[r][q])] if members[r][q] != ids[r] else c.params[r] for r in rs]),
+                    x, rs), -1) for q in range(k + 1)], 1)
                 mix = torch.as_tensor(np.stack([held_weights(state.weights[r], members[r])[members[r]]
                                                 for r in rs]), dtype=probs.dtype, device=probs.device)
-                probs = (probs.view(len(rs), k + 1, *probs.shape[1:]) * mix[:, :, None, None]).sum(1)
+                probs = (probs * mix[:, :, None, None]).sum(1)
                 loss[rs], acc[rs] = loss_acc_from_probs(probs, y, w)
         out[f"{split}_loss"], out[f"{split}_acc"] = loss, acc
     return out
