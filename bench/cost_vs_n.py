@@ -166,15 +166,17 @@ def measure(a) -> list[dict]:
 
 
 def table(recs: list[dict], limit: float) -> str:
-    lines = ["| method | N | round 1 s | fitted round s | peak RSS GiB (largest rank) | over FedAvg |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| method | N | s a round (each round; the last evaluates) | fitted on s | peak RSS GiB (largest rank) "
+             "| over FedAvg |", "|---|---|---|---|---|---|"]
     base = {r["N"]: typical(r) for r in recs if r["method"] == "fedavg" and "round_s" in r}
-    for r in recs:
+    order = list(dict.fromkeys(r["method"] for r in recs))
+    for r in sorted(recs, key=lambda r: (order.index(r["method"]), r["N"])):
         if "round_s" not in r:
             lines.append(f"| {r['method']} | {r['N']:,} | - | {r['stopped']} | - | - |")
             continue
         ratio = f"{typical(r) / base[r['N']]:.1f}x" if r["N"] in base else "-"
-        lines.append(f"| {r['method']} | {r['N']:,} | {r['round_s'][0]:.2f} | {typical(r):.2f} | "
+        each = " / ".join(f"{x:.2f}" for x in r["round_s"])
+        lines.append(f"| {r['method']} | {r['N']:,} | {each} | {typical(r):.2f} | "
                      f"{r['peak_rss_gib']:.2f} | {ratio} |")
     lines += ["", "| method | fitted growth (steady round) | log-log slope | N at a round of "
               f"{limit:.0f} s (from the fit) |", "|---|---|---|---|"]

@@ -46,6 +46,15 @@ class Params:
               "estep_batches", self.estep_batches, "must be a positive integer or all")
 
 
+def held_rows(cfg: Config) -> int:
+    """Parameter rows a client's round holds at once beyond the engine's own (its
+    model and optimizer state): its k + 1 models stacked for the gradients and their
+    k + 1 gradients. ``mpifl.run.memory`` adds them to the estimate a run is checked
+    against at start; the k pulled models are left out, since clients on a rank may
+    pull the same ones."""
+    return 2 * (cfg.federico.k + 1)
+
+
 def check_config(cfg: Config) -> None:
     f, n = cfg.federico, cfg.data.n_clients
     check(f.k <= n - 1, "k", f.k, f"must be <= data.n_clients - 1 ({n - 1}): a client never samples itself")

@@ -21,8 +21,11 @@ The estimate is a lower bound, what every run keeps whatever its algorithm:
   run's epoch counts (:func:`epoch_counts`) over a client's average training
   split padded to whole batches.
 
-Algorithms keep more (personal models, received rows), so a run refused here
-could not have fitted. Counts that allocate nothing still take time: every
+Algorithms keep more (personal models, received rows). Those an algorithm is sure
+to hold at once, per client, its config part names (``held_rows(cfg)``, in
+``mpifl/algorithms/<name>_params.py``: FedeRiCo's 2 (k + 1)), and they are added to
+the rows; the rest is left out, so a run refused here could not have fitted.
+Counts that allocate nothing still take time: every
 epoch count runs at least once and every round costs at least
 :data:`ROUND_S`, at a rate of :data:`FLOPS` (above any device's), so a run
 whose lower bound passes :data:`MAX_S` (``run.rounds=10**18``) is refused too
@@ -69,7 +72,7 @@ class Estimate:
     n_clients: int
     n_local: int  # clients on this rank
     params: int  # P: parameters of one model
-    rows: int  # [P] rows kept per client: parameters, optimizer state, a copy under on_nonfinite=skip
+    rows: int  # [P] rows kept per client: parameters, optimizer state, a copy under on_nonfinite=skip, held_rows
     grad_rows: int  # [P] gradient rows of the clients trained together
     extra: int  # values per client besides the rows: BatchNorm buffers, Adam's step count
     data: int  # bytes of this rank's samples on its device
@@ -157,6 +160,14 @@ def _plan(cfg: Any, n_local: int, n_train: int) -> tuple[int, str]:
     return PLAN_BYTES * n_local * epochs * steps * bs, f"{key}={epochs}"
 
 
+def _held_rows(cfg: Any) -> int:
+    """The rows per client the chosen algorithm's config part says it holds at once (0: none said)."""
+    from mpifl.algorithms import config_part
+
+    held = getattr(config_part(cfg.algorithm.name), "held_rows", None)
+    return int(held(cfg)) if held is not None else 0
+
+
 def estimate(cfg: Any, n_ranks: int, rank: int, on_gpu: bool) -> Estimate | None:
     """The estimate for ``rank`` of ``n_ranks``; None where the dataset's shape is
     not known without its files (:func:`mpifl.data.shape.shape`)."""
@@ -181,7 +192,7 @@ def estimate(cfg: Any, n_ranks: int, rank: int, on_gpu: bool) -> Estimate | None
     t = cfg.train
     opt = 2 if t.optimizer == "adam" else (1 if t.momentum > 0 else 0)
     copies = 2 if t.on_nonfinite == "skip" else 1  # the rows before training, to drop a non-finite update
-    rows = (1 + opt) * copies
+    rows = (1 + opt) * copies + _held_rows(cfg)
     extra = B + (copies if t.optimizer == "adam" else 0)
     grad_rows = n_local if on_gpu else min(n_local, max(1, CHUNK_BYTES // (4 * P)))
     features = math.prod(d.in_shape)

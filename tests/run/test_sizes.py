@@ -178,3 +178,23 @@ def test_an_image_model_on_vector_data_is_refused_in_the_models_own_words():
         sizes.estimate(cfg, 1, 0, False)
     assert str(e.value) == ("model.name='cnn_dpfl' needs image inputs [C, H, W]; the data gives shape (40,): "
                             "use model.name=mlp or an image dataset")
+
+
+def test_an_algorithm_s_held_rows_join_the_estimate_and_refuse_what_would_be_killed(monkeypatch):
+    """FedeRiCo holds 2 (k + 1) rows a client at once (its stacked models and their
+    gradients, federico_params.held_rows): they join the rows, and the run that the
+    OOM killer took at 10,000 clients on 2 ranks in 23 GiB (bench/README.md, cost
+    against N) is refused at start, while FedAvg's of the same size is not."""
+    room = ["data.name=synthetic", "data.n_samples=500000", "data.synthetic_dim=784", "data.n_clients=10000",
+            "model.hidden=[64]", "train.optimizer=adam"]
+    fedavg = sizes.estimate(config.load(None, [*room, "algorithm.name=fedavg"]), 2, 0, on_gpu=False)
+    for k in (3, 5):
+        fed = sizes.estimate(config.load(None, [*room, "algorithm.name=federico", f"federico.k={k}"]), 2, 0,
+                             on_gpu=False)
+        assert fed.rows - fedavg.rows == 2 * (k + 1) and fed.host > fedavg.host
+    monkeypatch.setattr(sizes, "host_available", lambda: (23 << 30, "MemAvailable (test)"))
+    _, fine = sizes.assess(config.load(None, [*room, "algorithm.name=fedavg"]), 2, 0, torch.device("cpu"), 0, 2)
+    _, refused = sizes.assess(config.load(None, [*room, "algorithm.name=federico"]), 2, 0, torch.device("cpu"), 0, 2)
+    assert fine is None
+    assert refused is not None and refused.startswith("data.n_clients=10000 is too large for this machine")
+    assert "x 11 row(s) of 50,890 parameters" in refused
