@@ -40,6 +40,9 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+from max_clients import available_bytes  # noqa: E402 - bench/ is not a package
+
 from mpifl.logging.h5 import open_run  # noqa: E402 - after the sys.path line
 
 METHODS = {
@@ -127,19 +130,11 @@ def too_big(done: list[dict], n: int, a) -> str | None:
             return f"its {what}, fitted {name}, would take {c * GROWTH[name](n):.0f} s, over the {a.limit:.0f} s limit"
     slope, icpt = np.polyfit(ns, [r["peak_rss_gib"] for r in done], 1)
     need = a.ranks * (slope * n + icpt)
-    have = available_gib()
+    have = available_bytes() / 2**30
     if need > 0.6 * have:
         return (f"its peak memory, linear in N, would be {need:.1f} GiB on {a.ranks} ranks, "
                 f"over 60% of {have:.1f} available")
     return None
-
-
-def available_gib() -> float:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) / 2**20
-    return 0.0
 
 
 def measure(a) -> list[dict]:
