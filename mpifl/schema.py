@@ -118,6 +118,12 @@ class TrainConfig:
     # that client's update for the round (counted in /metrics/skipped)
     on_nonfinite: Literal["error", "skip"] = "error"
 
+    @property
+    def state_rows(self) -> int:
+        """Rows of optimizer state a row of parameters carries: Adam's two moments,
+        SGD's momentum buffer, none for plain SGD (``mpifl.run.memory`` counts them)."""
+        return 2 if self.optimizer == "adam" else (1 if self.momentum > 0 else 0)
+
 
 def sampled_count(fraction: float, n_clients: int) -> int:
     """How many clients ``algorithm.fraction`` samples a round: C * N rounded half

@@ -17,3 +17,10 @@ class Params:
 
     def validate(self, cfg: Config) -> None:
         check(0 <= self.alpha <= 1, "alpha", self.alpha, "must be in [0, 1]")
+
+
+def held_rows(cfg: Config) -> int:
+    """Parameter rows a client holds beyond its model and optimizer state: its local model v_i and that
+    model's optimizer state (``mpifl.run.memory`` adds them to the estimate a run is checked against at
+    start)."""
+    return 1 + cfg.train.state_rows

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 
 from mpifl.errors import check
+from mpifl.schema import ConfigBase as Config
 
 
 @dataclass
@@ -17,3 +18,10 @@ class Params:
         check(self.lam >= 0 and math.isfinite(self.lam), "lam", self.lam, "must be a finite number >= 0")
         check(self.personal_epochs >= 0, "personal_epochs", self.personal_epochs,
               "must be >= 0 (0 = train.local_epochs)")
+
+
+def held_rows(cfg: Config) -> int:
+    """Parameter rows a client holds beyond its model and optimizer state: its personal model v_k and that
+    model's optimizer state (``mpifl.run.memory`` adds them to the estimate a run is checked against at
+    start)."""
+    return 1 + cfg.train.state_rows

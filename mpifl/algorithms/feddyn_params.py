@@ -15,3 +15,9 @@ class Params:
 
     def validate(self, cfg: Config) -> None:
         check(self.alpha >= 0 and math.isfinite(self.alpha), "alpha", self.alpha, "must be a finite number >= 0")
+
+
+def held_rows(cfg: Config) -> int:
+    """Parameter rows a client holds beyond its model and optimizer state: its last local gradient (FedDyn's
+    linear term) (``mpifl.run.memory`` adds it to the estimate a run is checked against at start)."""
+    return 1

@@ -17,3 +17,10 @@ class Params:
     def validate(self, cfg: Config) -> None:
         check(self.mu >= 0 and math.isfinite(self.mu), "mu", self.mu, "must be a finite number >= 0")
         check(self.tau > 0 and math.isfinite(self.tau), "tau", self.tau, "must be a finite number > 0")
+
+
+def held_rows(cfg: Config) -> int:
+    """Parameter rows a client holds beyond its model and optimizer state: its previous local model (the
+    contrastive term's negative) (``mpifl.run.memory`` adds it to the estimate a run is checked against at
+    start)."""
+    return 1

@@ -20,3 +20,9 @@ class Params:
         check(self.alpha > 0 and math.isfinite(self.alpha), "alpha", self.alpha,
               "must be a finite number > 0")
         check(self.lam >= 0 and math.isfinite(self.lam), "lam", self.lam, "must be a finite number >= 0")
+
+
+def held_rows(cfg: Config) -> int:
+    """Parameter rows a client holds beyond its model and optimizer state: its regulariser's direction c_i
+    (``mpifl.run.memory`` adds it to the estimate a run is checked against at start)."""
+    return 1

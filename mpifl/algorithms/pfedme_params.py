@@ -25,3 +25,9 @@ class Params:
         check(self.personal_lr > 0 and math.isfinite(self.personal_lr), "personal_lr", self.personal_lr,
               "must be a finite number > 0")
         check(self.beta > 0 and math.isfinite(self.beta), "beta", self.beta, "must be a finite number > 0")
+
+
+def held_rows(cfg: Config) -> int:
+    """Parameter rows a client holds beyond its model and optimizer state: its personalized model theta_i
+    (``mpifl.run.memory`` adds it to the estimate a run is checked against at start)."""
+    return 1

@@ -19,3 +19,9 @@ class Params:
 
     def validate(self, cfg: Config) -> None:
         check(self.lr > 0 and math.isfinite(self.lr), "lr", self.lr, "must be a finite number > 0")
+
+
+def held_rows(cfg: Config) -> int:
+    """Parameter rows a client holds beyond its model and optimizer state: its control variate c_i
+    (``mpifl.run.memory`` adds it to the estimate a run is checked against at start)."""
+    return 1

@@ -23,7 +23,8 @@ The estimate is a lower bound, what every run keeps whatever its algorithm:
 
 Algorithms keep more (personal models, received rows). Those an algorithm is sure
 to hold at once, per client, its config part names (``held_rows(cfg)``, in
-``mpifl/algorithms/<name>_params.py``: FedeRiCo's 2 (k + 1)), and they are added to
+``mpifl/algorithms/<name>_params.py``: FedeRiCo's 2 (k + 1), the personal models and
+control variates of APFL, Ditto, FedDyn, MOON, pFedGraph, pFedMe and SCAFFOLD), and they are added to
 the rows; the rest is left out, so a run refused here could not have fitted.
 Counts that allocate nothing still take time: every
 epoch count runs at least once and every round costs at least
@@ -190,7 +191,7 @@ def estimate(cfg: Any, n_ranks: int, rank: int, on_gpu: bool) -> Estimate | None
         raise ConfigError(f"{model} is not allowed: the model cannot be sized ({str(e).splitlines()[0][:80]}); "
                           f"use smaller widths") from None
     t = cfg.train
-    opt = 2 if t.optimizer == "adam" else (1 if t.momentum > 0 else 0)
+    opt = t.state_rows
     copies = 2 if t.on_nonfinite == "skip" else 1  # the rows before training, to drop a non-finite update
     rows = (1 + opt) * copies + _held_rows(cfg)
     extra = B + (copies if t.optimizer == "adam" else 0)

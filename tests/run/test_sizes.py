@@ -198,3 +198,40 @@ def test_an_algorithm_s_held_rows_join_the_estimate_and_refuse_what_would_be_kil
     assert fine is None
     assert refused is not None and refused.startswith("data.n_clients=10000 is too large for this machine")
     assert "x 11 row(s) of 50,890 parameters" in refused
+
+
+# the algorithms whose held_rows are rows of their State: each keeps at least that many
+HELD_IN_STATE = ["apfl", "ditto", "feddyn", "moon", "pfedgraph", "pfedme", "scaffold"]
+
+
+@pytest.mark.parametrize("name", HELD_IN_STATE)
+@pytest.mark.parametrize("opt", [["train.optimizer=adam"], ["train.momentum=0.9"], []], ids=["adam", "momentum", "sgd"])
+def test_held_rows_never_exceed_the_rows_an_algorithm_s_state_keeps(name, opt):
+    """held_rows is a lower bound: after two rounds the algorithm's State holds at
+    least that many [n_local, P] rows (its tensors and optimizer-state dicts of
+    that width), and the estimate's rows are the engine's plus held_rows."""
+    from mpifl import algorithms
+    from mpifl.algorithms.base import Context
+    from mpifl.comm import Comm, solo
+
+    base = ["data.name=synthetic", "data.n_samples=300", "data.n_clients=4", "data.n_clusters=2", "model.hidden=[8]"]
+    cfg = config.load(None, [*base, f"algorithm.name={name}", *opt])
+    held = algorithms.config_part(name).held_rows(cfg)
+    plain = sizes.estimate(config.load(None, [*base, "algorithm.name=fedavg", *opt]), 1, 0, on_gpu=False)
+    assert sizes.estimate(cfg, 1, 0, on_gpu=False).rows == plain.rows + held >= plain.rows + 1
+    comm = Comm(4, solo())
+    data = build_data(cfg.data, 0, comm.local_ids)
+    c = Clients(models.build(cfg.model, data.in_shape, data.n_classes, 0), data, cfg.train, torch.device("cpu"), 0)
+    ctx = Context(cfg, comm, c, data)
+    mod = algorithms.get(name)
+    state = mod.init(ctx)
+    for t in range(2):
+        mod.round(ctx, state, t)
+
+    def rows(v) -> int:
+        if isinstance(v, dict):
+            return sum(rows(x) for x in v.values())
+        return int(v.numel() // (c.n * c.P)) if torch.is_tensor(v) and v.dim() == 2 and v.shape == (c.n, c.P) else 0
+
+    kept = sum(rows(getattr(state, f)) for f in vars(state))
+    assert kept >= held, (name, kept, held)
