@@ -111,8 +111,10 @@ class TrainConfig:
     # batched conv nets on the CPU: a first convolution (1 or 3 input channels, 3x3 or
     # 5x5, at most 8 outputs) that a 2x2 max-pooling and ReLU follow, as cnn_dpfl's, in
     # one C++ kernel compiled on first use (mpifl/train/fused.py; needs a C++ compiler
-    # and ninja): auto = where it builds, on = stop at start where it does not, off =
-    # torch's kernels. Its sums are not torch's: the run logs its conv_kernel
+    # and ninja): auto = where it builds and is not over 1.1x slower than torch's
+    # kernels on this CPU (timed once per build and shapes, cached beside the build),
+    # on = stop at start where it does not build, off = torch's kernels. Its sums are
+    # not torch's: the run logs its conv_kernel
     fused_conv: Literal["auto", "on", "off"] = "auto"
     # a NaN/inf loss or parameter: stop with an error naming client and round, or drop
     # that client's update for the round (counted in /metrics/skipped)

@@ -24,7 +24,9 @@ summed up per table by ``python -m mpifl.analyze`` and compared by
   ``{"path", "threads", "conv_kernel"}`` (``path``: ``batched`` or
   ``per_client``; ``threads``: a rank's; ``conv_kernel``: ``fused`` or ``torch``,
   None where no grouped convolution trains), with the fused kernel's
-  ``conv_flags`` and ``compiler`` where it trains;
+  ``conv_flags`` and ``compiler`` where it trains, and ``conv_kernel_times``
+  (``{"fused_s", "torch_s"}``) where ``train.fused_conv=auto`` timed the two to
+  choose (torch's where the fused one is over 1.1x slower on this CPU);
 - ``hosts``: every node's host name, in the order of its lowest rank;
 - ``sweep``: ``{"name", "point", "values"}`` for a point of a sweep
   (``<sweep>/runs/<point>/`` beside ``<sweep>/sweep.yaml``, as
@@ -163,11 +165,16 @@ def sweep_point(run_dir: str | Path) -> dict[str, Any] | None:
     return None
 
 
-def training(conv_kernel: str | None, threads: int, batched: bool) -> dict[str, Any]:
+def training(conv_kernel: str | None, threads: int, batched: bool,
+             conv_times: tuple[float, float] | None = None) -> dict[str, Any]:
     """The ``train`` facts of a run whose clients train on ``conv_kernel`` (what the
-    log's ``conv_kernel`` attribute names), ``threads`` a rank, batched or not."""
+    log's ``conv_kernel`` attribute names), ``threads`` a rank, batched or not;
+    ``conv_times``: ``train.fused_conv=auto``'s timing of the fused and torch's
+    kernels (s, summed over ranks), which chose ``conv_kernel``, where it ran."""
     out: dict[str, Any] = {"path": "batched" if batched else "per_client", "threads": threads,
                            "conv_kernel": conv_kernel}
+    if conv_times is not None:
+        out["conv_kernel_times"] = {"fused_s": conv_times[0], "torch_s": conv_times[1]}
     if conv_kernel == "fused":
         from mpifl.train import fused
 

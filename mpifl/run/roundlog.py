@@ -56,6 +56,8 @@ def open_writer(cfg: Config, ctx: Context, threads: int, nodes: np.ndarray, keep
     }
     if ctx.clients.trained_conv_kernel is not None:  # torch's or mpifl.train.fused's layers
         attrs["conv_kernel"] = ctx.clients.trained_conv_kernel
+    if ctx.clients.conv_times is not None:  # train.fused_conv=auto's timing: fused, torch (s, summed over ranks)
+        attrs["conv_kernel_times"] = list(ctx.clients.conv_times)
     if ctx.clients.path_times is not None:  # train.batched=auto's timing (s, summed over ranks)
         attrs["train_path_times"] = list(ctx.clients.path_times)
     rank = ctx.comm.placement.owner(np.arange(d.n_clients))

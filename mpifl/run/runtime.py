@@ -37,6 +37,9 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 # a round longer than this is checkpointed when it ends, so that a stop signal inside
 # the next one need not wait for its end (SLURM kills 30 s after SIGTERM by default)
 LONG_ROUND_S = 30.0
+# train.fused_conv=auto keeps the fused conv kernel unless torch's is faster by more than
+# this: a timing near a tie could flip from launch to launch, and the kernel moves the bits
+FUSED_MARGIN = 1.1
 
 
 class Preempted(Exception):
@@ -80,6 +83,15 @@ def setup(cfg: Config, mpi_comm) -> Setup:
         fallback = clients.agree_conv_kernel(comm.allgather(clients.conv_unavailable))
         if fallback and comm.rank == 0:
             _say(fallback, flush=True)
+        if clients.conv_needs_measuring:  # train.fused_conv=auto: torch's kernels where the fused ones are slower
+            tf, tt = clients.measure_conv()
+            clients.conv_times = comm.allreduce_sum(tf), comm.allreduce_sum(tt)
+            if clients.conv_times[0] > FUSED_MARGIN * clients.conv_times[1]:
+                clients.keep_conv_kernel("torch")
+                if comm.rank == 0:
+                    _say(f"mpifl: train.fused_conv=auto: the fused conv kernel is slower than torch's here "
+                         f"({1e3 * clients.conv_times[0]:.1f} ms against {1e3 * clients.conv_times[1]:.1f} ms, "
+                         f"summed over ranks): every rank takes torch's kernels (other sums, other bits)", flush=True)
         if clients.needs_measuring:  # train.batched=auto: the faster path, timed on every rank
             tb, tl = clients.measure_paths()
             clients.path_times = comm.allreduce_sum(tb), comm.allreduce_sum(tl)
@@ -147,7 +159,8 @@ def _run(cfg: Config, mpi_comm) -> Path:
         agree(mpi_comm, lambda: resume.check_log(cfg, ck) if comm.is_writer else None)
     # a finished run started again changes nothing: its log and config.yaml stay as they are
     finished = ck is not None and first >= cfg.run.rounds
-    train = provenance.training(ctx.clients.trained_conv_kernel, s.threads, ctx.clients.batched)
+    train = provenance.training(ctx.clients.trained_conv_kernel, s.threads, ctx.clients.batched,
+                                ctx.clients.conv_times)
     origin = None if finished else provenance.collect(comm, str(ctx.clients.device), cfg.run_dir, train)
     keep = first if ck is not None else None
     writer = None if finished else agree(

@@ -72,6 +72,8 @@ class Clients:
         self.stacked = stacked_mlp(model) if self.layout.B == 0 else None
         self.convnet = grouped_convnet(model) if self.layout.B == 0 else None
         self.conv_unavailable: str | None = None  # why the fused conv kernel, asked for, does not build here
+        self.fused_convnet: list | None = None  # the fused layers where they fit and build (kept if not taken)
+        self.conv_times: tuple[float, float] | None = None  # (fused, torch) s, when auto measured them
         self.conv_kernel = self._conv_kernel(cfg, data.in_shape) if self.convnet is not None else None
         # Which path trains: "on" / "off" as asked. Under "auto" a plain MLP is batched
         # (stacked bmm: 6-10x the loop in bench/README.md, at every size measured);
@@ -104,8 +106,55 @@ class Clients:
         except fused.FusedUnavailable as e:
             self.conv_unavailable = str(e)
             return "torch"
-        self.convnet = head
+        self.convnet = self.fused_convnet = head
         return "fused"
+
+    @property
+    def conv_needs_measuring(self) -> bool:
+        """Whether ``train.fused_conv=auto`` still has to time the fused layers against
+        torch's (:meth:`measure_conv`): they fit and build on every rank, and the run
+        may train batched (where ``train.batched=auto`` then picks the loop, the timing
+        decided nothing it uses)."""
+        return self.cfg.fused_conv == "auto" and self.conv_kernel == "fused"
+
+    def measure_conv(self, reps: int = 5) -> tuple[float, float]:
+        """Seconds (best of ``reps``) of the conv layers' forward and backward on the
+        fused kernel and on torch's, for 64 clients at the run's batch size on random
+        inputs (:func:`mpifl.train.fused.timed`: once per build and shapes, then
+        cached; no clients' rows or random streams are touched). The same on every
+        rank of a machine kind and for any number of ranks, so the choice it makes
+        does not depend on the placement."""
+        if self.fused_convnet is None:
+            return 0.0, 0.0
+        m, b = 64, self.cfg.batch_size
+        head = self.fused_convnet[:[op[0] for op in self.fused_convnet].index("flatten")]
+        conv_ops = [op for op in grouped.unfused(head) if op[0] == "conv"]
+        convs = [op[3] for op in conv_ops]
+        names = [n for op in conv_ops for n in op[1:3] if n]
+        shape = tuple(self.data.in_shape)
+        key = (f"conv {shape} " + " ".join(f"{c.in_channels}>{c.out_channels}k{c.kernel_size[0]}" for c in convs)
+               + f" clients {m} batch {b} threads {torch.get_num_threads()}")
+
+        def measure() -> tuple[float, float]:
+            gen = torch.Generator().manual_seed(0)
+            x = torch.randn(m, b, *shape, generator=gen)
+            parts = self.layout.parts(self.init.expand(m, -1).contiguous())
+            best = {True: float("inf"), False: float("inf")}
+            layers = {True: head, False: grouped.unfused(head)}
+            with torch.enable_grad():
+                for r in range(reps + 1):  # the first round warms both kernels up
+                    for kernel in ((True, False) if r % 2 else (False, True)):
+                        p = {k: parts[k].detach().clone().requires_grad_() for k in names}
+                        t0 = time.perf_counter()
+                        h = x
+                        for op in layers[kernel]:
+                            h = grouped.layer(op, p, h, m)
+                        torch.autograd.grad(h.float().square().sum(), list(p.values()))
+                        if r:
+                            best[kernel] = min(best[kernel], time.perf_counter() - t0)
+            return best[True], best[False]
+
+        return fused.timed(key, measure)
 
     def agree_conv_kernel(self, unavailable: list[str | None]) -> str | None:
         """One conv kernel for the run from every rank's :attr:`conv_unavailable`
@@ -125,6 +174,7 @@ class Clients:
             raise ConfigError(f"train.fused_conv=on but its kernel does not build on {where}; allowed: auto "
                               "(torch's kernels on every rank where it does not build on one), off", "train.fused_conv")
         self.keep_conv_kernel("torch")
+        self.fused_convnet = None  # not on every rank, so on none: a resume of a fused run is refused
         self.conv_unavailable = f"it does not build on {where}"
         return (f"mpifl: train.fused_conv=auto: the fused conv kernel does not build on {where}: every rank "
                 "takes torch's kernels (other sums, other bits)")
@@ -143,6 +193,8 @@ class Clients:
             return
         if kernel == "torch":
             self.convnet = grouped.unfused(self.convnet)
+        elif self.fused_convnet is not None:  # built, and not taken only because it was timed slower here
+            self.convnet = self.fused_convnet
         else:
             from mpifl.errors import ConfigError
 

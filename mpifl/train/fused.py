@@ -61,7 +61,7 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -90,6 +90,7 @@ def _cpu_flags() -> str:
 
 
 DIGEST = "mpifl-digest.json"  # beside the build: each output's sha256, written after a complete build
+TIMES = "mpifl-times.json"  # beside the build: train.fused_conv=auto's timings, by layer shapes (:func:`timed`)
 LOCK = "mpifl.lock"  # held while a build is checked, made and its digest written (torch's own "lock" is torch's)
 
 
@@ -181,16 +182,24 @@ def _one_line(e: BaseException) -> str:
 
 
 @functools.cache
-def _build() -> ModuleType | str:
+def _folder() -> Path | str:
+    """The build's folder (torch's choice, made if missing), or why it cannot be made."""
     # its import warns where no CUDA runtime is found: nothing here needs one
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     from torch.utils import cpp_extension
 
-    name = _name()
     try:
-        folder = Path(cpp_extension._get_build_directory(name, verbose=False))  # torch's choice of folder
+        return Path(cpp_extension._get_build_directory(_name(), verbose=False))
     except OSError as e:
         return f"its cache folder cannot be made ({_one_line(e)}): set TORCH_EXTENSIONS_DIR to a folder you can write"
+
+
+@functools.cache
+def _build() -> ModuleType | str:
+    name = _name()
+    folder = _folder()
+    if isinstance(folder, str):
+        return folder
     try:
         if not damaged(folder, name):
             return _import(folder, name)
@@ -220,6 +229,47 @@ def compiler() -> str:
         return f"{cxx} (no version)"
     lines = res.stdout.strip().splitlines()
     return lines[0][:120] if res.returncode == 0 and lines else f"{cxx} (no version)"
+
+
+def timed(key: str, measure: Callable[[], tuple[float, float]]) -> tuple[float, float]:
+    """``(fused, torch)`` seconds of the layers ``key`` names (their shapes, batch,
+    clients, threads), as ``measure`` times them: once per build, which is once per
+    source, flags, torch and CPU kind, then read from :data:`TIMES` beside the build,
+    so every run of one machine kind takes the same kernel under
+    ``train.fused_conv=auto`` whatever the load when it starts (a timing near a tie
+    would otherwise flip from launch to launch, and the kernel moves the bits). A
+    cache that cannot be written costs a timing a run."""
+    folder = _folder()
+    if isinstance(folder, str):
+        return measure()
+    path = folder / TIMES
+
+    def cached() -> tuple[dict, tuple[float, float] | None]:
+        try:
+            table = json.loads(path.read_text())
+        except (OSError, ValueError):
+            table = {}
+        got = table.get(key) if isinstance(table, dict) else None
+        ok = isinstance(got, list) and len(got) == 2 and all(isinstance(v, float) and v >= 0 for v in got)
+        return (table if isinstance(table, dict) else {}), ((got[0], got[1]) if ok else None)
+
+    _, got = cached()
+    if got is not None:
+        return got
+    from mpifl.paths import atomic_write_text
+
+    try:
+        with _held(folder):  # the ranks of a node time one after another, the first for all
+            table, got = cached()
+            if got is not None:
+                return got
+            got = measure()
+            table[key] = [float(got[0]), float(got[1])]
+            with contextlib.suppress(OSError):
+                atomic_write_text(path, json.dumps(table, indent=1, sort_keys=True) + "\n")
+            return got
+    except OSError:  # no lock file there (a read-only cache)
+        return measure()
 
 
 def kernels() -> ModuleType:

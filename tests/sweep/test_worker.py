@@ -25,7 +25,7 @@ from mpifl.sweep import worker
 pytestmark = pytest.mark.slow  # every test starts worker processes or mpiexec
 
 TIMING = {"rounds/wall_s", "rounds/comm_s", "rounds/compute_s"}
-ATTRS_OF_THE_MACHINE = {"started_at", "hostname", "config_yaml", "train_path_times"}
+ATTRS_OF_THE_MACHINE = {"started_at", "hostname", "config_yaml", "train_path_times", "conv_kernel_times"}
 
 
 def _run(tmp_path, grid, out: str, warm: bool, parallel: int = 2, keep_going: bool = False,

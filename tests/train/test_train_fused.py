@@ -10,6 +10,8 @@ and on 1 against 2 threads (the kernel's own order of sums), a kernel kept on re
 against a straight run. The kernel is compiled for the CPU it runs on
 (``-march=native``): its bits are that x86 kind's (AVX2, AVX-512), not another's."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -21,6 +23,8 @@ from mpifl import models
 from mpifl.errors import ConfigError
 from mpifl.train import fused
 from mpifl.train.grouped import _forward, fuse, grouped_convnet, grouped_loss, pool_args, unfused
+
+TIMED = fused.timed  # the real timing: the fused_kernel fixture times the fused kernel the faster
 
 
 def _reference(x, w, b, g):
@@ -188,6 +192,52 @@ def test_a_resume_keeps_the_kernel_its_run_took(monkeypatch):
     monkeypatch.setattr(fused, "_build", lambda: "CalledProcessError: no compiler")
     with pytest.raises(ConfigError, match=r"took the fused conv kernel .*\(.*no compiler\): resume where it builds"):
         _clients().keep_conv_kernel("fused")
+
+
+def test_auto_times_each_shape_once_per_build_and_reads_it_back(tmp_path, monkeypatch):
+    """``fused.timed``: a key is measured once and then read from the file beside
+    the build, whatever the next measure would say; another key is measured apart; a
+    damaged file is measured again; a folder that cannot be written measures every
+    time and fails nothing."""
+    monkeypatch.setattr(fused, "_folder", lambda: tmp_path)
+    calls = []
+
+    def measure(value):
+        return lambda: calls.append(value) or (value, 2 * value)
+
+    assert TIMED("a", measure(0.5)) == (0.5, 1.0)
+    assert TIMED("a", measure(9.0)) == (0.5, 1.0) and calls == [0.5]  # cached: the second timing never ran
+    assert TIMED("b", measure(3.0)) == (3.0, 6.0) and calls == [0.5, 3.0]
+    assert json.loads((tmp_path / fused.TIMES).read_text()) == {"a": [0.5, 1.0], "b": [3.0, 6.0]}
+    (tmp_path / fused.TIMES).write_text("{not json")
+    assert TIMED("a", measure(4.0)) == (4.0, 8.0) and calls[-1] == 4.0
+    monkeypatch.setattr(fused, "_folder", lambda: "its cache folder cannot be made")
+    assert TIMED("a", measure(5.0)) == (5.0, 10.0) and calls[-1] == 5.0
+
+
+@pytest.mark.usefixtures("fused_kernel")
+def test_measuring_the_kernels_leaves_the_clients_as_they_were(monkeypatch):
+    """``Clients.measure_conv`` times both kernels on random inputs of its own: the
+    clients' rows, counters and the training after it are those of clients never
+    measured."""
+    monkeypatch.setattr(fused, "timed", lambda key, measure: (*measure(), key))
+    c = _clients()
+    before = c.params.clone(), c.steps.copy(), c.updates
+    tf, tt, key = c.measure_conv(reps=1)
+    assert tf > 0 and tt > 0 and key.startswith("conv (1, ") and "clients 64 batch " in key
+    assert torch.equal(c.params, before[0]) and np.array_equal(c.steps, before[1]) and c.updates == before[2]
+    assert c.conv_kernel == "fused" and torch.equal(_trained(c), _trained(_clients()))
+
+
+@pytest.mark.usefixtures("fused_kernel")
+def test_a_resume_of_a_fused_run_keeps_the_kernel_auto_timed_slower_here():
+    """Where auto found torch's kernels faster (the fused layers built, not taken), a
+    checkpoint of a fused run continues on the fused kernel: a resume keeps its bits."""
+    c = _clients()
+    c.keep_conv_kernel("torch")  # what runtime.setup does when the fused kernel is timed slower
+    assert c.conv_kernel == "torch"
+    c.keep_conv_kernel("fused")
+    assert c.conv_kernel == "fused" and torch.equal(_trained(c), _trained(_clients()))
 
 
 @pytest.mark.usefixtures("fused_kernel")

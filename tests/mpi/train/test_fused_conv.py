@@ -9,6 +9,7 @@ kernel is compiled for that CPU (``-march=native``): they agree on whichever x86
 kind runs them all, not between kinds. The fused and torch's kernels are asserted to
 differ in the last bits, and compared within a tolerance."""
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,7 @@ import pytest
 from mpifl import config
 from mpifl.errors import ConfigError
 from mpifl.logging.h5 import open_run
-from mpifl.run import checkpoint, runtime
+from mpifl.run import checkpoint, provenance, runtime
 from mpifl.train import fused
 
 pytestmark = [
@@ -96,3 +97,38 @@ def test_ranks_that_cannot_all_build_the_kernel_agree_on_torchs(mpi, shared_tmp,
         assert mixed.attrs["conv_kernel"] == "torch"
         for key in ("metrics/test_acc", "metrics/train_loss"):
             np.testing.assert_array_equal(mixed.get(key), plain.get(key))
+
+
+def test_auto_takes_torchs_kernels_where_the_fused_one_is_timed_slower(mpi, shared_tmp, monkeypatch, capsys):
+    """The last rank's machine times the fused kernel at twice torch's: under auto the
+    ranks sum their timings and every rank takes torch's kernels (the bits of a torch
+    run), one line says so, the log and provenance keep the timing; a fused run's
+    checkpoint still resumes on the fused kernel, its bits those of a straight run."""
+    _run(mpi, _cfg(shared_tmp, "fused", rounds=2))
+    _run(mpi, _cfg(shared_tmp, "straight"))
+    _run(mpi, _cfg(shared_tmp, "torch", **{"train.fused_conv": "off"}))
+    last, size = mpi.Get_size() - 1, mpi.Get_size()
+    if mpi.Get_rank() == last:  # the others time fused 0 s, torch's 1 s (the fused_kernel fixture)
+        monkeypatch.setattr(fused, "timed", lambda key, measure: (2.0 * size, 1.0))
+    capsys.readouterr()
+    _run(mpi, _cfg(shared_tmp, "timed"))
+    said = [ln for ln in capsys.readouterr().out.splitlines() if "train.fused_conv=auto" in ln]
+    assert said == ([f"mpifl: train.fused_conv=auto: the fused conv kernel is slower than torch's here "
+                     f"({2000.0 * size:.1f} ms against {1000.0 * size:.1f} ms, summed over ranks): every rank "
+                     f"takes torch's kernels (other sums, other bits)"] if mpi.Get_rank() == 0 else [])
+    _run(mpi, _cfg(shared_tmp, "fused", rounds=3))  # a round more of the fused run, resumed where auto says torch
+    monkeypatch.undo()
+    mpi.Barrier()
+    if mpi.Get_rank() == 0:
+        timed, plain = open_run(shared_tmp / "timed"), open_run(shared_tmp / "torch")
+        assert timed.attrs["conv_kernel"] == "torch"
+        assert json.loads(timed.attrs["conv_kernel_times"]) == [2.0 * size, 1.0 * size]
+        train = provenance.read(timed.attrs)["train"]
+        assert train["conv_kernel"] == "torch"
+        assert train["conv_kernel_times"] == {"fused_s": 2.0 * size, "torch_s": 1.0 * size}
+        for key in ("metrics/test_acc", "metrics/train_loss"):
+            np.testing.assert_array_equal(timed.get(key), plain.get(key))
+        resumed, straight = open_run(shared_tmp / "fused"), open_run(shared_tmp / "straight")
+        assert resumed.attrs["conv_kernel"] == "fused"
+        for key in ("metrics/test_acc", "metrics/train_loss"):
+            np.testing.assert_array_equal(resumed.get(key), straight.get(key))
