@@ -193,10 +193,11 @@ def round(ctx: Context, state: State, t: int) -> Round:
     plan = c.plan(local, 1, t, BATCH_PURPOSE, max_batches=_estep_batches(ctx))
     members = np.concatenate([S, ids[:, None]], axis=1)  # [n, k+1]: neighbours, then self
     rows_of = np.repeat(local, f.k + 1)
+    # the round's two largest temporaries, [n (k+1), P] each, in buffers kept from round to round
     models = torch.stack([held[int(j)] if j != ids[r] else c.params[r]
-                          for r, js in enumerate(members) for j in js])
+                          for r, js in enumerate(members) for j in js], out=c.scratch("federico/models", len(rows_of)))
     x, y, w = c.batch(plan.idx[rows_of, 0])
-    grads, loss0 = c.grads(models, x, y, w, rows_of)
+    grads, loss0 = c.grads(models, x, y, w, rows_of, out=c.scratch("federico/grads", len(rows_of)))
     loss_sum = loss0.detach().double().cpu().numpy() * w.sum(1).double().cpu().numpy()
     seen = w.sum(1).double().cpu().numpy()
     for s in range(1, plan.steps):  # further E-step batches: losses only
@@ -219,7 +220,7 @@ def round(ctx: Context, state: State, t: int) -> Round:
     scaled = grads.mul_(wij[:, None]).reshape(n, f.k + 1, -1)  # in place: [n (k+1), P] is the round's largest
     contributions = {r: {int(j): scaled[r, q] for q, j in enumerate(S[r])} for r in range(n)}
     G = comm.push(contributions, c.P, device=c.device)
-    G = G + scaled[:, f.k]  # the owner's own term never leaves the client
+    G.add_(scaled[:, f.k])  # the owner's own term never leaves the client
     c.apply_gradient(G)
     c.count(local, 1, (plan.idx[:, 0] >= 0).sum(1))  # one step, on batch 0 (the E-step's others: losses only)
 
@@ -260,8 +261,8 @@ def evaluate(ctx: Context, state: State, t: int) -> dict[str, np.ndarray]:
                 # the q-th held model of every client at once, on the clients' own inputs:
                 # k + 1 calls instead of one on k + 1 copies of the inputs
                 probs = torch.stack([torch.softmax(c.logits(torch.stack(
-                    [state.held[int(members[r][q])] if members[r][q] != ids[r] else c.params[r] for r in rs]),
-                    x, rs), -1) for q in range(k + 1)], 1)
+                    [state.held[int(members[r][q])] if members[r][q] != ids[r] else c.params[r] for r in rs],
+                    out=c.scratch("federico/evaluate", len(rs))), x, rs), -1) for q in range(k + 1)], 1)
                 mix = torch.as_tensor(np.stack([held_weights(state.weights[r], members[r])[members[r]]
                                                 for r in rs]), dtype=probs.dtype, device=probs.device)
                 probs = (probs * mix[:, :, None, None]).sum(1)

@@ -447,38 +447,40 @@ class Comm:
         to the owner of client j; returns ``[n_local, P]`` sums of what each local
         client received (zeros where nothing arrived).
 
-        Contributions from one rank to the same client are summed before sending,
-        so each (source rank, destination rank, client) row travels once.
+        Every (sender, receiver) row travels on its own, and each receiver's rows are
+        summed in the senders' client order from zero, wherever the senders live: the
+        same bits on any number of ranks (a sum grouped by sending rank first would
+        follow the placement). On one rank nothing travels and the order is the same.
         """
         device = device or "cpu"
-        per_target: dict[int, torch.Tensor] = {}
-        senders: dict[int, int] = {}
-        for cs in contributions.values():
-            for j, g in cs.items():
-                j = int(j)
-                per_target[j] = per_target[j] + g if j in per_target else g.clone()
-                senders[j] = senders.get(j, 0) + 1
+        terms = sorted((int(j), int(self.local_ids[i]), g) for i, cs in contributions.items() for j, g in cs.items())
         n_sent = np.array([len(cs) for cs in contributions.values()], np.int64)
         self.count(np.fromiter(contributions, np.int64, len(contributions)), sent=n_sent * P * F32)
-        send_ids = self._by_owner(sorted(per_target))
-        recv_n = self.mpi.alltoall([[(j, senders[j]) for j in js] for js in send_ids])
-        recv_ids = [[j for j, _ in pairs] for pairs in recv_n]
+        owners = self.placement.owner(np.array([t[0] for t in terms], np.int64)) if terms else np.zeros(0, np.int64)
+        by_rank: list[list[tuple[int, int, torch.Tensor]]] = [[] for _ in range(self.size)]
+        for t, r in zip(terms, owners.tolist()):
+            by_rank[r].append(t)
+        recv_keys = self.mpi.alltoall([[(j, i) for j, i, _ in ts] for ts in by_rank])
 
-        out = torch.zeros(self.n_local, P, dtype=torch.float32)
-        recv_bufs, reqs = self._post_recvs(recv_ids, P, tag=12)
-        keep = self._isend_rows(send_ids, lambda r: np.ascontiguousarray(np.stack([_host(per_target[j])
-                                                                             for j in send_ids[r]])), 12, reqs)
+        recv_bufs, reqs = self._post_recvs(recv_keys, P, tag=12)
+        keep = self._isend_rows(by_rank, lambda r: np.ascontiguousarray(np.stack([_host(g) for _, _, g in by_rank[r]])),
+                                12, reqs)
         MPI.Request.Waitall(reqs)
         del keep  # the sent buffers lived until here
-        for j in send_ids[self.rank]:
-            out[j - self.first] += per_target[j].detach().cpu()
+        arrived = [(j, i, g.detach().cpu()) for j, i, g in by_rank[self.rank]]
         for r, buf in recv_bufs.items():
             self.wire_recv += buf.nbytes
-            out.index_add_(0, torch.as_tensor(self.to_local(recv_ids[r])), torch.from_numpy(buf))
+            arrived += [(j, i, torch.from_numpy(buf[q])) for q, (j, i) in enumerate(recv_keys[r])]
+        arrived.sort(key=lambda t: (t[0], t[1]))
+        out = torch.zeros(self.n_local, P, dtype=torch.float32)
+        for j, _, row in arrived:
+            out[j - self.first] += row
 
         # owners are charged one model received per contributing client
-        pairs = np.array([jn for ps in recv_n for jn in ps], np.int64).reshape(-1, 2)
-        self.count(pairs[:, 0] - self.first, recv=pairs[:, 1] * P * F32)
+        got = np.array([j for j, _, _ in arrived], np.int64)
+        if len(got):
+            ids, n = np.unique(got, return_counts=True)
+            self.count(ids - self.first, recv=n * P * F32)
         return out.to(device)
 
     @_timed

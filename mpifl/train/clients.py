@@ -72,6 +72,7 @@ class Clients:
         self.stacked = stacked_mlp(model) if self.layout.B == 0 else None
         self.convnet = grouped_convnet(model) if self.layout.B == 0 else None
         self.conv_unavailable: str | None = None  # why the fused conv kernel, asked for, does not build here
+        self._scratch: dict[str, torch.Tensor] = {}  # see scratch()
         self.fused_convnet: list | None = None  # the fused layers where they fit and build (kept if not taken)
         self.conv_times: tuple[float, float] | None = None  # (fused, torch) s, when auto measured them
         self.conv_kernel = self._conv_kernel(cfg, data.in_shape) if self.convnet is not None else None
@@ -274,16 +275,31 @@ class Clients:
 
     # ------------------------------------------------------------------ the model on rows
     def grads(self, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
-              local: np.ndarray | None = None, bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+              local: np.ndarray | None = None, bias: torch.Tensor | None = None,
+              out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-row gradient ``[m, P]`` and loss ``[m]`` of ``params[i]`` on batch
         ``(x[i], y[i], w[i])``. ``local`` names the clients whose BatchNorm buffers
-        the rows use; ``bias`` ``[m, C]`` is added to row i's logits in the loss."""
+        the rows use; ``bias`` ``[m, C]`` is added to row i's logits in the loss;
+        ``out`` ``[m, P]``: where to write the gradient (a :meth:`scratch`), where the
+        engine does not hand back a tensor of its own."""
         g, loss = self.engine.grads(params, x, y, w, self.buffers, local, bias)
         if torch.is_tensor(g):
             return g, loss
-        flat = torch.empty(params.shape[0], self.P, dtype=params.dtype, device=params.device)
+        flat = torch.empty(params.shape[0], self.P, dtype=params.dtype, device=params.device) if out is None else out
         self.layout.write(flat, dict(zip(self.layout.names, g)))
         return flat, loss
+
+    def scratch(self, key: str, rows: int) -> torch.Tensor:
+        """A ``[rows, P]`` buffer kept under ``key`` from call to call, for a round's
+        largest temporaries (the models an algorithm stacks, their gradients): a
+        fresh one of hundreds of megabytes is faulted in page by page every round,
+        about ten times the cost of writing it (FedeRiCo at 1,000 clients:
+        bench/README.md, Performance V). Its contents are whatever was last written:
+        the caller writes every row it reads, and keeps none of it past the round."""
+        buf = self._scratch.get(key)
+        if buf is None or buf.shape[0] < rows:
+            buf = self._scratch[key] = torch.empty(rows, self.P, dtype=self.params.dtype, device=self.device)
+        return buf[:rows]
 
     def logits(self, params: torch.Tensor, x: torch.Tensor, local: np.ndarray | None = None) -> torch.Tensor:
         """``[m, b, C]`` outputs of model rows ``params [m, P]`` on inputs ``x [m, b, ...]``."""
@@ -437,8 +453,10 @@ class Clients:
 
     def apply_gradient(self, g: torch.Tensor) -> None:
         """One step of the clients' optimizer on every row with gradient ``g [n_local, P]``
-        (an algorithm that makes its own gradient; it counts the step with :meth:`count`)."""
-        self.params[:] = self.opt.step(slice(None), self.params, g)
+        (an algorithm that makes its own gradient; it counts the step with :meth:`count`).
+        ``g`` is overwritten: the step runs on the rows in place, with no copies of
+        them or of ``g`` (two fresh ``[n_local, P]`` a round, page-faulted in)."""
+        self.opt.step_(slice(None), self.params, g)
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, split: str, params: torch.Tensor | None = None,

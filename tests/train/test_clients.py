@@ -372,3 +372,25 @@ def test_a_scorer_gives_evaluates_losses_bit_for_bit(batched, bn, threads):
         rows = c.params[torch.as_tensor([3, 1, 4, 4])].clone()
         np.testing.assert_array_equal(score(rows), c.evaluate("val", rows, local)[0])
         c.train(np.arange(c.n), 1, t)
+
+
+def test_scratch_is_kept_between_calls_and_grads_can_write_into_it():
+    """``Clients.scratch``: the same storage under one key from call to call (a
+    round's temporaries are not faulted in again), a larger one when more rows are
+    asked, another under another key; ``grads(out=)`` writes the gradient there with
+    the bits of a fresh one."""
+    c = make("on")
+    a = c.scratch("x", 5)
+    assert a.shape == (5, c.P) and a.dtype == c.params.dtype
+    assert c.scratch("x", 3).data_ptr() == a.data_ptr() and c.scratch("x", 3).shape == (3, c.P)
+    assert c.scratch("y", 3).data_ptr() != a.data_ptr()
+    assert c.scratch("x", 9).shape == (9, c.P)  # grown
+    local = np.arange(c.n)
+    rows = c.params + 0.01 * torch.arange(c.n, dtype=c.params.dtype)[:, None]
+    x, y, w = c.batch(c.plan(local, 1, 0).idx[:, 0])
+    fresh, loss = c.grads(rows, x, y, w, local)
+    out = c.scratch("g", c.n)
+    out.fill_(float("nan"))
+    into, loss2 = c.grads(rows, x, y, w, local, out=out)
+    assert into.data_ptr() == out.data_ptr()
+    assert torch.equal(into, fresh) and torch.equal(loss, loss2)

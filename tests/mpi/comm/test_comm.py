@@ -4,7 +4,9 @@ per-client byte counters; run under mpiexec -n 1, 2 and 4.
 Bits: ``weighted_sum`` and ``grouped_sum`` are compared bit for bit with one
 left-to-right fold over the clients (``left_fold``) on any number of ranks: each
 product and each sum is rounded once in float32, in client order, so the order and
-not the CPU's vector width makes the bits, on any x86 kind. The other exact
+not the CPU's vector width makes the bits, on any x86 kind. So is ``push``: each
+receiver's rows summed from zero in the senders' client order (float32 additions, one
+at a time). The other exact
 comparisons are of ids, byte and model counters and copied rows."""
 
 import numpy as np
@@ -138,16 +140,19 @@ def test_push_sums_at_owner_and_counts(mpi, n):
     comm = Comm(n, mpi)
     wanted = wanted_for(comm.local_ids, n)
     # client i sends (i+1) * e_j-ish contributions to each j it wants
-    contrib = {k: {j: torch.full((P,), float(c + 1) + 0.001 * j) for j in wanted[k]}
-               for k, c in enumerate(comm.local_ids)}
+    # (random rows: a sum in another order would round otherwise)
+    def row(i, j):
+        return torch.randn(P, generator=torch.Generator().manual_seed(1000 * i + j)) * 10.0 ** (i % 5)
+
+    contrib = {k: {j: row(int(c), j) for j in wanted[k]} for k, c in enumerate(comm.local_ids)}
     out = comm.push(contrib, P)
     ref = torch.zeros(n, P)
     nrecv = np.zeros(n, int)
-    for i, js in wanted_for(np.arange(n), n).items():
+    for i, js in wanted_for(np.arange(n), n).items():  # senders in client order, on one rank or many
         for j in js:
-            ref[j] += float(i + 1) + 0.001 * j
+            ref[j] += row(i, j)
             nrecv[j] += 1
-    torch.testing.assert_close(out, ref[comm.local_ids], rtol=1e-6, atol=1e-5)
+    assert torch.equal(out, ref[comm.local_ids])
     assert np.array_equal(comm.bytes_sent, [len(wanted[k]) * P * F32 for k in range(comm.n_local)])
     assert np.array_equal(comm.bytes_recv, nrecv[comm.local_ids] * P * F32)
 
