@@ -275,9 +275,10 @@ def _curves(res: dict[str, Any], a: argparse.Namespace, out: Path) -> None:
     from mpifl.analysis.curves import Grouping, report
 
     grouping = Grouping(res["keys"], setting, NOT_APPLICABLE)
-    report(res["runs"], a.x, grouping, out, a.metric, a.versus, a.method, a.ddof, ceiling=a.ceiling, y=a.y)
+    report(res["runs"], a.x, grouping, out, a.metric, a.versus, a.method, a.ddof, ceiling=a.ceiling, y=a.y,
+           where=a.where)
     if a.versus:
-        course.report(res["runs"], a.x, grouping, out, a.versus, a.method, y=a.y)
+        course.report(res["runs"], a.x, grouping, out, a.versus, a.method, y=a.y, where=a.where)
 
 
 def _from_records(ap: argparse.ArgumentParser, a: argparse.Namespace) -> int:
@@ -291,9 +292,10 @@ def _from_records(ap: argparse.ArgumentParser, a: argparse.Namespace) -> int:
     joined = ",".join(str(Path(p).absolute()) for p in a.paths)
     try:
         rows, cross = rec.versus_points(joined, Path("/"), x=a.x, versus=a.versus, y=a.y, ceiling=a.ceiling,
-                                        methods=tuple(a.method), metric=a.metric)
+                                        methods=tuple(a.method), metric=a.metric, where=a.where)
         out.mkdir(parents=True, exist_ok=True)
-        md, made = write_versus(out, a.x, cross, a.metric, a.y, a.ceiling, groups_of([r.config for r in rows]))
+        md, made = write_versus(out, a.x, cross, a.metric, a.y, a.ceiling, groups_of([r.config for r in rows]),
+                                a.where)
     except rec.RecordError as e:
         print(f"mpifl.analyze: error: {e}", file=sys.stderr)
         return 2
@@ -318,6 +320,10 @@ def _curve_options(c: Any) -> None:
                                                      "gain / room its share; 'no room' where the ceiling is not "
                                                      "above the baseline, 'small room' where its interval reaches "
                                                      "down to 2 points")
+    c.add_argument("--versus-where", action="append", default=[], metavar="KEY=VALUE",
+                   help="with --versus: the baseline's (and ceiling's) runs are those with this value of a key the "
+                        "runs vary by, whatever the method's own (a pre-registered pairing at another budget: "
+                        "train.max_steps=1); may be repeated")
     c.add_argument("--y", metavar="KEY2", help="with --x: a second swept numeric key; one curve per value, and "
                                                "with --ceiling a heatmap of each method's share over KEY2 x KEY")
     c.add_argument("--method", action="append", default=[], metavar="NAME",
@@ -356,6 +362,14 @@ def main(argv: list[str] | None = None) -> int:
     c = ap.add_argument_group("curves over a swept key (mpifl/analysis/curves.py)")
     _curve_options(c)
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    if a.versus_where and not a.versus:
+        ap.error("--versus-where needs --versus NAME")
+    from mpifl.analysis.curves import CurveError, Grouping, compute, parse_where
+
+    try:
+        a.where = parse_where(a.versus_where)
+    except CurveError as e:
+        ap.error(str(e))
     if a.from_records:
         return _from_records(ap, a)
     if (a.versus or a.method or a.y) and not a.x:
@@ -372,13 +386,12 @@ def main(argv: list[str] | None = None) -> int:
     if out is None:
         one = Path(a.paths[0])
         out = one / "analysis" if len(a.paths) == 1 and one.is_dir() else Path("analysis")
-    from mpifl.analysis.curves import CurveError, Grouping, compute
 
 
     def check(runs: list[Summary], keys: list[str]) -> None:
         if a.x:
             compute(runs, a.x, Grouping(keys, setting, NOT_APPLICABLE), a.metric, a.versus, a.method, a.ddof,
-                    a.ceiling, a.y)
+                    a.ceiling, a.y, a.where)
 
     made = not out.exists()  # a folder this call makes holds only what it wrote: removed if it fails
     try:
@@ -389,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.x:
             _curves(res, a, out)
         if a.versus:
-            block = budget.versus_block(res["runs"], a.versus, a.method, setting, IGNORED)
+            block = budget.versus_block(res["runs"], a.versus, a.method, setting, IGNORED, a.where)
             atomic_write_text(out / "settings.md", block)
             print("\n" + block, end="")
     except (FileNotFoundError, LayoutError, CurveError, MixedRuns) as e:

@@ -122,8 +122,13 @@ def markdown(cols: list[str], rows: list[dict[str, Any]]) -> str:
                                "(mpifl/analysis/budget.py).\n")
 
 
+def _at(r: Any, base: str, where: dict[str, str] | None) -> bool:
+    """Whether run ``r`` is of the baseline ``base`` (at ``where``'s settings, where given)."""
+    return r.config.get("algorithm.name") == base and all(str(r.config.get(k)) == v for k, v in (where or {}).items())
+
+
 def differ(runs: list, base: str, methods: list[str], setting: Callable[[Any, str], str],
-           ignored: tuple[str, ...]) -> dict[str, list[tuple[str, str, str]]]:
+           ignored: tuple[str, ...], where: dict[str, str] | None = None) -> dict[str, list[tuple[str, str, str]]]:
     """Per method (``algorithm.name``; ``methods`` only, if given) other than
     ``base``: (key, its values, the baseline's) of every resolved config key whose
     values over the method's runs differ from those over the baseline's; a run's
@@ -135,7 +140,8 @@ def differ(runs: list, base: str, methods: list[str], setting: Callable[[Any, st
 
     by: dict[str, list] = {}
     for r in runs:
-        by.setdefault(str(r.config.get("algorithm.name")), []).append(r)
+        if r.config.get("algorithm.name") != base or _at(r, base, where):  # the baseline at where's settings
+            by.setdefault(str(r.config.get("algorithm.name")), []).append(r)
     if base not in by:
         return {}
     keys = list(dict.fromkeys(k for r in runs for k in r.config if k not in ignored and k != "run.name"))
@@ -153,20 +159,21 @@ def _ratio(a: float, b: float) -> str:
 
 
 def versus_block(runs: list, base: str, methods: list[str], setting: Callable[[Any, str], str],
-                 ignored: tuple[str, ...]) -> str:
+                 ignored: tuple[str, ...], where: dict[str, str] | None = None) -> str:
     """The settings that differ between each method and ``base`` (:func:`differ`)
     and their budgets side by side (mean over each method's runs), as ``analyze
     --versus`` prints it."""
-    rows = differ(runs, base, methods, setting, ignored)
+    rows = differ(runs, base, methods, setting, ignored, where)
     if not rows:
         return ""
-    lines = [f"Settings that differ from {base} (every resolved config key; – where a method does not read "
+    at = f" at {', '.join(f'{k}={v}' for k, v in where.items())}" if where else ""
+    lines = [f"Settings that differ from {base}{at} (every resolved config key; – where a method does not read "
              f"that section), and the budget per client (mean over runs):", ""]
     for m, keys in rows.items():
         lines.append(f"- {m} vs {base}:")
         lines += [f"  - {k}: {a} | {b}" for k, a, b in keys]
         mine = [r for r in runs if r.config.get("algorithm.name") == m]
-        theirs = [r for r in runs if r.config.get("algorithm.name") == base]
+        theirs = [r for r in runs if _at(r, base, where)]
         for f, label in FIELDS.items():
             a = mean_std([r.budget.get(f, math.nan) for r in mine])[0]
             b = mean_std([r.budget.get(f, math.nan) for r in theirs])[0]

@@ -77,7 +77,8 @@ class Step:
 Curves = Callable[[str], tuple[list[str], list[cv.Curve]]]  # metric -> (grouping keys, curves), as cv.curves
 
 
-def paired_course(curves_at: Curves, rounds: list[int], versus: str, methods: list[str] = ()) -> list[Step]:
+def paired_course(curves_at: Curves, rounds: list[int], versus: str, methods: list[str] = (),
+                  where: dict[str, str] | None = None) -> list[Step]:
     """Each method minus ``versus`` at each of ``rounds``: ``curves_at(metric)`` gives the
     curves of ``test_acc@R`` (as :func:`mpifl.analysis.curves.curves` makes them). A
     round the baseline or a named method lacks is left out."""
@@ -85,7 +86,7 @@ def paired_course(curves_at: Curves, rounds: list[int], versus: str, methods: li
     for r in rounds:
         keys, cs = curves_at(f"test_acc@{r}")
         try:
-            cross = cv.crossovers(keys, cs, versus, list(methods))
+            cross = cv.crossovers(keys, cs, versus, list(methods), where=where)
         except cv.CurveError:
             continue
         out += [Step(p.family, p.y, p.x, r, p.n, p.diff.mean, p.diff.low, p.diff.high)
@@ -151,7 +152,8 @@ class Best:
     best_mean: float
 
 
-def best_rows(curves_of: Curves, versus: str, methods: list[str] = ()) -> list[Best]:
+def best_rows(curves_of: Curves, versus: str, methods: list[str] = (),
+              where: dict[str, str] | None = None) -> list[Best]:
     """Per method and cell: final and best-validation accuracy, best minus final paired
     by seed, and best minus the baseline's Local+ES (NaN-free cells only; the baseline's
     ``es_acc`` missing gives ``vs_es`` None)."""
@@ -170,7 +172,7 @@ def best_rows(curves_of: Curves, versus: str, methods: list[str] = ()) -> list[B
         if f.method[0] == versus or (methods and f.method[0] not in methods):
             continue
         b = next((c for c in best if c.label == f.label), None)
-        base_es = cv._partner(f, keys, es, versus)
+        base_es = cv._partner(f, keys, es, versus, where)
         for x in f.x:
             if b is None or x not in b.x:
                 continue
@@ -215,7 +217,7 @@ def write_best_csv(path: Path, rows: list[Best], y: str | None) -> None:
 
 
 def report(runs: list, key: str, grouping: cv.Grouping, out: Path, versus: str, methods: list[str] = (),
-           y: str | None = None, echo=print) -> dict[str, Any]:
+           y: str | None = None, echo=print, where: dict[str, str] | None = None) -> dict[str, Any]:
     """``course.csv``, ``course.png``, ``best.csv`` and ``best.md`` under ``out`` from the
     runs' logs (every evaluated round of the complete runs)."""
     done = [r for r in runs if r.complete]
@@ -224,11 +226,11 @@ def report(runs: list, key: str, grouping: cv.Grouping, out: Path, versus: str, 
         return cv.curves(done, key, grouping, metric, y=y)
 
     rounds = sorted({int(t) + 1 for r in done for t, v in zip(r.rounds, r.curve) if not math.isnan(float(v))})
-    steps = paired_course(curves_of, rounds, versus, list(methods))
+    steps = paired_course(curves_of, rounds, versus, list(methods), where)
     groups = cv.groups_of([r.config for r in done])
     write_course_csv(out / "course.csv", steps, y)
     made = [out / "course.csv", plot_course(out / "course.png", steps, key, y, versus, groups)]
-    best = best_rows(curves_of, versus, list(methods))
+    best = best_rows(curves_of, versus, list(methods), where)
     write_best_csv(out / "best.csv", best, y)
     md = best_markdown(best, key, y, versus)
     (out / "best.md").write_text(md)
@@ -252,7 +254,8 @@ def _record_curves(path: str, root: Path, x: str, y: str | None) -> Curves:
 
 
 def render_course(path: str, root: Path, *, x: str, versus: str, y: str | None = None,
-                  methods: tuple[str, ...] = (), rounds: tuple[int, ...] = COURSE) -> str:
+                  methods: tuple[str, ...] = (), rounds: tuple[int, ...] = COURSE,
+                  where: dict[str, str] | None = None) -> str:
     """Each method minus ``versus`` at ``rounds`` from a record's ``test_acc@R`` rows: a
     table per method and cell, a column per round; one line saying so where the record
     holds none of them (a record made before the course was recorded)."""
@@ -263,7 +266,7 @@ def render_course(path: str, root: Path, *, x: str, versus: str, y: str | None =
     if not have:
         return (f"The time course (test accuracy at rounds {', '.join(map(str, rounds))}) is {NOT_IN_RECORD}: "
                 "`python -m mpifl.analyze ... --record FILE` records it.\n")
-    steps = paired_course(_record_curves(path, root, x, y), have, versus, list(methods))
+    steps = paired_course(_record_curves(path, root, x, y), have, versus, list(methods), where)
     cells: dict[tuple, dict[int, Step]] = {}
     for s in steps:
         cells.setdefault((s.family, s.y, s.x), {})[s.round] = s
@@ -278,13 +281,13 @@ def render_course(path: str, root: Path, *, x: str, versus: str, y: str | None =
 
 
 def render_best(path: str, root: Path, *, x: str, versus: str, y: str | None = None,
-                methods: tuple[str, ...] = ()) -> str:
+                methods: tuple[str, ...] = (), where: dict[str, str] | None = None) -> str:
     """Best-validation accuracy beside the final one, from a record's ``final_acc``,
     ``best_acc`` and ``es_acc`` rows (:func:`best_rows`; ``es_acc`` missing: said)."""
     from mpifl.analysis import record as rec
 
     try:
-        rows = best_rows(_record_curves(path, root, x, y), versus, list(methods))
+        rows = best_rows(_record_curves(path, root, x, y), versus, list(methods), where)
     except cv.CurveError as e:
         raise rec.RecordError(f"record {path!r}: {e}") from None
     shown = [r for r in rec.read_joined(path, root) if r.metric == "final_acc"]

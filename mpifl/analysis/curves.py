@@ -318,20 +318,50 @@ def compare(c: Curve, base: Curve, ceiling: Curve | None = None) -> Crossover:
     return Crossover(c.label, base.label, signs, last, min(later) if later else None, points)
 
 
-def _partner(c: Curve, keys: list[str], pool: list[Curve], name: str) -> Curve | None:
+def _partner(c: Curve, keys: list[str], pool: list[Curve], name: str,
+             where: dict[str, str] | None = None) -> Curve | None:
     """The curve of algorithm ``name`` that agrees with c on every key outside
-    algorithm sections (and on --y)."""
+    algorithm sections (and on --y), except that on a key of ``where`` it has that
+    value (``--versus-where train.max_steps=1``: a method paired with the baseline at
+    another budget, which a pre-registration names)."""
     from mpifl.algorithms import NAMES
 
+    where = where or {}
     shared = [i for i, k in enumerate(keys) if i > 0 and k.split(".", 1)[0] not in NAMES]
     for b in pool:
-        if b.method[0] == name and b.y == c.y and all(b.method[i] == c.method[i] for i in shared):
+        if b.method[0] == name and b.y == c.y and all(
+                str(b.method[i]) == where[keys[i]] if keys[i] in where else b.method[i] == c.method[i]
+                for i in shared):
             return b
     return None
 
 
+def check_where(keys: list[str], where: dict[str, str] | None) -> None:
+    """A ``--versus-where`` key the runs do not vary by (outside algorithm sections)
+    would pair nothing differently: refused in one line naming the keys they vary by."""
+    from mpifl.algorithms import NAMES
+
+    varied = [k for k in keys[1:] if k.split(".", 1)[0] not in NAMES]
+    bad = [k for k in (where or {}) if k not in varied]
+    if bad:
+        raise CurveError(f"--versus-where {', '.join(bad)}: the runs do not vary by it; they vary by "
+                         f"{', '.join(varied) or 'no key outside algorithm sections'}")
+
+
+def parse_where(items: list[str] | tuple[str, ...] | str | None) -> dict[str, str]:
+    """``["train.max_steps=1", ...]`` or ``"train.max_steps=1,train.local_epochs=5"`` ->
+    {key: value}; a part without ``=`` is refused in one line."""
+    if not items:
+        return {}
+    parts = items.split(",") if isinstance(items, str) else list(items)
+    bad = [x for x in parts if "=" not in x or not x.split("=", 1)[0]]
+    if bad:
+        raise CurveError(f"--versus-where {', '.join(bad)}: expected KEY=VALUE, e.g. train.max_steps=1")
+    return dict(x.split("=", 1) for x in parts)
+
+
 def crossovers(keys: list[str], cs: list[Curve], versus: str, methods: list[str] = (),
-               ceiling: str | None = None) -> list[Crossover]:
+               ceiling: str | None = None, where: dict[str, str] | None = None) -> list[Crossover]:
     names = {c.method[0] for c in cs}
     have = ", ".join(sorted(names))
     flags = [("--versus", versus), *(("--method", m) for m in methods)]
@@ -340,13 +370,14 @@ def crossovers(keys: list[str], cs: list[Curve], versus: str, methods: list[str]
     for flag, m in flags:
         if m not in names:
             raise CurveError(f"{flag} {m}: no runs of algorithm.name={m}; the runs have {have}")
+    check_where(keys, where)
     out = []
     for c in cs:
         if c.method[0] == versus or (methods and c.method[0] not in methods):
             continue
-        base = _partner(c, keys, cs, versus)
+        base = _partner(c, keys, cs, versus, where)
         if base is not None:
-            top = _partner(c, keys, cs, ceiling) if ceiling is not None else None
+            top = _partner(c, keys, cs, ceiling, where) if ceiling is not None else None
             out.append(compare(c, base, top if ceiling is not None and top is not None else None))
     correct([p for c in out for p in c.points])
     return out
@@ -401,7 +432,8 @@ def write_versus_csv(path: Path, cross: list[Crossover], y: str | None, ceiling:
                 w.writerow(row)
 
 
-def versus_markdown(key: str, cross: list[Crossover], y: str | None, ceiling: str | None, metric: str) -> str:
+def versus_markdown(key: str, cross: list[Crossover], y: str | None, ceiling: str | None, metric: str,
+                    where: dict[str, str] | None = None) -> str:
     """One row per method and x: the paired difference, its verdict and, with a
     ceiling, the room and the share of it (points; shares in percent)."""
     cols = ["method", *([y] if y else []), key, "seeds", "diff (95% CI)", "verdict", "p (Holm)", "Holm verdict"]
@@ -418,7 +450,8 @@ def versus_markdown(key: str, cross: list[Crossover], y: str | None, ceiling: st
                 cells.append(f"{100 * p.share.mean:.0f}% {_ci(p.share, 100, 0)}" if p.share else p.no_share)
             lines.append("| " + " | ".join(cells) + " |")
     base = cross[0].baseline.split(",")[0] if cross else "the baseline"
-    note = (f"\n{metric}: method minus {base}, paired by seed, in points, mean and 95% t-interval; verdict above/"
+    at = f" (its runs with {', '.join(f'{k}={v}' for k, v in where.items())}, and so the ceiling's)" if where else ""
+    note = (f"\n{metric}: method minus {base}{at}, paired by seed, in points, mean and 95% t-interval; verdict above/"
             f"below where the interval excludes 0, else level. {HOLM_NOTE}")
     if ceiling:
         note += (f" Room: {ceiling} minus {base}; gain share: (method - {base}) / room per seed, mean and 95% "
@@ -577,11 +610,12 @@ def share_heatmaps(out: Path, key: str, y: str, cross: list[Crossover], ceiling:
 
 def compute(runs: list[Summary], key: str, grouping: Grouping, metric: str = "final_acc",
             versus: str | None = None, methods: list[str] = (), ddof: int = 1, ceiling: str | None = None,
-            y: str | None = None) -> tuple[list[str], list[Curve], list[Crossover]]:
+            y: str | None = None, where: dict[str, str] | None = None
+            ) -> tuple[list[str], list[Curve], list[Crossover]]:
     """The grouping keys, the curves and the crossovers; raises :class:`CurveError`
     on a key or a method the runs cannot give, before anything is written."""
     keys, cs = curves(runs, key, grouping, metric, ddof, y)
-    return keys, cs, crossovers(keys, cs, versus, list(methods), ceiling) if versus else []
+    return keys, cs, crossovers(keys, cs, versus, list(methods), ceiling, where) if versus else []
 
 
 def left_out_line(runs: list[Summary]) -> str:
@@ -594,10 +628,11 @@ def left_out_line(runs: list[Summary]) -> str:
 
 
 def write_versus(out: Path, key: str, cross: list[Crossover], metric: str, y: str | None = None,
-                 ceiling: str | None = None, groups: int | None = None) -> tuple[str, list[Path]]:
+                 ceiling: str | None = None, groups: int | None = None,
+                 where: dict[str, str] | None = None) -> tuple[str, list[Path]]:
     """``versus.csv``, ``versus.md`` and, with a ceiling and ``y``, the share heatmaps
     under ``out``: the Markdown table and the files written."""
-    vs = versus_markdown(key, cross, y, ceiling, metric)
+    vs = versus_markdown(key, cross, y, ceiling, metric, where)
     write_versus_csv(out / "versus.csv", cross, y, ceiling is not None)
     (out / "versus.md").write_text(vs)
     made = [out / "versus.csv", out / "versus.md"]
@@ -608,10 +643,10 @@ def write_versus(out: Path, key: str, cross: list[Crossover], metric: str, y: st
 
 def report(runs: list[Summary], key: str, grouping: Grouping, out: Path, metric: str = "final_acc",
            versus: str | None = None, methods: list[str] = (), ddof: int = 1, echo=print,
-           ceiling: str | None = None, y: str | None = None) -> dict[str, Any]:
+           ceiling: str | None = None, y: str | None = None, where: dict[str, str] | None = None) -> dict[str, Any]:
     """Curves of ``metric`` over ``key``: files under ``out``, the tables and the
     crossovers echoed; returns what was made."""
-    keys, cs, cross = compute(runs, key, grouping, metric, versus, methods, ddof, ceiling, y)
+    keys, cs, cross = compute(runs, key, grouping, metric, versus, methods, ddof, ceiling, y, where)
     out.mkdir(parents=True, exist_ok=True)
     base = out / stem(key)
     write_csv(base.with_suffix(".csv"), key, metric, cs)
@@ -620,7 +655,8 @@ def report(runs: list[Summary], key: str, grouping: Grouping, out: Path, metric:
     if cross:
         md += "\nCrossover (above: the paired 95% interval of the difference lies above 0):\n\n" + \
             "".join(f"- {c.sentence(key)}\n" for c in cross)
-        vs, files = write_versus(out, key, cross, metric, y, ceiling, groups_of([r.config for r in runs if r.complete]))
+        vs, files = write_versus(out, key, cross, metric, y, ceiling, groups_of([r.config for r in runs if r.complete]),
+                                 where)
         md += "\n" + vs
         made += files
     left = left_out_line(runs)

@@ -295,7 +295,8 @@ def _provenance(rows: list[Row]) -> str:
 
 
 def render_versus(path: str | Path, root: Path = REPO, *, x: str, versus: str, y: str | None = None,
-                  ceiling: str | None = None, methods: tuple[str, ...] = (), metric: str = "final_acc") -> str:
+                  ceiling: str | None = None, methods: tuple[str, ...] = (), metric: str = "final_acc",
+                  where: dict[str, str] | None = None) -> str:
     """The paired comparison ``mpifl.analyze --x X --versus V [--y Y] [--ceiling C]``
     prints, made from the record's per-seed values (method: the record's method, the
     ``algorithm.name`` or a layout's row; x and y: the runs' config values, defaults
@@ -308,10 +309,10 @@ def render_versus(path: str | Path, root: Path = REPO, *, x: str, versus: str, y
         raise RecordError(f"record {str(path)!r}: x=setting takes neither y nor ceiling")
     rows, columns, cs, keys = _curves(path, root, x, y, metric)
     try:
-        cross = cv.crossovers(keys, cs, versus, list(methods), ceiling)
+        cross = cv.crossovers(keys, cs, versus, list(methods), ceiling, where)
     except cv.CurveError as e:
         raise RecordError(f"record {str(path)!r}: {e}") from None
-    table = (cv.versus_markdown(x, cross, y, ceiling, metric) if y or ceiling
+    table = (cv.versus_markdown(x, cross, y, ceiling, metric, where) if y or ceiling
              else cv.versus_grid(x, cross, metric, labels=dict(enumerate(columns)) if x == "setting" else None))
     used = {versus, ceiling, *methods} if methods else {r.method for r in rows}
     return table + "\n" + _provenance([r for r in rows if r.method in used])
@@ -362,15 +363,15 @@ def render_rounds(path: str | Path, root: Path = REPO, *, rounds: tuple[int, ...
 
 def versus_points(path: str | Path, root: Path = REPO, *, x: str, versus: str, y: str | None = None,
                   ceiling: str | None = None, methods: tuple[str, ...] = (),
-                  metric: str = "final_acc") -> tuple[list[Row], list]:
+                  metric: str = "final_acc", where: dict[str, str] | None = None) -> tuple[list[Row], list]:
     """The record's rows of ``metric`` and its paired comparison (``mpifl.analysis.curves``
     crossovers, Holm-corrected), as ``mpifl.analyze --x X --versus V`` makes it from logs:
     what ``mpifl.analyze --from-records`` writes its tables and share heatmaps from."""
     from mpifl.analysis import curves as cv
 
-    rows, _, cs, _ = _curves(path, root, x, y, metric)
-    try:
-        return rows, cv.crossovers(["algorithm.name"], cs, versus, list(methods), ceiling)
+    rows, _, cs, keys = _curves(path, root, x, y, metric)
+    try:  # the arms' keys: a method is paired with the baseline's arm of its own settings, as render_versus does
+        return rows, cv.crossovers(keys, cs, versus, list(methods), ceiling, where)
     except cv.CurveError as e:
         raise RecordError(f"record {str(path)!r}: {e}") from None
 

@@ -34,7 +34,11 @@ fixed rounds (``test_acc@R``), ``<!-- generated:best FILE x=KEY versus=NAME [y=K
 stopped at its best validation round (:mod:`mpifl.analysis.course`); ``<!--
 generated:budget FILE x=KEY [y=KEY2] [method=A,B] -->`` what each method spent per
 cell: steps, samples, selection samples, traffic (:mod:`mpifl.analysis.budget`); a
-record made before those were recorded renders "not in this record".
+record made before those were recorded renders "not in this record". ``versus``,
+``course`` and ``best`` take ``where=K=V[,K=V]``: the baseline's (and ceiling's) arm at
+those settings, whatever the method's own (``mpifl.analyze --versus-where``: a
+pre-registered pairing at another budget, FedeRiCo against Local at
+``train.max_steps=1``).
 """
 
 from __future__ import annotations
@@ -134,9 +138,16 @@ def versus_table(root: Path, arg: str) -> str:
     paired comparison of a record (:func:`mpifl.analysis.record.render_versus`)."""
     from mpifl.analysis.record import render_versus
 
-    path, opts, methods = _options("versus", arg, ("x", "versus", "y", "ceiling", "method", "metric"),
+    path, opts, methods = _options("versus", arg, ("x", "versus", "y", "ceiling", "method", "metric", "where"),
                                    "x=KEY and versus=NAME", lambda o: o.get("x") and o.get("versus"))
-    return render_versus(path, root, methods=methods, **opts).rstrip("\n")
+    return render_versus(path, root, methods=methods, **_where(opts)).rstrip("\n")
+
+
+def _where(opts: dict[str, str]) -> dict:
+    """``where=K=V,K=V`` (the baseline's and ceiling's runs at those settings) as a dict."""
+    from mpifl.analysis.curves import parse_where
+
+    return {**opts, "where": parse_where(opts["where"])} if "where" in opts else opts
 
 
 def means_table(root: Path, arg: str) -> str:
@@ -167,12 +178,13 @@ def course_table(root: Path, arg: str) -> str:
     NAME at fixed rounds (:func:`mpifl.analysis.course.render_course`)."""
     from mpifl.analysis.course import render_course
 
-    path, opts, methods = _options("course", arg, ("x", "versus", "y", "method", "rounds"), "x=KEY and versus=NAME",
+    path, opts, methods = _options("course", arg, ("x", "versus", "y", "method", "rounds", "where"),
+                                   "x=KEY and versus=NAME",
                                    lambda o: o.get("x") and o.get("versus") and (
                                        "rounds" not in o or all(_rounds(o["rounds"])) and _rounds(o["rounds"])))
     if "rounds" in opts:
         opts["rounds"] = _rounds(opts["rounds"])
-    return render_course(path, root, methods=methods, **opts).rstrip("\n")
+    return render_course(path, root, methods=methods, **_where(opts)).rstrip("\n")
 
 
 def best_table(root: Path, arg: str) -> str:
@@ -180,9 +192,9 @@ def best_table(root: Path, arg: str) -> str:
     final one and against NAME+ES (:func:`mpifl.analysis.course.render_best`)."""
     from mpifl.analysis.course import render_best
 
-    path, opts, methods = _options("best", arg, ("x", "versus", "y", "method"), "x=KEY and versus=NAME",
+    path, opts, methods = _options("best", arg, ("x", "versus", "y", "method", "where"), "x=KEY and versus=NAME",
                                    lambda o: o.get("x") and o.get("versus"))
-    return render_best(path, root, methods=methods, **opts).rstrip("\n")
+    return render_best(path, root, methods=methods, **_where(opts)).rstrip("\n")
 
 
 BLOCKS: dict[str, Callable[[Path], str]] = {"algorithms": algorithm_table, "config": config_reference}

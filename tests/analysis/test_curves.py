@@ -206,6 +206,37 @@ def test_a_run_not_complete_makes_no_point_and_is_named(tmp_path):
         cv.curves(only, "data.train_per_client", grouping(res["runs"]))
 
 
+def test_versus_where_pairs_every_method_with_the_baseline_at_the_named_setting(tmp_path, capsys):
+    """``--versus-where train.lr=0.5``: Oracle at either lr is paired with Local at
+    lr 0.5 (0.3 higher), not with its own lr's Local; the table and the settings
+    block say so; a key the runs do not vary by, a part without ``=`` and the
+    option without --versus are refused in one line."""
+    for lr, shift in ((0.05, 0.0), (0.5, 0.3)):
+        for algo in ("local", "oracle"):
+            for n in (10, 20):
+                for s in SEEDS:
+                    write(tmp_path / "runs" / f"{algo}-{lr}-{n}-{s}" / "run.h5", algo, n, s, lr,
+                          shift if algo == "local" else 0.0)
+    res = an.analyze([tmp_path / "runs"], tmp_path / "out", heatmaps="none", echo=quiet)
+    keys, cs = cv.curves(res["runs"], "data.train_per_client", grouping(res["runs"]))
+    got = {c.method: c for c in cv.crossovers(keys, cs, "local", where={"train.lr": "0.5"})}
+    assert set(got) == {"oracle, train.lr=0.05", "oracle, train.lr=0.5"}
+    assert all(c.baseline == "local, train.lr=0.5" for c in got.values())
+    for c in got.values():  # Oracle 0.8 against Local at lr 0.5: 0.8 and 0.9 at 10 and 20 samples
+        assert [round(p.diff.mean, 6) for p in c.points] == [0.0, -0.1]
+    with pytest.raises(cv.CurveError, match=r"--versus-where train.momentum: the runs do not vary by it; they "
+                                            r"vary by train.lr"):
+        cv.crossovers(keys, cs, "local", where={"train.momentum": "0.9"})
+    base = [str(tmp_path / "runs"), "--heatmaps", "none", "--x", "data.train_per_client", "--versus", "local"]
+    assert an.main([*base, "--out", str(tmp_path / "cli"), "--versus-where", "train.lr=0.5"]) == 0
+    printed = capsys.readouterr().out
+    assert "method minus local (its runs with train.lr=0.5, and so the ceiling's)" in printed
+    assert "Settings that differ from local at train.lr=0.5" in printed
+    for bad in (["--versus-where", "train.lr"], ["--versus-where", "train.lr=0.5", "--versus", "local"][:2]):
+        with pytest.raises(SystemExit):
+            an.main([str(tmp_path / "runs"), "--x", "data.train_per_client", *bad])
+
+
 def test_cli_refuses_in_one_line(sweep, tmp_path, capsys):
     base = [str(sweep), "--out", str(tmp_path), "--heatmaps", "none"]
     assert an.main([*base, "--x", "algorithm.name"]) == 2

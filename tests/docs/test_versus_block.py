@@ -182,3 +182,32 @@ def test_two_arms_of_one_method_are_compared_apart_not_pooled(tmp_path):
         mean, lo, hi = _interval([a - b for a, b in zip(vals, VALUES[("local", 8, 10)])])
         assert f"{mean:+.2f} [{lo:+.2f}, {hi:+.2f}] (4)" in line
     assert not any(x.startswith("| dpfl |") for x in text.splitlines())
+
+
+def test_where_pairs_a_method_with_the_baselines_arm_at_the_named_budget(tmp_path):
+    """Two arms of Local (``train.max_steps`` 0 and 1) and a method run at 0: by
+    default it is paired with Local at 0 (its own setting), with ``where=
+    train.max_steps=1`` with Local at 1, in the page's block and in
+    ``--from-records``' points alike (``record.versus_points``, which once paired
+    with whichever arm came first)."""
+    arms = {"0": [40.0, 42.5, 39.0, 41.0], "1": [30.0, 31.5, 29.0, 30.5]}
+    method = [45.0, 46.0, 44.5, 47.5]
+    CELL = {"data.n_clients": 8, "data.train_per_client": 10}
+    rows = [record.Row("table", "", "local", f"data.n_clients=8, data.train_per_client=10, train.max_steps={k}", s,
+                       "final_acc", v, CELL | {"algorithm.name": "local", "train.max_steps": int(k)}, PROV)
+            for k in ("1", "0") for s, v in zip(SEEDS, arms[k])]  # the arm at 1 first in the record
+    rows += [record.Row("table", "", "fedx", "data.n_clients=8, data.train_per_client=10, train.max_steps=0", s,
+                        "final_acc", v, CELL | {"algorithm.name": "fedx", "train.max_steps": 0}, PROV)
+             for s, v in zip(SEEDS, method)]
+    (tmp_path / "data").mkdir()
+    record.write(tmp_path / "data" / "r.csv", rows)
+    for where, arm in ((None, "0"), ("train.max_steps=1", "1")):
+        opt = f" where={where}" if where else ""
+        page = (f"<!-- generated:versus data/r.csv x=data.train_per_client versus=local method=fedx{opt} -->\n"
+                "typed\n<!-- /generated -->\n")
+        row = next(x for x in docs.render(page, tmp_path).splitlines() if x.startswith("| fedx"))
+        mean, lo, hi = _interval([a - b for a, b in zip(method, arms[arm])])
+        assert f"{mean:+.2f} [{lo:+.2f}, {hi:+.2f}] (4)" in row
+        _, cross = record.versus_points("data/r.csv", tmp_path, x="data.train_per_client", versus="local",
+                                        methods=("fedx",), where={"train.max_steps": arm} if where else None)
+        assert [round(100 * p.diff.mean, 6) for c in cross for p in c.points] == [round(mean, 6)]
