@@ -265,13 +265,31 @@ def _arms(rows: list[Row], axes: tuple[str | None, ...]) -> tuple[list[str], Cal
     one method (``dpfl.random_graph`` false and true) are compared apart as
     ``mpifl.analyze`` compares them, never pooled as if they were seeds. A layout's
     record, whose setting is a column's name, has none."""
+    from mpifl.algorithms import NAMES
+    from mpifl.analysis.summary import defaults
+
+    d = defaults()
+    named = {k for r in rows for k in _pairs(r)}
+
     def pairs(r: Row) -> dict[str, str]:
-        return dict(p.split("=", 1) for p in _SETTING.split(r.setting) if "=" in p)
+        # a key outside algorithm sections that another record's rows name and this row's
+        # does not (records of two sweeps joined): its value is in the row's config (or a
+        # default), so Local at one epoch in one record pairs with a method at one epoch in another
+        got = _pairs(r)
+        for k in named - got.keys():
+            if k.split(".", 1)[0] not in NAMES and (k in r.config or k in d):
+                got[k] = str(r.config.get(k, d.get(k)))
+        return got
 
     parsed = [pairs(r) for r in rows]
     keys = [k for k in dict.fromkeys(k for p in parsed for k in p)  # the keys whose value varies
             if k not in axes and len({p.get(k, NOT_READ) for p in parsed}) > 1]
     return ["algorithm.name", *keys], lambda r: (r.method, *(pairs(r).get(k, NOT_READ) for k in keys))
+
+
+def _pairs(r: Row) -> dict[str, str]:
+    """A row's setting as {key: value}."""
+    return dict(p.split("=", 1) for p in _SETTING.split(r.setting) if "=" in p)
 
 
 # a setting's "key=value" parts: split before each dotted key (a value may hold ", ": a list)

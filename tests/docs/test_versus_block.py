@@ -211,3 +211,29 @@ def test_where_pairs_a_method_with_the_baselines_arm_at_the_named_budget(tmp_pat
         _, cross = record.versus_points("data/r.csv", tmp_path, x="data.train_per_client", versus="local",
                                         methods=("fedx",), where={"train.max_steps": arm} if where else None)
         assert [round(100 * p.diff.mean, 6) for c in cross for p in c.points] == [round(mean, 6)]
+
+
+def test_two_sweeps_records_joined_pair_on_a_key_only_one_of_them_varies(tmp_path):
+    """Record a varies nothing but the cell (Local at the default ``train.max_steps``,
+    which its setting does not name); record b has Local at ``train.max_steps`` 1 and
+    a method at the default, both named. Joined, the method pairs with a's Local (its
+    value read from the row's config or the defaults), and with ``where`` with b's."""
+    CELL = {"data.n_clients": 8, "data.train_per_client": 10}
+    a = [record.Row("table", "", "local", "data.n_clients=8, data.train_per_client=10", s, "final_acc", v,
+                    CELL | {"algorithm.name": "local"}, PROV) for s, v in zip(SEEDS, VALUES[("local", 8, 10)])]
+    b_local = [30.0, 31.5, 29.0, 30.5]
+    b = [record.Row("table", "", "local", "data.n_clients=8, data.train_per_client=10, train.max_steps=1", s,
+                    "final_acc", v, CELL | {"algorithm.name": "local", "train.max_steps": 1}, PROV)
+         for s, v in zip(SEEDS, b_local)]
+    b += [record.Row("table", "", "fedx", "data.n_clients=8, data.train_per_client=10, train.max_steps=0", s,
+                     "final_acc", v, CELL | {"algorithm.name": "fedx"}, PROV)
+          for s, v in zip(SEEDS, VALUES[("fedx", 8, 10)])]
+    (tmp_path / "data").mkdir()
+    record.write(tmp_path / "data" / "a.csv", a)
+    record.write(tmp_path / "data" / "b.csv", b)
+    for where, base in ((None, VALUES[("local", 8, 10)]), ({"train.max_steps": "1"}, b_local)):
+        text = record.render_versus("data/a.csv,data/b.csv", tmp_path, x="data.train_per_client", versus="local",
+                                    methods=("fedx",), where=where)
+        line = next(x for x in text.splitlines() if x.startswith("| fedx"))
+        mean, lo, hi = _interval([m - v for m, v in zip(VALUES[("fedx", 8, 10)], base)])
+        assert f"{mean:+.2f} [{lo:+.2f}, {hi:+.2f}] (4)" in line
