@@ -185,7 +185,12 @@ def _cell(p: cv.Paired | None) -> str:
     return NOT_IN_RECORD if p is None else f"{100 * p.diff.mean:+.2f} {cv._ci(p.diff)} {p.verdict}"
 
 
-def best_markdown(rows: list[Best], key: str, y: str | None, versus: str) -> str:
+def _at(where: dict[str, str] | None) -> str:
+    """`` (its runs with k=v)``: the baseline's arm a ``where`` names, for a table's note."""
+    return f" (its runs with {', '.join(f'{k}={v}' for k, v in where.items())})" if where else ""
+
+
+def best_markdown(rows: list[Best], key: str, y: str | None, versus: str, where: dict[str, str] | None = None) -> str:
     cols = ["method", *([y] if y else []), key, "seeds", "final", "best-val", "best - final (95% CI)",
             f"best - {versus}+ES (95% CI)"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -197,8 +202,8 @@ def best_markdown(rows: list[Best], key: str, y: str | None, versus: str) -> str
     return "\n".join(lines) + (
         f"\n\nIn %, mean over seeds: final = last round's test accuracy (mean over clients); best-val = each "
         f"client's test accuracy at the round of its best validation accuracy. Differences paired by seed, in "
-        f"points, with the 95% t-interval and verdict; {versus}+ES: {versus} stopped at the round of its best "
-        f"mean validation accuracy, the floor for a method that selects on validation ({NOT_IN_RECORD!r}: a "
+        f"points, with the 95% t-interval and verdict; {versus}+ES: {versus}{_at(where)} stopped at the round of "
+        f"its best mean validation accuracy, the floor for a method that selects on validation ({NOT_IN_RECORD!r}: a "
         f"record made before it was recorded).\n")
 
 
@@ -232,7 +237,7 @@ def report(runs: list, key: str, grouping: cv.Grouping, out: Path, versus: str, 
     made = [out / "course.csv", plot_course(out / "course.png", steps, key, y, versus, groups)]
     best = best_rows(curves_of, versus, list(methods), where)
     write_best_csv(out / "best.csv", best, y)
-    md = best_markdown(best, key, y, versus)
+    md = best_markdown(best, key, y, versus, where)
     (out / "best.md").write_text(md)
     made += [out / "best.csv", out / "best.md"]
     echo("\nBest-validation accuracy beside the final one:\n\n" + md, end="")
@@ -276,8 +281,9 @@ def render_course(path: str, root: Path, *, x: str, versus: str, y: str | None =
         vals = [f"{100 * by[r].mean:+.2f} {cv._ci(by[r])}" if r in by else "–" for r in have]
         out.append("| " + " | ".join([family, *([cv._num(yv)] if y else []), cv._num(xv), *vals]) + " |")
     shown = [r for r in rows if r.metric == f"test_acc@{have[0]}"]
-    return "\n".join(out) + (f"\n\nTest accuracy (mean over clients) minus {versus} at each round (from 1), paired "
-                             "by seed, in points, mean and 95% t-interval.\n\n") + rec._provenance(shown)
+    note = (f"\n\nTest accuracy (mean over clients) minus {versus}{_at(where)} at each round (from 1), paired by "
+            "seed, in points, mean and 95% t-interval.\n\n")
+    return "\n".join(out) + note + rec._provenance(shown)
 
 
 def render_best(path: str, root: Path, *, x: str, versus: str, y: str | None = None,
@@ -291,4 +297,4 @@ def render_best(path: str, root: Path, *, x: str, versus: str, y: str | None = N
     except cv.CurveError as e:
         raise rec.RecordError(f"record {path!r}: {e}") from None
     shown = [r for r in rec.read_joined(path, root) if r.metric == "final_acc"]
-    return best_markdown(rows, x, y, versus) + "\n" + rec._provenance(shown)
+    return best_markdown(rows, x, y, versus, where) + "\n" + rec._provenance(shown)

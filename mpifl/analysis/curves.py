@@ -66,6 +66,7 @@ from __future__ import annotations
 import csv
 import math
 import re
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -603,8 +604,8 @@ def share_heatmaps(out: Path, key: str, y: str, cross: list[Crossover], ceiling:
         fig.colorbar(im, ax=ax, label=f"share of the room ({ceiling} - {cross[0].baseline.split(',')[0]})")
         path = out / ("share_" + re.sub(r"[^A-Za-z0-9_.-]+", "_", method) + ".png")
         paths.append(finish(plt, fig, ax, path, xlabel, ylabel,
-                            f"{method}: gain share (mean, 95% bootstrap, verdict, [seeds]);\n"
-                            "hatched: level under Holm", legend=False))
+                            "\n".join(textwrap.wrap(f"{method}:", 70)) + "\ngain share (mean, 95% bootstrap, "
+                            "verdict, [seeds]);\nhatched: level under Holm", legend=False))
     return paths
 
 

@@ -269,15 +269,15 @@ def _arms(rows: list[Row], axes: tuple[str | None, ...]) -> tuple[list[str], Cal
     from mpifl.analysis.summary import defaults
 
     d = defaults()
-    named = {k for r in rows for k in _pairs(r)}
+    named = list(dict.fromkeys(k for r in rows for k in _pairs(r)))  # in the records' order: labels are stable
 
     def pairs(r: Row) -> dict[str, str]:
         # a key outside algorithm sections that another record's rows name and this row's
         # does not (records of two sweeps joined): its value is in the row's config (or a
         # default), so Local at one epoch in one record pairs with a method at one epoch in another
         got = _pairs(r)
-        for k in named - got.keys():
-            if k.split(".", 1)[0] not in NAMES and (k in r.config or k in d):
+        for k in named:
+            if k not in got and k.split(".", 1)[0] not in NAMES and (k in r.config or k in d):
                 got[k] = str(r.config.get(k, d.get(k)))
         return got
 
