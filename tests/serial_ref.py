@@ -16,12 +16,17 @@ from torch.func import functional_call
 
 from mpifl import config, models
 from mpifl.algorithms.base import Context
-from mpifl.algorithms.dpfl import Choice, Reward, _pair, _shuffled, take
+from mpifl.algorithms.dpfl import Choice, Reward, _shuffled, take
 from mpifl.comm import Comm, solo
 from mpifl.data import build
 from mpifl.rng import rng
 from mpifl.train import Clients
 
+
+def _pair(reward: Reward, x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype) -> tuple[float, float]:
+    """Two float64 models' rewards, scored in ``dtype``: the plain expression."""
+    r = reward(torch.stack([x, y]).to(dtype))
+    return float(r[0]), float(r[1])
 
 def make_ctx(cfg, mpi_comm) -> Context:
     comm = Comm(cfg.data.n_clients, mpi_comm)

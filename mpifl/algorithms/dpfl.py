@@ -105,8 +105,36 @@ def _shuffled(candidates: Sequence[int], g: np.random.Generator) -> list[int]:
     return [int(j) for j in g.permutation(np.sort(np.asarray(candidates, np.int64)))]
 
 
-def _pair(reward: Reward, x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype) -> tuple[float, float]:
-    r = reward(torch.stack([x, y]).to(dtype))
+class _Scratch:
+    """The float64 rows a GGC decision works in, shared by every BGGC of a process (they
+    are fed one at a time): the candidate's weighted row, the two sums tried and the two
+    models scored, in float64 and in the models' dtype. Each arithmetic step is the one
+    the plain expressions ``(w_x + p_j row_j) / (p_x + p_j)`` run, written into these
+    rows instead of fresh ones, so the rewards keep their bits (a decision costs no
+    allocation and no stack copy: bench/README.md, Performance V)."""
+
+    _kept: dict[tuple, _Scratch] = {}
+
+    def __init__(self, P: int, dtype: torch.dtype, device: torch.device):
+        f64 = {"dtype": torch.float64, "device": device}
+        self.wj, self.sx, self.sy = (torch.empty(P, **f64) for _ in range(3))
+        self.pair64 = torch.empty(2, P, **f64)
+        self.pair = torch.empty(2, P, dtype=dtype, device=device)
+
+    @classmethod
+    def get(cls, row: torch.Tensor, dtype: torch.dtype) -> _Scratch:
+        key = (row.numel(), dtype, row.device)
+        if key not in cls._kept:
+            cls._kept.clear()  # one size at a time: a process runs one model
+            cls._kept[key] = cls(row.numel(), dtype, row.device)
+        return cls._kept[key]
+
+
+def _pair(reward: Reward, x: torch.Tensor, y: torch.Tensor, s: _Scratch) -> tuple[float, float]:
+    """The rewards of float64 models x and y, scored in the models' dtype."""
+    s.pair64[0].copy_(x)
+    s.pair64[1].copy_(y)
+    r = reward(s.pair.copy_(s.pair64))
     return float(r[0]), float(r[1])
 
 
@@ -154,9 +182,10 @@ class BGGC:
         assert len(ids) <= self.budget, "a BGGC batch larger than the budget"
         self.largest = max(self.largest, len(ids))
         self.received += len(ids)
+        s = _Scratch.get(self.w_x, self.dtype)
         if self.phase == 0:
             for j in ids:
-                self.w_y = self.w_y + self.p[j] * rows[j].double()
+                self.w_y.add_(s.wj.copy_(rows[j]).mul_(self.p[j]))
                 self.p_y += self.p[j]
             self.step += 1
             if self.step == len(self.batches[0]):
@@ -165,22 +194,29 @@ class BGGC:
         for j in ids:
             if len(self.x) - 1 >= self.budget:
                 break
-            wj = self.p[j] * rows[j].double()
-            r_xj, r_yj = _pair(self.reward, (self.w_x + wj) / (self.p_x + self.p[j]),
-                               (self.w_y - wj) / (self.p_y - self.p[j]), self.dtype)
+            wj = s.wj.copy_(rows[j]).mul_(self.p[j])  # p_j row_j in float64
+            torch.add(self.w_x, wj, out=s.sx)
+            torch.sub(self.w_y, wj, out=s.sy)
+            torch.div(s.sx, self.p_x + self.p[j], out=s.pair64[0])
+            torch.div(s.sy, self.p_y - self.p[j], out=s.pair64[1])
+            r = self.reward(s.pair.copy_(s.pair64))
+            r_xj, r_yj = float(r[0]), float(r[1])
             a, b = max(r_xj - self.r_x, 0.0), max(r_yj - self.r_y, 0.0)
-            if take(a, b, self.g.random()):
+            if take(a, b, self.g.random()):  # the sum tried becomes the set's: swapped in, no copy
                 self.x.append(j)
-                self.w_x, self.p_x, self.r_x = self.w_x + wj, self.p_x + self.p[j], r_xj
+                self.w_x, s.sx = s.sx, self.w_x
+                self.p_x, self.r_x = self.p_x + self.p[j], r_xj
             else:
-                self.w_y, self.p_y, self.r_y = self.w_y - wj, self.p_y - self.p[j], r_yj
+                self.w_y, s.sy = s.sy, self.w_y
+                self.p_y, self.r_y = self.p_y - self.p[j], r_yj
         self.step += 1
         if self.step == len(self.batches[1]) or len(self.x) - 1 >= self.budget:
             self.phase = 2
 
     def _start_decisions(self) -> None:
         self.phase, self.step = 1, 0
-        self.r_x, self.r_y = _pair(self.reward, self.w_x / self.p_x, self.w_y / self.p_y, self.dtype)
+        self.r_x, self.r_y = _pair(self.reward, self.w_x / self.p_x, self.w_y / self.p_y,
+                                   _Scratch.get(self.w_x, self.dtype))
         if not self.batches[1]:
             self.phase = 2
 
