@@ -547,12 +547,17 @@ def groups_of(configs: list[dict[str, Any]]) -> int | None:
     from mpifl.analysis.summary import defaults
 
     d = defaults()
-    seen = {(c.get("data.partition", d["data.partition"]), c.get("data.n_clusters", d["data.n_clusters"]))
-            for c in configs}
+    seen = {(c.get("data.partition", d["data.partition"]), c.get("data.n_clusters", d["data.n_clusters"]),
+             c.get("data.name", d["data.name"])) for c in configs}
     if len(seen) != 1:
         return None
-    partition, k = seen.pop()
-    return int(k) if partition in GROUPED else None
+    partition, k, name = seen.pop()
+    # domains: data.n_clusters stand-in domains where the data records none of its own
+    return int(k) if partition in GROUPED or (partition == "domains" and name not in OWN_DOMAINS) else None
+
+
+# data whose samples carry domains of their own (a domains partition follows them, not n_clusters)
+OWN_DOMAINS = ("digit5", "office10", "features")
 
 
 def axis(key: str, values: list[float], groups: int | None) -> tuple[str, list[str]]:

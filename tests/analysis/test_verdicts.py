@@ -125,6 +125,9 @@ def test_groups_are_read_from_the_configs_defaults_filling_in():
     assert cv.groups_of([{"data.partition": "clusters", "data.n_clusters": 2},
                          {"data.partition": "clusters", "data.n_clusters": 4}]) is None
     assert cv.axis("data.n_clients", [8.0, 20.0], None) == ("data.n_clients", ["8", "20"])
+    # stand-in domains (data without domains of its own) are n_clusters groups; recorded ones are not
+    assert cv.groups_of([{"data.partition": "domains", "data.name": "fashionmnist", "data.n_clusters": 4}]) == 4
+    assert cv.groups_of([{"data.partition": "domains", "data.name": "digit5", "data.n_clusters": 4}]) is None
 
 
 def test_analyze_from_records_writes_the_corrected_table_and_the_heatmap(tmp_path, capsys):
