@@ -185,11 +185,6 @@ def _cell(p: cv.Paired | None) -> str:
     return NOT_IN_RECORD if p is None else f"{100 * p.diff.mean:+.2f} {cv._ci(p.diff)} {p.verdict}"
 
 
-def _at(where: dict[str, str] | None) -> str:
-    """`` (its runs with k=v)``: the baseline's arm a ``where`` names, for a table's note."""
-    return f" (its runs with {', '.join(f'{k}={v}' for k, v in where.items())})" if where else ""
-
-
 def best_markdown(rows: list[Best], key: str, y: str | None, versus: str, where: dict[str, str] | None = None) -> str:
     cols = ["method", *([y] if y else []), key, "seeds", "final", "best-val", "best - final (95% CI)",
             f"best - {versus}+ES (95% CI)"]
@@ -202,9 +197,9 @@ def best_markdown(rows: list[Best], key: str, y: str | None, versus: str, where:
     return "\n".join(lines) + (
         f"\n\nIn %, mean over seeds: final = last round's test accuracy (mean over clients); best-val = each "
         f"client's test accuracy at the round of its best validation accuracy. Differences paired by seed, in "
-        f"points, with the 95% t-interval and verdict; {versus}+ES: {versus}{_at(where)} stopped at the round of "
-        f"its best mean validation accuracy, the floor for a method that selects on validation ({NOT_IN_RECORD!r}: a "
-        f"record made before it was recorded).\n")
+        f"points, with the 95% t-interval and verdict; {versus}+ES: {versus}{cv.where_text(where)} stopped at "
+        f"the round of its best mean validation accuracy, the floor for a method that selects on validation "
+        f"({NOT_IN_RECORD!r}: a record made before it was recorded).\n")
 
 
 def write_best_csv(path: Path, rows: list[Best], y: str | None) -> None:
@@ -281,8 +276,8 @@ def render_course(path: str, root: Path, *, x: str, versus: str, y: str | None =
         vals = [f"{100 * by[r].mean:+.2f} {cv._ci(by[r])}" if r in by else "–" for r in have]
         out.append("| " + " | ".join([family, *([cv._num(yv)] if y else []), cv._num(xv), *vals]) + " |")
     shown = [r for r in rows if r.metric == f"test_acc@{have[0]}"]
-    note = (f"\n\nTest accuracy (mean over clients) minus {versus}{_at(where)} at each round (from 1), paired by "
-            "seed, in points, mean and 95% t-interval.\n\n")
+    note = (f"\n\nTest accuracy (mean over clients) minus {versus}{cv.where_text(where)} at each round (from 1), "
+            "paired by seed, in points, mean and 95% t-interval.\n\n")
     return "\n".join(out) + note + rec._provenance(shown)
 
 

@@ -337,6 +337,11 @@ def _partner(c: Curve, keys: list[str], pool: list[Curve], name: str,
     return None
 
 
+def where_text(where: dict[str, str] | None, more: str = "") -> str:
+    """`` (its runs with k=v, ...)`` naming the baseline's arm a ``where`` picks, for a table's note."""
+    return f" (its runs with {', '.join(f'{k}={v}' for k, v in where.items())}{more})" if where else ""
+
+
 def check_where(keys: list[str], where: dict[str, str] | None) -> None:
     """A ``--versus-where`` key the runs do not vary by (outside algorithm sections)
     would pair nothing differently: refused in one line naming the keys they vary by."""
@@ -451,7 +456,7 @@ def versus_markdown(key: str, cross: list[Crossover], y: str | None, ceiling: st
                 cells.append(f"{100 * p.share.mean:.0f}% {_ci(p.share, 100, 0)}" if p.share else p.no_share)
             lines.append("| " + " | ".join(cells) + " |")
     base = cross[0].baseline.split(",")[0] if cross else "the baseline"
-    at = f" (its runs with {', '.join(f'{k}={v}' for k, v in where.items())}, and so the ceiling's)" if where else ""
+    at = where_text(where, ", and so the ceiling's")
     note = (f"\n{metric}: method minus {base}{at}, paired by seed, in points, mean and 95% t-interval; verdict above/"
             f"below where the interval excludes 0, else level. {HOLM_NOTE}")
     if ceiling:

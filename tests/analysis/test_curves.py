@@ -147,17 +147,22 @@ def test_the_share_of_the_room_per_seed_and_no_room_where_the_ceiling_is_not_abo
     assert p2.room is not None and p2.share is None  # oracle is level with local at x=2: no room
 
 
-@pytest.mark.slow
-def test_the_baseline_is_taken_from_the_same_setting_of_other_keys(tmp_path):
+def _two_lrs(tmp_path: Path, sizes: tuple[int, ...]) -> tuple[list[str], list[cv.Curve]]:
+    """Local and Oracle logs at train.lr 0.05 and 0.5, where Local is 0.3 higher at lr 0.5
+    everywhere (Oracle never beats it there): the grouping keys and the curves."""
     for lr, shift in ((0.05, 0.0), (0.5, 0.3)):
         for algo in ("local", "oracle"):
-            for n in (10, 80):
+            for n in sizes:
                 for s in SEEDS:
-                    # at lr 0.5 Local is 0.3 higher everywhere: Oracle never beats it there
                     write(tmp_path / "runs" / f"{algo}-{lr}-{n}-{s}" / "run.h5", algo, n, s, lr,
                           shift if algo == "local" else 0.0)
     res = an.analyze([tmp_path / "runs"], tmp_path / "out", heatmaps="none", echo=quiet)
-    keys, cs = cv.curves(res["runs"], "data.train_per_client", grouping(res["runs"]))
+    return cv.curves(res["runs"], "data.train_per_client", grouping(res["runs"]))
+
+
+@pytest.mark.slow
+def test_the_baseline_is_taken_from_the_same_setting_of_other_keys(tmp_path):
+    keys, cs = _two_lrs(tmp_path, (10, 80))
     assert keys == ["algorithm.name", "train.lr"]
     got = {c.method: c for c in cv.crossovers(keys, cs, "local")}
     assert set(got) == {"oracle, train.lr=0.05", "oracle, train.lr=0.5"}
@@ -211,14 +216,7 @@ def test_versus_where_pairs_every_method_with_the_baseline_at_the_named_setting(
     lr 0.5 (0.3 higher), not with its own lr's Local; the table and the settings
     block say so; a key the runs do not vary by, a part without ``=`` and the
     option without --versus are refused in one line."""
-    for lr, shift in ((0.05, 0.0), (0.5, 0.3)):
-        for algo in ("local", "oracle"):
-            for n in (10, 20):
-                for s in SEEDS:
-                    write(tmp_path / "runs" / f"{algo}-{lr}-{n}-{s}" / "run.h5", algo, n, s, lr,
-                          shift if algo == "local" else 0.0)
-    res = an.analyze([tmp_path / "runs"], tmp_path / "out", heatmaps="none", echo=quiet)
-    keys, cs = cv.curves(res["runs"], "data.train_per_client", grouping(res["runs"]))
+    keys, cs = _two_lrs(tmp_path, (10, 20))
     got = {c.method: c for c in cv.crossovers(keys, cs, "local", where={"train.lr": "0.5"})}
     assert set(got) == {"oracle, train.lr=0.05", "oracle, train.lr=0.5"}
     assert all(c.baseline == "local, train.lr=0.5" for c in got.values())

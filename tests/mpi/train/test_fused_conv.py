@@ -36,6 +36,11 @@ def _cfg(out, name, rounds=3, **over):
     return config.load(None, [f"{k}={v}" for k, v in args.items()])
 
 
+def _auto_lines(capsys) -> list[str]:
+    """The lines printed since the last read that speak of ``train.fused_conv=auto``'s choice."""
+    return [ln for ln in capsys.readouterr().out.splitlines() if "train.fused_conv=auto" in ln]
+
+
 def _run(mpi, cfg):
     runtime.run(cfg, mpi)
     mpi.Barrier()
@@ -79,7 +84,7 @@ def test_ranks_that_cannot_all_build_the_kernel_agree_on_torchs(mpi, shared_tmp,
         monkeypatch.setattr(fused, "_build", lambda: "CalledProcessError: no compiler")
     capsys.readouterr()
     _run(mpi, _cfg(shared_tmp, "mixed"))
-    said = [ln for ln in capsys.readouterr().out.splitlines() if "train.fused_conv=auto" in ln]
+    said = _auto_lines(capsys)
     assert said == ([f"mpifl: train.fused_conv=auto: the fused conv kernel does not build on rank(s) {last} of "
                      f"{mpi.Get_size()} (CalledProcessError: no compiler): every rank takes torch's kernels (other "
                      f"sums, other bits)"] if mpi.Get_rank() == 0 else [])
@@ -112,7 +117,7 @@ def test_auto_takes_torchs_kernels_where_the_fused_one_is_timed_slower(mpi, shar
         monkeypatch.setattr(fused, "timed", lambda key, measure: (2.0 * size, 1.0))
     capsys.readouterr()
     _run(mpi, _cfg(shared_tmp, "timed"))
-    said = [ln for ln in capsys.readouterr().out.splitlines() if "train.fused_conv=auto" in ln]
+    said = _auto_lines(capsys)
     assert said == ([f"mpifl: train.fused_conv=auto: the fused conv kernel is slower than torch's here "
                      f"({2000.0 * size:.1f} ms against {1000.0 * size:.1f} ms, summed over ranks): every rank "
                      f"takes torch's kernels (other sums, other bits)"] if mpi.Get_rank() == 0 else [])
