@@ -501,6 +501,37 @@ def versus_grid(key: str, cross: list[Crossover], metric: str, labels: dict[floa
                                 "spread within the two sides).\n")
 
 
+def verdicts_grid(key: str, y: str, cross: list[Crossover], metric: str) -> str:
+    """Every method against the baseline in one table: methods as rows, the cells (y x
+    key) as columns, each the mean paired difference in points and its verdict under
+    Holm, and per method the count of cells above, level and below. An overview over
+    methods; each method's own table has the intervals and p values."""
+    cells = sorted({(p.y, p.x) for c in cross for p in c.points})
+    by: dict[str, dict[tuple, Paired]] = {}
+    for c in cross:
+        for p in c.points:
+            by.setdefault(_base_label(p, y), {})[(p.y, p.x)] = p
+    head = [f"{_num(yv)} x {_num(xv)}" for yv, xv in cells]
+    lines = [f"| method \\ {y} x {key} | " + " | ".join(head) + " | above / level / below |",
+             "|---|" + "---|" * (len(cells) + 1)]
+    for method, at in by.items():
+        row, n = [], {"above": 0, "level": 0, "below": 0}
+        for cell in cells:
+            p = at.get(cell)
+            if p is None:
+                row.append("–")
+                continue
+            n[p.holm_verdict] += 1
+            text = f"{100 * p.diff.mean:+.1f} {p.holm_verdict}" + (" (split)" if p.modes else "")
+            row.append(f"**{text}**" if p.holm_verdict != "level" else text)
+        lines.append(f"| {method} | " + " | ".join(row) + f" | {n['above']} / {n['level']} / {n['below']} |")
+    base = cross[0].baseline.split(",")[0] if cross else "the baseline"
+    return "\n".join(lines) + (f"\n\n{metric}: method minus {base}, paired by seed, mean in points and the "
+                                "verdict under Holm over the method's cells (bold: above or below); '(split)': "
+                                "the seeds' differences fall into separate modes. Intervals and p values: each "
+                                "method's own table.\n")
+
+
 def markdown(key: str, metric: str, cs: list[Curve], ddof: int) -> str:
     """Methods as rows, values of the key as columns, mean ± std in percent."""
     xs = sorted({x for c in cs for x in c.x})

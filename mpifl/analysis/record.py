@@ -336,6 +336,23 @@ def render_versus(path: str | Path, root: Path = REPO, *, x: str, versus: str, y
     return table + "\n" + _provenance([r for r in rows if r.method in used])
 
 
+def render_verdicts(path: str | Path, root: Path = REPO, *, x: str, y: str, versus: str,
+                    methods: tuple[str, ...] = (), metric: str = "final_acc",
+                    where: dict[str, str] | None = None) -> str:
+    """Every method of a record against ``versus`` in one grid of cells (y x x): the
+    mean paired difference and the verdict under Holm (:func:`curves.verdicts_grid`),
+    with the provenance line of the rows shown."""
+    from mpifl.analysis import curves as cv
+
+    rows, _, cs, keys = _curves(path, root, x, y, metric)
+    try:
+        cross = cv.crossovers(keys, cs, versus, list(methods), None, where)
+    except cv.CurveError as e:
+        raise RecordError(f"record {str(path)!r}: {e}") from None
+    used = {versus, *methods} if methods else {r.method for r in rows}
+    return cv.verdicts_grid(x, y, cross, metric) + "\n" + _provenance([r for r in rows if r.method in used])
+
+
 def render_means(path: str | Path, root: Path = REPO, *, x: str, methods: tuple[str, ...] = (),
                  metric: str = "final_acc") -> str:
     """Each method's mean ± sample std over seeds at every x, as ``mpifl.analyze --x X``

@@ -34,7 +34,10 @@ fixed rounds (``test_acc@R``), ``<!-- generated:best FILE x=KEY versus=NAME [y=K
 stopped at its best validation round (:mod:`mpifl.analysis.course`); ``<!--
 generated:budget FILE x=KEY [y=KEY2] [method=A,B] -->`` what each method spent per
 cell: steps, samples, selection samples, traffic (:mod:`mpifl.analysis.budget`); a
-record made before those were recorded renders "not in this record". ``versus``,
+record made before those were recorded renders "not in this record"; ``<!--
+generated:verdicts FILE x=KEY y=KEY2 versus=NAME [method=A,B] -->`` every method
+against NAME in one grid of cells, each its mean difference and verdict under Holm,
+an overview above the methods' own tables. ``versus``,
 ``course`` and ``best`` take ``where=K=V[,K=V]``: the baseline's (and ceiling's) arm at
 those settings, whatever the method's own (``mpifl.analyze --versus-where``: a
 pre-registered pairing at another budget, FedeRiCo against Local at
@@ -143,6 +146,18 @@ def versus_table(root: Path, arg: str) -> str:
     return render_versus(path, root, methods=methods, **_where(opts)).rstrip("\n")
 
 
+def verdicts_table(root: Path, arg: str) -> str:
+    """``FILE x=KEY y=KEY2 versus=NAME [method=A,B] [metric=M] [where=K=V]``: every
+    method against NAME in one grid of cells, each its verdict under Holm
+    (:func:`mpifl.analysis.record.render_verdicts`)."""
+    from mpifl.analysis.record import render_verdicts
+
+    path, opts, methods = _options("verdicts", arg, ("x", "y", "versus", "method", "metric", "where"),
+                                   "x=KEY, y=KEY2 and versus=NAME",
+                                   lambda o: o.get("x") and o.get("y") and o.get("versus"))
+    return render_verdicts(path, root, methods=methods, **_where(opts)).rstrip("\n")
+
+
 def _where(opts: dict[str, str]) -> dict:
     """``where=K=V,K=V`` (the baseline's and ceiling's runs at those settings) as a dict."""
     from mpifl.analysis.curves import parse_where
@@ -219,7 +234,7 @@ ARG_BLOCKS: dict[str, Callable[[Path, str], str]] = {"record": record_table, "ve
                                                      "means": means_table, "rounds": rounds_table,
                                                      "settings": settings_table,
                                                      "course": course_table, "best": best_table,
-                                                     "budget": budget_table}
+                                                     "budget": budget_table, "verdicts": verdicts_table}
 
 
 def render(text: str, root: Path = ROOT) -> str:

@@ -237,3 +237,34 @@ def test_two_sweeps_records_joined_pair_on_a_key_only_one_of_them_varies(tmp_pat
         line = next(x for x in text.splitlines() if x.startswith("| fedx"))
         mean, lo, hi = _interval([m - v for m, v in zip(VALUES[("fedx", 8, 10)], base)])
         assert f"{mean:+.2f} [{lo:+.2f}, {hi:+.2f}] (4)" in line
+
+
+def test_the_verdicts_grid_holds_every_methods_holm_verdict_per_cell(root):
+    page = ("<!-- generated:verdicts data/r.csv x=data.train_per_client y=data.n_clients versus=local -->\n"
+            "<!-- /generated -->\n")
+    lines = docs.render(page, root).splitlines()
+    assert lines[1].startswith("| method \\ data.n_clients x data.train_per_client | 8 x 10 | 8 x 50 |")
+    for method in ("fedx", "oracle"):
+        diffs = {t: _diff(method, "local", t) for t in (10, 50)}
+        p = {t: stats.ttest_rel(VALUES[(method, 8, t)], VALUES[("local", 8, t)]).pvalue for t in (10, 50)}
+        lo, hi = sorted(p, key=p.get)  # Holm's step-down over the method's two cells, by hand
+        adj = {lo: min(1.0, 2 * p[lo])}
+        adj[hi] = max(adj[lo], p[hi])
+        want = {t: ("above" if np.mean(diffs[t]) > 0 else "below") if adj[t] < 0.05 else "level" for t in (10, 50)}
+        row = next(line for line in lines if line.startswith(f"| {method} |"))
+        cells = [c.strip() for c in row.split("|")[2:-1]]
+        for cell, t in zip(cells, (10, 50)):
+            text = f"{np.mean(diffs[t]):+.1f} {want[t]}"
+            assert cell == (f"**{text}**" if want[t] != "level" else text)
+        n = [list(want.values()).count(v) for v in ("above", "level", "below")]
+        assert cells[-1] == " / ".join(map(str, n))
+    text = "\n".join(lines)
+    assert all(v in text for v in ("above**", "below**", " level |"))  # the data reach all three verdicts
+    assert "provenance: commit aaaaaaa (24)" in text
+
+
+def test_a_bad_verdicts_block_is_one_line(root):
+    with pytest.raises(ValueError) as e:
+        docs.render("<!-- generated:verdicts data/r.csv x=data.train_per_client versus=local -->\n"
+                    "<!-- /generated -->\n", root)
+    assert "needs x=KEY, y=KEY2 and versus=NAME" in str(e.value) and "\n" not in str(e.value)
