@@ -312,6 +312,18 @@ def _provenance(rows: list[Row]) -> str:
     return line + "\n" + "".join(f"\nwarning: the table mixes {w}\n" for w in warnings)
 
 
+def _crossovers(path: str | Path, keys: list[str], cs: list, versus: str, methods: tuple[str, ...],
+                ceiling: str | None, where: dict[str, str] | None) -> list:
+    """The record's methods paired against ``versus`` (:func:`curves.crossovers`), a
+    refusal naming the record."""
+    from mpifl.analysis import curves as cv
+
+    try:
+        return cv.crossovers(keys, cs, versus, list(methods), ceiling, where)
+    except cv.CurveError as e:
+        raise RecordError(f"record {str(path)!r}: {e}") from None
+
+
 def render_versus(path: str | Path, root: Path = REPO, *, x: str, versus: str, y: str | None = None,
                   ceiling: str | None = None, methods: tuple[str, ...] = (), metric: str = "final_acc",
                   where: dict[str, str] | None = None) -> str:
@@ -326,10 +338,7 @@ def render_versus(path: str | Path, root: Path = REPO, *, x: str, versus: str, y
     if x == "setting" and (y is not None or ceiling is not None):
         raise RecordError(f"record {str(path)!r}: x=setting takes neither y nor ceiling")
     rows, columns, cs, keys = _curves(path, root, x, y, metric)
-    try:
-        cross = cv.crossovers(keys, cs, versus, list(methods), ceiling, where)
-    except cv.CurveError as e:
-        raise RecordError(f"record {str(path)!r}: {e}") from None
+    cross = _crossovers(path, keys, cs, versus, methods, ceiling, where)
     table = (cv.versus_markdown(x, cross, y, ceiling, metric, where) if y or ceiling
              else cv.versus_grid(x, cross, metric, labels=dict(enumerate(columns)) if x == "setting" else None))
     used = {versus, ceiling, *methods} if methods else {r.method for r in rows}
@@ -345,10 +354,7 @@ def render_verdicts(path: str | Path, root: Path = REPO, *, x: str, y: str, vers
     from mpifl.analysis import curves as cv
 
     rows, _, cs, keys = _curves(path, root, x, y, metric)
-    try:
-        cross = cv.crossovers(keys, cs, versus, list(methods), None, where)
-    except cv.CurveError as e:
-        raise RecordError(f"record {str(path)!r}: {e}") from None
+    cross = _crossovers(path, keys, cs, versus, methods, None, where)
     used = {versus, *methods} if methods else {r.method for r in rows}
     return cv.verdicts_grid(x, y, cross, metric) + "\n" + _provenance([r for r in rows if r.method in used])
 
