@@ -10,8 +10,6 @@ taken as the round's work begins, so the other ranks learn it only by agreeing.
 Bits: the interrupted and the uninterrupted run are compared bit for bit: the same
 ranks, settings and one thread per rank, in one process per rank, on one machine."""
 
-import tempfile
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -44,10 +42,9 @@ def _latest(tmp, name: str) -> str | None:
 
 
 @pytest.fixture(scope="module")
-def refs(mpi):
+def refs(mpi, module_tmp):
     """Each algorithm's uninterrupted run, in a directory every rank shares."""
-    where = Path(mpi.bcast(tempfile.mkdtemp(prefix="mpifl-test-") if mpi.Get_rank() == 0 else None, root=0))
-    return {algo: _run(mpi, where, f"ref-{algo}", algo) for algo in ALGOS}
+    return {algo: _run(mpi, module_tmp, f"ref-{algo}", algo) for algo in ALGOS}
 
 
 def _stopped(mpi, tmp, name, algo, t, monkeypatch, capsys) -> str:
