@@ -140,23 +140,25 @@ def too_big(done: list[dict], n: int, a) -> str | None:
 def measure(a) -> list[dict]:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    runs = Path(tempfile.mkdtemp(prefix="mpifl-cost-"))
-    recs: list[dict] = []
-    for method in a.methods:
-        done: list[dict] = []
-        for n in sorted(a.clients):
-            why = too_big(done, n, a) if len(done) >= 2 else None
-            if why:
-                rec = {"method": method, "N": n, "stopped": f"not run: {why}"}
+    # The runs are scratch: only their timings are kept, in cost.json (a sweep of N left GBs behind).
+    with tempfile.TemporaryDirectory(prefix="mpifl-cost-") as tmp:
+        runs = Path(tmp)
+        recs: list[dict] = []
+        for method in a.methods:
+            done: list[dict] = []
+            for n in sorted(a.clients):
+                why = too_big(done, n, a) if len(done) >= 2 else None
+                if why:
+                    rec = {"method": method, "N": n, "stopped": f"not run: {why}"}
+                    recs.append(rec)
+                    print(json.dumps(rec), flush=True)
+                    continue
+                rec = point(method, n, a, runs)
                 recs.append(rec)
                 print(json.dumps(rec), flush=True)
-                continue
-            rec = point(method, n, a, runs)
-            recs.append(rec)
-            print(json.dumps(rec), flush=True)
-            if "round_s" in rec:
-                done.append(rec)
-        (out / "cost.json").write_text(json.dumps(recs, indent=1))
+                if "round_s" in rec:
+                    done.append(rec)
+            (out / "cost.json").write_text(json.dumps(recs, indent=1))
     return recs
 
 
