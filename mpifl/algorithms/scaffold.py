@@ -30,9 +30,19 @@ Choices where the paper leaves room:
   round. Equal sizes make the two the same; on unequal ones they differ by much
   (bench/README.md, the PFLlib peer check: 35 points on digits Dir(0.1)).
 - Option II (the paper's experiments) for c_i^+: no extra pass over the data.
-  K counts the client's steps that had samples; eta_l is ``train.lr`` whatever
-  ``train.optimizer`` and momentum do with the corrected gradient (the paper's
-  is plain SGD, mpifl's default).
+  K counts the client's steps that had samples. Under plain SGD, (x - y_i) / (K eta_l)
+  is exactly c_i - c plus the mean of the K minibatch gradients g_i(y_i), so c_i^+ is
+  that mean: an estimate of client i's gradient. Under Adam it is not: Adam's step is
+  about eta_l a coordinate whatever the gradient's size, so the formula gives vectors
+  of size about 1 a coordinate (||c_i|| 83-164 over 50,890 parameters in a room run,
+  docs/baselines.md), and adding c - c_i to the gradient swamps it.
+  ``scaffold.variate`` says which: ``steps``, the formula (eta_l = ``train.lr``);
+  ``grads``, the mean of the raw minibatch gradients gathered along the K steps, the
+  quantity option II stands for under any optimizer; ``auto`` (default) takes
+  ``steps`` under ``train.optimizer=sgd`` (the paper's optimizer, mpifl's default, and
+  what PFLlib and FL-bench compute; with momentum the formula overstates c_i by up to
+  1 / (1 - momentum)) and ``grads`` under ``adam``. Under plain SGD the two agree to
+  rounding (tested).
 - eta_g = ``scaffold.lr`` defaults to 1, the paper's experiments; eta_g = 1 takes
   the average itself as the new x (bit for bit FedAvg's).
 - A round in which the correction c - c_i is zero for every training client (the
@@ -57,14 +67,17 @@ import torch
 
 from mpifl.algorithms.base import Context, Round
 from mpifl.algorithms.blocks import evaluate_global, local_update, sampled_weights
-from mpifl.algorithms.scaffold_params import Params  # noqa: F401 - re-exported
-from mpifl.algorithms.state import per_client
+from mpifl.algorithms.scaffold_params import (
+    Params,  # noqa: F401 - re-exported
+    variate,
+)
+from mpifl.algorithms.state import per_client, transient
 from mpifl.logging.mixing import Shared
 from mpifl.train import Step, StepView
 
 # one line each for the README's algorithm table (python -m mpifl.docs)
 SUMMARY = ("SCAFFOLD: FedAvg whose local steps add the control-variate correction c - c_i (option II, "
-           "`scaffold.lr`, `scaffold.weights`)")
+           "`scaffold.lr`, `scaffold.weights`, `scaffold.variate`)")
 MIXING_ROW = "p over sampled clients (`scaffold.weights=uniform`: 1/|S|)"
 
 
@@ -73,21 +86,29 @@ class State:
     model: torch.Tensor  # [P] global model x, identical on every rank
     c: torch.Tensor  # [P] server control variate, identical on every rank
     ci: torch.Tensor = per_client()  # [n_local, P] client control variates c_i
+    # [n_local, P] under scaffold.variate grads: each client's gradients summed over the round's steps
+    gsum: torch.Tensor | None = transient(default=None)
 
 
 def init(ctx: Context) -> State:
     c = ctx.clients
-    return State(model=c.init.clone(), c=torch.zeros_like(c.init), ci=torch.zeros(c.n, c.P, device=c.device))
+    gsum = torch.zeros(c.n, c.P, device=c.device) if variate(ctx.cfg) == "grads" else None
+    return State(model=c.init.clone(), c=torch.zeros_like(c.init), ci=torch.zeros(c.n, c.P, device=c.device),
+                 gsum=gsum)
 
 
-def corrected(correction: torch.Tensor, steps: np.ndarray) -> Step:
+def corrected(correction: torch.Tensor, steps: np.ndarray, gsum: torch.Tensor | None = None) -> Step:
     """The step y <- y - lr (g + correction_i) (``correction``: [n_local, P] c - c_i),
-    counting each client's steps in ``steps`` [n_local]."""
+    counting each client's steps in ``steps`` [n_local] and, where ``gsum`` [n_local, P]
+    is given, adding each client's raw gradient g to its row."""
 
     def fn(view: StepView, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         p = view.params
         g, loss = view.grads(p, x, y, w)
-        g.add_(correction[torch.as_tensor(view.rows, device=g.device)])
+        rows = torch.as_tensor(view.rows, device=g.device)
+        if gsum is not None:
+            gsum.index_add_(0, rows, g)
+        g.add_(correction[rows])
         view.step_(p, g)
         steps[view.rows] += 1
         return loss
@@ -103,7 +124,10 @@ def round(ctx: Context, state: State, t: int) -> Round:
     correction = state.c - state.ci  # [n_local, P]
     steps = np.zeros(comm.n_local, np.int64)
     idx = torch.as_tensor(mine, device=c.device)
-    step = corrected(correction, steps) if len(mine) and bool(correction[idx].any()) else None
+    # under grads every step is watched, the first round's too: c_i^+ needs its gradients
+    gsum = state.gsum.zero_() if state.gsum is not None else None
+    watch = len(mine) and (gsum is not None or bool(correction[idx].any()))
+    step = corrected(correction, steps, gsum) if watch else None
     _, loss = local_update(ctx, x, sampled, t, step=step)
     comm.count(mine, recv=c.P * comm.itemsize)  # c travels with x
     if step is None:  # FedAvg's path: its steps are the batches that had samples
@@ -113,7 +137,10 @@ def round(ctx: Context, state: State, t: int) -> Round:
     if len(trained):
         k = torch.as_tensor(trained, device=c.device)
         K = torch.as_tensor(steps[trained], dtype=x.dtype, device=c.device)[:, None]
-        new = state.ci[k] - state.c + (x - c.params[k]) / (K * ctx.cfg.train.lr)
+        if gsum is None:
+            new = state.ci[k] - state.c + (x - c.params[k]) / (K * ctx.cfg.train.lr)
+        else:
+            new = gsum[k] / K
         delta_c[k] = new - state.ci[k]
         state.ci[k] = new
     row, w, cw = weights(ctx, sampled)

@@ -104,6 +104,67 @@ def test_scaffold_with_zero_control_variates_is_fedavg_bit_for_bit(mpi, threads)
     assert torch.equal(state.model, avg.model)
 
 
+def adam_steps(ref, start: torch.Tensor, k: int, t: int, pull: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Client k's row after torch.optim.Adam from ``start`` on its planned batches, each
+    gradient plus ``pull``, and the mean of its raw minibatch gradients."""
+    plan = ref.clients.plan(np.array([k]), ref.cfg.train.local_epochs, t)
+    w = start.clone().requires_grad_(True)
+    opt = torch.optim.Adam([w], lr=ref.cfg.train.lr)  # betas (0.9, 0.999), eps 1e-8: mpifl's
+    total, K = torch.zeros_like(start), 0
+    for s in range(plan.steps):
+        idx = plan.idx[0, s]
+        idx = idx[idx >= 0]
+        if len(idx) == 0:
+            continue
+        (g,) = torch.autograd.grad(serial_ref.loss_of(ref.clients, w, idx), w)
+        total, K = total + g, K + 1
+        w.grad = g + pull
+        opt.step()
+    return w.detach(), total / K
+
+
+@pytest.mark.parametrize("batched", ["on", "off"])
+def test_scaffold_under_adam_takes_the_mean_gradient_as_its_variate(mpi, batched):
+    """``scaffold.variate=auto`` under Adam: c_i^+ is the mean of the client's raw
+    minibatch gradients along its steps (not option II's (x - y) / (K eta_l), which
+    under Adam measures Adam's steps)."""
+    cfg = make_cfg(mpi, **{"algorithm.name": "scaffold", "train.optimizer": "adam", "train.lr": 0.01,
+                           "train.batched": batched})
+    assert scaffold.variate(cfg) == "grads"
+    ctx, _, state, _ = run(cfg, mpi, rounds=ROUNDS)
+    ref = make_ctx(cfg, solo())
+    x, c = ref.clients.init.clone(), torch.zeros_like(ref.clients.init)
+    ci = {k: torch.zeros_like(x) for k in range(ref.N)}
+    for t in range(ROUNDS):
+        sampled = [int(k) for k in ref.sample(t, cfg.algorithm.fraction)]
+        rows, dc = {}, torch.zeros_like(x)
+        for k in sampled:
+            rows[k], new = adam_steps(ref, x, k, t, c - ci[k])
+            dc, ci[k] = dc + (new - ci[k]) / ref.N, new
+        x = sum(rows.values()) / len(rows)  # scaffold.weights=uniform, scaffold.lr=1
+        c = c + dc
+    torch.testing.assert_close(state.model, x, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(state.c, c, rtol=1e-4, atol=1e-5)
+    for r, i in enumerate(ctx.comm.local_ids):
+        torch.testing.assert_close(state.ci[r], ci[int(i)], rtol=1e-4, atol=1e-5)
+    assert any(bool(v.any()) for v in ci.values())
+
+
+def test_scaffold_mean_gradient_is_option_ii_under_plain_sgd(mpi):
+    """Under plain SGD, (x - y_i) / (K eta_l) = c_i - c + the mean gradient, so both
+    variates give the same c_i, c and model, to rounding."""
+    runs = {}
+    for v in ("steps", "grads"):
+        cfg = make_cfg(mpi, **{"algorithm.name": "scaffold", "scaffold.variate": v})
+        runs[v] = run(cfg, mpi, rounds=ROUNDS)[2]
+    assert scaffold.variate(make_cfg(mpi, **{"algorithm.name": "scaffold"})) == "steps"  # auto under sgd
+    a, b = runs["steps"], runs["grads"]
+    assert bool(a.ci.any())
+    torch.testing.assert_close(a.ci, b.ci, rtol=1e-3, atol=1e-5)
+    torch.testing.assert_close(a.c, b.c, rtol=1e-3, atol=1e-5)
+    torch.testing.assert_close(a.model, b.model, rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.parametrize("alpha", [0.1, 0.5])
 def test_feddyn_matches_plain_torch(mpi, alpha):
     cfg = make_cfg(mpi, **{"algorithm.name": "feddyn", "feddyn.alpha": alpha})
