@@ -399,8 +399,11 @@ def find_logs(paths: list[str | Path]) -> list[Path]:
             out.append(p / "run.h5")
         elif p.is_dir():
             # os.walk, not rglob: a running job deletes old checkpoint folders under the
-            # walk, and rglob raises on one gone between its listing and its visit
-            out.extend(sorted(Path(d) / "run.h5" for d, _, files in os.walk(p) if "run.h5" in files))
+            # walk, and rglob raises on one gone between its listing and its visit. Links are
+            # followed: a folder of links to runs of several sweeps (controls of one, a re-run
+            # arm of another) is analysed as one; a run reached twice is read once (below)
+            out.extend(sorted(Path(d) / "run.h5" for d, _, files in os.walk(p, followlinks=True)
+                              if "run.h5" in files))
         else:
             raise FileNotFoundError(f"{p}: no such file or directory")
     seen: set[Path] = set()
