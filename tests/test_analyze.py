@@ -140,7 +140,6 @@ def test_cli_defaults_to_an_analysis_folder_and_reports_missing_paths(sweep_dir,
     assert an.main([str(tmp_path / "nothing")]) == 2
 
 
-@pytest.mark.slow
 def test_a_folder_of_links_to_runs_is_analysed_and_a_run_linked_twice_read_once(sweep_dir, tmp_path):
     """Runs of several sweeps gathered by symbolic links (one sweep's controls beside
     another's re-run arm) are found under the links; the same run twice counts once."""
@@ -154,6 +153,7 @@ def test_a_folder_of_links_to_runs_is_analysed_and_a_run_linked_twice_read_once(
         (sweep_dir / "runs" / r / "run.h5").resolve() for r in ("fedavg-0", "fedavg-1", "oracle-0"))
 
 
+@pytest.mark.slow
 def test_a_run_in_progress_and_then_killed_is_analyzed_up_to_its_last_round(tmp_path):
     out = tmp_path / "runs"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
