@@ -60,6 +60,9 @@ DEFAULTS = {
     "model.name": "mlp", "model.hidden": "[128, 128]", "train.optimizer": "sgd", "train.lr": 0.05,
     "train.momentum": 0.0, "train.weight_decay": 0.0, "train.batch_size": 10, "train.local_epochs": 1,
     "run.rounds": 20, "algorithm.fraction": 1.0,
+    # a plain MLP trains batched under auto; a BatchNorm MLP's path would be timed at start
+    # and could differ from launch to launch (and so its bits): pinned
+    "train.batched": "on",
 }
 
 # PFLlib flag -> the mpifl key it takes its value from
@@ -107,6 +110,10 @@ METHODS: dict[str, tuple[str, dict[str, str | float | int | Callable[[dict], obj
     # serverbabu.py fine-tunes once, after its last round, each client's own last local
     # model (no send_models before it), not the global model (the paper's, mpifl's)
     "fedbabu": ("FedBABU", {"-fte": "fedbabu.ft_epochs"}),
+    # clientbn.py:48 keeps a parameter local when its name holds "bn" (PeerModel names
+    # BatchNorm modules so); its running statistics stay local in every PFLlib method
+    # (set_parameters copies parameters only), as in mpifl's. Compare with model.batchnorm=true
+    "fedbn": ("FedBN", {}),
     # clientmoon.py: the representation is model.base(x), the input of fc, as mpifl's
     "moon": ("MOON", {"-mu": "moon.mu", "-tau": "moon.tau"}),
     # clientpFedMe.py trains only the selected clients (pfedme.all_train=false; the same at
@@ -131,12 +138,18 @@ METHODS: dict[str, tuple[str, dict[str, str | float | int | Callable[[dict], obj
 def _peer_model_class():
     from torch import nn
 
+    from collections import OrderedDict
+
     class PeerModel(nn.Module):
-        """mpifl's model with its last Linear as ``fc`` (PFLlib splits heads there)."""
+        """mpifl's model with its last Linear as ``fc`` (PFLlib splits heads there) and
+        each BatchNorm module named ``bn<i>`` (PFLlib's FedBN finds them by name)."""
 
         def __init__(self, seq: nn.Sequential):
             super().__init__()
-            self.base = nn.Sequential(*list(seq)[:-1])
+            body = list(seq)[:-1]
+            self.base = nn.Sequential(OrderedDict(
+                (f"bn{i}" if isinstance(m, nn.modules.batchnorm._BatchNorm) else str(i), m)
+                for i, m in enumerate(body)))
             self.fc = list(seq)[-1]
 
         def forward(self, x):

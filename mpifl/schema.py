@@ -104,9 +104,9 @@ class TrainConfig:
     # fewer (FedeRiCo's one step a round) without changing the batch size
     max_steps: int = 0
     # train all of a rank's clients at once (stacked bmm for MLPs, grouped convs for
-    # conv nets, else vmap) or client by client; auto = MLPs batched, other models
-    # whichever path a timing of both at the start of the run finds faster (logged as
-    # the run's train_path; a resume keeps its checkpoint's path)
+    # conv nets, else vmap) or client by client; auto = plain MLPs batched, other models
+    # (an MLP with BatchNorm among them) whichever path a timing of both at the start of
+    # the run finds faster (logged as the run's train_path; a resume keeps its checkpoint's path)
     batched: Literal["auto", "on", "off"] = "auto"
     # batched conv nets on the CPU: a first convolution (1 or 3 input channels, 3x3 or
     # 5x5, at most 8 outputs) that a 2x2 max-pooling and ReLU follow, as cnn_dpfl's, in
