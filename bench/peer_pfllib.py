@@ -136,9 +136,9 @@ METHODS: dict[str, tuple[str, dict[str, str | float | int | Callable[[dict], obj
 
 
 def _peer_model_class():
-    from torch import nn
-
     from collections import OrderedDict
+
+    from torch import nn
 
     class PeerModel(nn.Module):
         """mpifl's model with its last Linear as ``fc`` (PFLlib splits heads there) and
